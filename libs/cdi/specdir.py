@@ -1,0 +1,105 @@
+"""Claim spec files in a CDI root: write (atomically), remove, list.
+
+Synchronous on purpose: a write is a few small syscalls plus two fsyncs, cheaper than a hop to
+a thread pool on the prepare path. Not safe for two writers of the same claim at once; the node
+agent serializes per claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from libs.cdi.spec import (
+    claim_cdi_device_id,
+    claim_spec_basename,
+    render_claim_spec,
+    validate_claim_uid,
+)
+from libs.fsio.atomic import remove_durable, remove_stale_temps, write_atomic
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+SPEC_EXTENSIONS = (".json", ".yaml")
+_CLAIM_FILE_PREFIX = claim_spec_basename("")
+
+
+class ClaimSpecDir:
+    """The claim spec files of our driver in one CDI root directory."""
+
+    def __init__(
+        self,
+        root: Path = DEFAULT_CDI_ROOT,
+        *,
+        host_dev_root: str | PurePosixPath | None = None,
+        file_mode: int = 0o644,
+    ) -> None:
+        self.root = root
+        self.host_dev_root = host_dev_root
+        self.file_mode = file_mode
+        self._root_exists = False
+
+    def path_for(self, claim_uid: str) -> Path:
+        return self.root / f"{claim_spec_basename(claim_uid)}.json"
+
+    def write(self, claim_uid: str, *, channels: Sequence[int], major: int | None) -> str:
+        """Write (or replace) the claim's spec; return its CDI device id.
+
+        ``channels`` empty means a non-fabric node (see :func:`build_claim_spec`).
+        """
+        data = render_claim_spec(claim_uid, channels=channels, major=major, host_dev_root=self.host_dev_root)
+        if not self._root_exists:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._root_exists = True
+        path = self.path_for(claim_uid)
+        write_atomic(path, data, mode=self.file_mode)
+        log.debug("cdi spec written", claim_uid=claim_uid, path=str(path), channels=len(channels))
+        return claim_cdi_device_id(claim_uid)
+
+    def remove(self, claim_uid: str) -> bool:
+        """Remove the claim's spec (any encoding). Missing is success; returns whether one existed."""
+        validate_claim_uid(claim_uid)
+        base = claim_spec_basename(claim_uid)
+        removed = False
+        for ext in SPEC_EXTENSIONS:
+            removed |= remove_durable(self.root / f"{base}{ext}")
+        if removed:
+            log.debug("cdi spec removed", claim_uid=claim_uid)
+        return removed
+
+    def claim_uids(self) -> list[str]:
+        """UIDs of the claims that have a spec file here (sorted), for reconcile at start.
+
+        Only finished files count: temp files of an interrupted write are hidden ``.tmp`` names.
+        """
+        try:
+            names = [p.name for p in self.root.iterdir()]
+        except FileNotFoundError:
+            return []
+        uids: set[str] = set()
+        for name in names:
+            stem, dot, ext = name.rpartition(".")
+            if not dot or f".{ext}" not in SPEC_EXTENSIONS or not stem.startswith(_CLAIM_FILE_PREFIX):
+                continue
+            uid = stem[len(_CLAIM_FILE_PREFIX) :]
+            if uid and _is_valid_uid(uid):
+                uids.add(uid)
+        return sorted(uids)
+
+    def remove_stale_temps(self) -> list[Path]:
+        """Delete temp files a crash left in the root (ours only). Call before serving."""
+        removed = remove_stale_temps(self.root, _CLAIM_FILE_PREFIX)
+        for path in removed:
+            log.info("removed stale cdi temp file", path=str(path))
+        return removed
+
+
+def _is_valid_uid(uid: str) -> bool:
+    try:
+        validate_claim_uid(uid)
+    except ValueError:
+        return False
+    return True
