@@ -1,0 +1,55 @@
+"""structlog configuration shared by every service and tool.
+
+JSON lines in production, readable key=value lines in a terminal. Stable keys
+used across the project: cd_uid, cd, namespace, node, claim_uid, clique.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Literal
+
+import structlog
+
+LogFormat = Literal["json", "console", "auto"]
+
+# Field names whose values must never reach a log line (tokens, keys, passwords).
+_SECRET_KEYS = frozenset({"password", "token", "secret", "private_key", "authorization", "key_pem"})
+
+
+def _redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event):
+        if key.lower() in _SECRET_KEYS:
+            event[key] = "<redacted>"
+    return event
+
+
+def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: Any = None) -> None:
+    """Configure structlog once for the process; idempotent."""
+    out = stream if stream is not None else sys.stderr
+    if fmt == "auto":
+        fmt = "console" if out.isatty() else "json"
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    level_no = logging.getLevelName(level.upper())
+    if not isinstance(level_no, int):
+        raise ValueError(f"invalid log level {level!r}")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _redact_secrets,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level_no),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,1 @@
+"""The state store: the protobuf state model kept in etcd."""

@@ -1,0 +1,55 @@
+"""Encoding of stored values: every value is an Envelope naming its kind and schema version.
+
+A reader refuses what it does not understand (wrong kind, newer schema,
+unparsable bytes) with `UndecodableValue`; callers log it with the key and
+skip the value, so one bad value never crashes a service.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import betterproto
+
+from libs.gen.computedomain.state import v1 as pb
+
+SCHEMA_VERSION = 1
+_PACKAGE = "computedomain.state.v1"
+
+M = TypeVar("M", bound=betterproto.Message)
+
+
+class UndecodableValue(ValueError):
+    """A stored value that cannot be read as the expected message."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"undecodable value at {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def kind_of(cls: type[betterproto.Message]) -> str:
+    return f"{_PACKAGE}.{cls.__name__}"
+
+
+def encode(message: betterproto.Message) -> bytes:
+    envelope = pb.Envelope(schema_version=SCHEMA_VERSION, kind=kind_of(type(message)), payload=bytes(message))
+    return bytes(envelope)
+
+
+def decode(data: bytes, cls: type[M], key: str = "?") -> M:
+    try:
+        envelope = pb.Envelope().parse(data)
+    except Exception as exc:  # betterproto raises several types on bad input
+        raise UndecodableValue(key, f"not an envelope ({type(exc).__name__}: {exc})") from None
+    expected = kind_of(cls)
+    if envelope.kind != expected:
+        raise UndecodableValue(key, f"kind {envelope.kind!r}, expected {expected!r}")
+    if envelope.schema_version == 0 or envelope.schema_version > SCHEMA_VERSION:
+        raise UndecodableValue(
+            key, f"schema version {envelope.schema_version} (this build reads 1..{SCHEMA_VERSION})"
+        )
+    try:
+        return cls().parse(envelope.payload)
+    except Exception as exc:
+        raise UndecodableValue(key, f"bad {cls.__name__} payload ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,174 @@
+"""Domain membership: joining, leaving and losing nodes, with central index assignment.
+
+Shared by the node agent (join on first prepare, leave on last unprepare), the
+controller (node loss) and the tests. Each step is one etcd transaction that
+compares what it read, so concurrent joins never hand out an index twice and
+a node is never in two domains (SPEC §4 invariants 1 and 2). Upstream assigns
+indices client-side and races (#816, #1050); here the store arbitrates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.backoff import Backoff
+from libs.state.store import Absent, Compare, ConflictError, Delete, Op, Put, Store, Unchanged
+
+log = structlog.get_logger(__name__)
+
+MAX_NODES_PER_IMEX_DOMAIN = 18
+NON_FABRIC_INDEX = -1
+
+
+class NodeBusy(RuntimeError):
+    """The node is a member of another domain (retryable: it may leave soon)."""
+
+    def __init__(self, node: str, other_domain: str) -> None:
+        super().__init__(f"node {node} is busy: it is a member of domain {other_domain}")
+        self.node = node
+        self.other_domain = other_domain
+
+
+class CliqueFull(RuntimeError):
+    """Every index of the node's clique in this domain is taken."""
+
+
+def lowest_free_index(used: Iterable[int], limit: int) -> int | None:
+    """The smallest index in [0, limit) not in `used`, or None when all are taken."""
+    taken = set(used)
+    for index in range(limit):
+        if index not in taken:
+            return index
+    return None
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    member: pb.Member
+    # False when the node already was an active member (idempotent repeat).
+    joined_now: bool
+    attempts: int
+
+
+async def join_domain(
+    store: Store,
+    domain_uid: str,
+    namespace: str,
+    node: pb.Node,
+    max_nodes_per_clique: int = MAX_NODES_PER_IMEX_DOMAIN,
+    max_attempts: int = 200,
+) -> JoinResult:
+    """Make `node` an active member of the domain, assigning the lowest free index of its clique."""
+    keys = store.keys
+    member_key = keys.member(domain_uid, node.name)
+    binding_key = keys.node_binding(node.name)
+    fabric = bool(node.clique_id)
+    backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
+    for attempt in range(1, max_attempts + 1):
+        binding = await store.get(binding_key, pb.NodeBinding)
+        if binding is not None and binding.value.domain_uid != domain_uid:
+            raise NodeBusy(node.name, binding.value.domain_uid)
+        member = await store.get(member_key, pb.Member)
+        if member is not None and member.value.state == pb.MemberState.ACTIVE:
+            return JoinResult(member.value, False, attempt)
+
+        compares: list[Compare] = [
+            Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
+            Unchanged(member_key, member.mod_revision) if member else Absent(member_key),
+        ]
+        index = NON_FABRIC_INDEX
+        ops: list[Op] = []
+        if fabric:
+            claims, _ = await store.list(keys.member_indices(domain_uid, node.clique_id), pb.IndexClaim)
+            free = lowest_free_index((c.value.index for c in claims), max_nodes_per_clique)
+            if free is None:
+                raise CliqueFull(
+                    f"clique {node.clique_id} of domain {domain_uid} already has "
+                    f"{max_nodes_per_clique} members (maxNodesPerImexDomain)"
+                )
+            index = free
+            index_key = keys.member_index(domain_uid, node.clique_id, index)
+            compares.append(Absent(index_key))
+            ops.append(Put(index_key, pb.IndexClaim(domain_uid, node.clique_id, index, node.name)))
+        new_member = pb.Member(
+            domain_uid=domain_uid,
+            node_name=node.name,
+            clique_id=node.clique_id,
+            index=index,
+            state=pb.MemberState.ACTIVE,
+            ip_address=node.ip_address,
+            joined_unix_ms=int(time.time() * 1000),
+            namespace=namespace,
+        )
+        ops.append(Put(member_key, new_member))
+        ops.append(Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid)))
+        result = await store.txn(compares, ops)
+        if result.succeeded:
+            log.info(
+                "node joined domain",
+                cd_uid=domain_uid,
+                node=node.name,
+                clique=node.clique_id,
+                index=index,
+                attempts=attempt,
+            )
+            return JoinResult(new_member, True, attempt)
+        await asyncio.sleep(backoff.next_delay())
+    raise ConflictError(f"join of {node.name} to domain {domain_uid} lost {max_attempts} races")
+
+
+async def leave_domain(store: Store, domain_uid: str, node_name: str, max_attempts: int = 50) -> bool:
+    """Remove the node's membership, its index and its binding; False if it was not a member."""
+    keys = store.keys
+    member_key = keys.member(domain_uid, node_name)
+    binding_key = keys.node_binding(node_name)
+    backoff = Backoff(initial=0.002, cap=0.1)
+    for _ in range(max_attempts):
+        member = await store.get(member_key, pb.Member)
+        binding = await store.get(binding_key, pb.NodeBinding)
+        ops: list[Op] = [Delete(member_key), Delete(keys.daemon(domain_uid, node_name))]
+        compares: list[Compare] = [Unchanged(member_key, member.mod_revision if member else 0)]
+        if binding is not None and binding.value.domain_uid == domain_uid:
+            ops.append(Delete(binding_key))
+            compares.append(Unchanged(binding_key, binding.mod_revision))
+        if member is not None and member.value.index >= 0:
+            ops.append(Delete(keys.member_index(domain_uid, member.value.clique_id, member.value.index)))
+        if member is None and len(ops) == 2:
+            return False
+        if (await store.txn(compares, ops)).succeeded:
+            log.info("node left domain", cd_uid=domain_uid, node=node_name)
+            return member is not None
+        await asyncio.sleep(backoff.next_delay())
+    raise ConflictError(f"leave of {node_name} from domain {domain_uid} lost {max_attempts} races")
+
+
+async def mark_member_lost(
+    store: Store, domain_uid: str, node_name: str, extra_compares: Iterable[Compare] = ()
+) -> bool:
+    """The node's lease expired: free its index and drop it from peers' config, keep its binding.
+
+    The binding stays so that the node cannot join another domain while this
+    domain still counts it; the returning agent leaves or rejoins. Returns
+    False if the member was not active (nothing to do) or a concurrent write won.
+    """
+    keys = store.keys
+    member_key = keys.member(domain_uid, node_name)
+    member = await store.get(member_key, pb.Member)
+    if member is None or member.value.state != pb.MemberState.ACTIVE:
+        return False
+    lost = pb.Member().parse(bytes(member.value))
+    lost.state = pb.MemberState.LOST
+    lost.index = NON_FABRIC_INDEX
+    ops: list[Op] = [Put(member_key, lost)]
+    if member.value.index >= 0:
+        ops.append(Delete(keys.member_index(domain_uid, member.value.clique_id, member.value.index)))
+    result = await store.txn([Unchanged(member_key, member.mod_revision), *extra_compares], ops)
+    if result.succeeded:
+        log.warning("member lost", cd_uid=domain_uid, node=node_name, clique=member.value.clique_id)
+    return result.succeeded

@@ -1,0 +1,299 @@
+"""Typed access to the state model in etcd.
+
+Reads return `Versioned` values that carry their mod revision; writes that
+depend on a read go through `txn` with revision comparisons (`Unchanged`,
+`Absent`), so concurrent writers never lose each other's updates.
+Undecodable values are logged with their key and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import aetcd
+import aetcd.exceptions
+import aetcd.utils
+import betterproto
+import structlog
+from aetcd import rpc
+
+from libs.runtime.backoff import Backoff
+from libs.state.client import TlsCapableClient
+from libs.state.codec import UndecodableValue, decode, encode
+from libs.state.config import EtcdConfig
+from libs.state.keys import Keys
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=betterproto.Message)
+
+# Errors after which the same call may succeed later (etcd restarting, leader change).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    aetcd.exceptions.ConnectionFailedError,
+    aetcd.exceptions.ConnectionTimeoutError,
+    aetcd.exceptions.InternalError,
+    asyncio.TimeoutError,
+)
+
+
+class StoreUnavailable(RuntimeError):
+    """etcd could not be reached within the retry budget."""
+
+
+class ConflictError(RuntimeError):
+    """A compare-and-swap kept losing to concurrent writers beyond its attempt cap."""
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned(Generic[M]):
+    key: str
+    value: M
+    mod_revision: int
+    create_revision: int
+    lease: int = 0
+
+
+# ---- transaction building blocks -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    """Compare: the key does not exist."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """Compare: the key's mod revision is still `mod_revision` (0 = absent)."""
+
+    key: str
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedAt:
+    """Compare: the key's create revision is `create_revision` (fencing on a leader key)."""
+
+    key: str
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: betterproto.Message
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+    prefix: bool = False
+
+
+Compare = Absent | Unchanged | CreatedAt
+Op = Put | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return aetcd.utils.prefix_range_end(prefix)
+
+
+class Store:
+    """One connection to etcd, with the key layout of one deployment."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        self.config = config
+        self.keys = Keys(config.prefix)
+        self.client: aetcd.Client = TlsCapableClient(config)
+
+    async def connect(self) -> None:
+        await self.client.connect()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> Store:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # ---- reads ----------------------------------------------------------------
+
+    def _decode(self, key: str, data: bytes, cls: type[M]) -> M | None:
+        try:
+            return decode(data, cls, key)
+        except UndecodableValue as exc:
+            log.error("skipping undecodable value", key=key, reason=exc.reason)
+            return None
+
+    async def get(self, key: str, cls: type[M]) -> Versioned[M] | None:
+        result = await self.client.get(key.encode())
+        if result is None:
+            return None
+        value = self._decode(key, result.value, cls)
+        if value is None:
+            return None
+        return Versioned(key, value, result.mod_revision, result.create_revision, result.lease)
+
+    async def list(self, prefix: str, cls: type[M]) -> tuple[list[Versioned[M]], int]:
+        """All decodable values under `prefix` (sorted by key) and the store revision of the read."""
+        result = await self.client.get_prefix(prefix.encode())
+        items: list[Versioned[M]] = []
+        for kv in result:
+            key = kv.key.decode()
+            value = self._decode(key, kv.value, cls)
+            if value is not None:
+                items.append(Versioned(key, value, kv.mod_revision, kv.create_revision, kv.lease))
+        return items, int(result.header.revision)
+
+    async def revision(self) -> int:
+        result = await self.client.get_prefix(self.keys.prefix.encode(), keys_only=True)
+        return int(result.header.revision)
+
+    # ---- writes ---------------------------------------------------------------
+
+    async def put(self, key: str, value: betterproto.Message, lease: int = 0) -> int:
+        result = await self.client.put(key.encode(), encode(value), lease=lease or None)
+        return int(result.header.revision)
+
+    async def put_raw(self, key: str, data: bytes) -> None:
+        """Write bytes as they are (tests use it to plant an undecodable value)."""
+        await self.client.put(key.encode(), data)
+
+    async def delete(self, key: str) -> bool:
+        result = await self.client.delete(key.encode())
+        return result is not None and bool(result.deleted)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        result = await self.client.delete_prefix(prefix.encode())
+        return int(result.deleted) if result is not None else 0
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        t = self.client.transactions
+        cmp: list[Any] = []
+        for c in compares:
+            k = c.key.encode()
+            if isinstance(c, Absent):
+                cmp.append(t.create(k) == 0)
+            elif isinstance(c, Unchanged):
+                cmp.append(t.mod(k) == c.mod_revision)
+            else:
+                cmp.append(t.create(k) == c.create_revision)
+
+        def ops(items: Sequence[Op]) -> list[Any]:
+            out: list[Any] = []
+            for op in items:
+                if isinstance(op, Put):
+                    out.append(t.put(op.key.encode(), encode(op.value), lease=op.lease or None))
+                elif op.prefix:
+                    out.append(t.delete(op.key.encode(), range_end=_prefix_end(op.key.encode())))
+                else:
+                    out.append(t.delete(op.key.encode()))
+            return out
+
+        request_compare = [c.build_message() for c in cmp]
+        request = rpc.TxnRequest(
+            compare=request_compare,
+            success=self.client._ops_to_requests(ops(success)),
+            failure=self.client._ops_to_requests(ops(failure)),
+        )
+        await self.client.connect()
+        try:
+            response = await self.client.kvstub.Txn(
+                request, timeout=self.client._timeout, metadata=self.client.metadata
+            )
+        except rpc.AioRpcError as exc:
+            aetcd.exceptions._handle_exception(exc)
+            raise
+        return TxnResult(bool(response.succeeded), int(response.header.revision))
+
+    async def create(self, key: str, value: betterproto.Message, lease: int = 0) -> bool:
+        """Write only if the key does not exist yet."""
+        return (await self.txn([Absent(key)], [Put(key, value, lease)])).succeeded
+
+    async def compare_and_swap(
+        self, key: str, value: betterproto.Message, expected_mod_revision: int, lease: int = 0
+    ) -> bool:
+        """Write only if the key is still at `expected_mod_revision` (0 = absent)."""
+        return (await self.txn([Unchanged(key, expected_mod_revision)], [Put(key, value, lease)])).succeeded
+
+    async def compare_and_delete(self, key: str, expected_mod_revision: int) -> bool:
+        return (await self.txn([Unchanged(key, expected_mod_revision)], [Delete(key)])).succeeded
+
+    async def update(
+        self,
+        key: str,
+        cls: type[M],
+        mutate: Callable[[M | None], M | None],
+        max_attempts: int = 50,
+    ) -> M | None:
+        """Read-modify-write with CAS, retried on conflict with backoff.
+
+        `mutate` gets the current value (None if absent) and returns the new
+        value, or None to leave the key as it is. Returns what was written.
+        """
+        backoff = Backoff(initial=0.002, cap=0.2)
+        for _ in range(max_attempts):
+            current = await self.get(key, cls)
+            new = mutate(current.value if current else None)
+            if new is None:
+                return None
+            if await self.compare_and_swap(key, new, current.mod_revision if current else 0):
+                return new
+            await asyncio.sleep(backoff.next_delay())
+        raise ConflictError(f"update of {key} lost {max_attempts} compare-and-swap races")
+
+    # ---- leases ---------------------------------------------------------------
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        lease = await self.client.lease(ttl_s)
+        return int(lease.id)
+
+    async def refresh_lease(self, lease_id: int) -> int:
+        """Keep a lease alive once; returns the remaining TTL (0 = the lease is gone)."""
+        reply = await self.client.refresh_lease(lease_id)
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        try:
+            await self.client.revoke_lease(lease_id)
+        except aetcd.exceptions.ClientError as exc:
+            log.warning("lease revoke failed", lease=lease_id, error=str(exc))
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[Any]], what: str, deadline_s: float = 30.0, backoff: Backoff | None = None
+) -> Any:
+    """Run `call`, retrying transient store errors with capped backoff until `deadline_s`."""
+    delays = backoff or Backoff(initial=0.05, cap=2.0)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:
+        try:
+            return await call()
+        except TRANSIENT_ERRORS as exc:
+            if loop.time() >= end:
+                raise StoreUnavailable(f"{what}: etcd unavailable for {deadline_s:.0f}s ({exc})") from exc
+            delay = delays.next_delay()
+            log.warning(
+                "store call failed; retrying",
+                what=what,
+                error=str(exc) or type(exc).__name__,
+                retry_in_s=round(delay, 3),
+            )
+            await asyncio.sleep(delay)

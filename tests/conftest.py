@@ -1,0 +1,53 @@
+"""Shared fixtures: a real etcd server (session-wide and per-test) and stores on it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from tools.etcd.server import EtcdServer, etcd_binary
+
+
+@pytest.fixture(scope="session")
+def etcd_bin() -> Path:
+    return etcd_binary()
+
+
+@pytest.fixture(scope="session")
+def etcd(etcd_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One etcd for the whole session; tests isolate themselves with a key prefix."""
+    server = EtcdServer(data_dir=tmp_path_factory.mktemp("etcd") / "data", binary=etcd_bin)
+    server.start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def private_etcd(etcd_bin: Path, tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own, for tests that stop, restart or compact it."""
+    server = EtcdServer(data_dir=tmp_path / "etcd-data", binary=etcd_bin)
+    server.start()
+    yield server
+    server.destroy()
+
+
+def unique_prefix() -> str:
+    return f"/test-{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.fixture
+def etcd_config(etcd: EtcdServer) -> EtcdConfig:
+    return EtcdConfig(endpoint=etcd.endpoint, prefix=unique_prefix(), timeout_s=5.0)
+
+
+@pytest.fixture
+async def store(etcd_config: EtcdConfig) -> AsyncIterator[Store]:
+    s = Store(etcd_config)
+    await s.connect()
+    yield s
+    await s.close()
