@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from libs.cdi.spec import (
+    MAX_CHANNELS,
     claim_cdi_device_id,
     claim_spec_basename,
     render_claim_spec,
@@ -58,6 +59,13 @@ class ClaimSpecDir:
         write_atomic(path, data, mode=self.file_mode)
         log.debug("cdi spec written", claim_uid=claim_uid, path=str(path), channels=len(channels))
         return claim_cdi_device_id(claim_uid)
+
+    def prewarm(self, major: int) -> None:
+        """Encode the allocationMode All device-node array now (a few ms, once per process)
+        so the first All prepare does not pay for it. Call at agent start once the major is known."""
+        render_claim_spec(
+            "prewarm", channels=range(MAX_CHANNELS), major=major, host_dev_root=self.host_dev_root
+        )
 
     def remove(self, claim_uid: str) -> bool:
         """Remove the claim's spec (any encoding). Missing is success; returns whether one existed."""

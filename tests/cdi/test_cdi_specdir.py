@@ -232,3 +232,14 @@ def test_all_mode_spec_renders_in_well_under_a_millisecond_typical() -> None:
         render_claim_spec(UID, channels=range(2048), major=MAJOR)
         samples.append(time.perf_counter() - start)
     assert statistics.median(samples) < 0.003
+
+
+def test_prewarm_encodes_the_all_mode_array_before_the_first_prepare(tmp_path: Path) -> None:
+    from libs.cdi.spec import _channel_nodes
+
+    specdir = ClaimSpecDir(tmp_path, host_dev_root="/prewarm-test/dev")
+    specdir.prewarm(MAJOR)
+    misses = _channel_nodes.cache_info().misses
+    specdir.write(UID, channels=channels_for("All", fabric=True), major=MAJOR)
+    assert _channel_nodes.cache_info().misses == misses
+    assert specdir.claim_uids() == [UID]  # prewarming writes nothing
