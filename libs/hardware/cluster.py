@@ -17,6 +17,7 @@ Numbering is 0-based throughout: racks ``0..racks-1``, trays ``0..trays_per_rack
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -38,6 +39,21 @@ _UUID_NAMESPACE = uuid.UUID("6f1c2a3e-9d4b-5e7f-8a1b-2c3d4e5f6a7b")
 _NODE_NAME = re.compile(r"rack(0|[1-9][0-9]*)-tray(0|[1-9][0-9]*)")
 _MAX_TRAYS_PER_RACK = 254  # last address octet is tray + 1, must stay in 1..254
 _CLIQUE_ID_SPAN = 30000
+
+
+def _uuid5(name: str) -> str:
+    """``str(uuid.uuid5(_UUID_NAMESPACE, name))`` without the UUID object (hot for 10k+ nodes)."""
+    h = hashlib.sha1(_UUID_NAMESPACE.bytes + name.encode(), usedforsecurity=False).hexdigest()
+    variant = "89ab"[int(h[16], 16) & 0x3]
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _rack_identity(seed: str, rack: int) -> tuple[str, int]:
+    """(cluster UUID, clique id base) of a rack; cached because every node of the rack needs it."""
+    digest = hashlib.sha256(f"{seed}/rack{rack}/clique".encode()).digest()
+    return _uuid5(f"{seed}/rack{rack}"), 1 + int.from_bytes(digest[:4], "big") % _CLIQUE_ID_SPAN
+
 
 GB200_MEMORY_BYTES = 189_471 * 2**20
 """HBM of one GB200 GPU as NVML reports it (189471 MiB)."""
@@ -161,7 +177,7 @@ class ClusterDescription:
 
     def rack_cluster_uuid(self, rack: int) -> str:
         self._check_rack(rack)
-        return str(uuid.uuid5(_UUID_NAMESPACE, f"{self.seed}/rack{rack}"))
+        return _rack_identity(self.seed, rack)[0]
 
     def partition_of_tray(self, tray: int) -> int:
         self._check_tray(tray)
@@ -180,8 +196,7 @@ class ClusterDescription:
         self._check_rack(rack)
         if not 0 <= partition < self.partitions_per_rack:
             raise ValueError(f"partition {partition} out of range [0, {self.partitions_per_rack})")
-        digest = hashlib.sha256(f"{self.seed}/rack{rack}/clique".encode()).digest()
-        return 1 + int.from_bytes(digest[:4], "big") % _CLIQUE_ID_SPAN + partition
+        return _rack_identity(self.seed, rack)[1] + partition
 
     def clique_nodes(self, rack: int, partition: int) -> list[str]:
         """Names of the nodes of one clique, in tray order."""
@@ -210,16 +225,17 @@ class ClusterDescription:
 
     def _node(self, rack: int, tray: int) -> SimulatedNode:
         self._check_position(rack, tray)
-        partition = self.partition_of_tray(tray)
+        partition = tray * self.partitions_per_rack // self.trays_per_rack
+        cluster_uuid, clique_base = _rack_identity(self.seed, rack)
         return SimulatedNode(
             name=f"rack{rack}-tray{tray}",
             rack=rack,
             tray=tray,
             ordinal=rack * self.trays_per_rack + tray,
             partition=partition,
-            address=self.node_address(rack, tray),
-            cluster_uuid=self.rack_cluster_uuid(rack),
-            clique_id=self.clique_id(rack, partition),
+            address=f"127.{self.address_block + rack // 256}.{rack % 256}.{tray + 1}",
+            cluster_uuid=cluster_uuid,
+            clique_id=clique_base + partition,
         )
 
     def node(self, name: str) -> SimulatedNode:
@@ -240,7 +256,7 @@ class ClusterDescription:
         self._check_position(rack, tray)
         if not 0 <= gpu < self.gpus_per_tray:
             raise ValueError(f"GPU {gpu} out of range [0, {self.gpus_per_tray})")
-        return "GPU-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{self.seed}/rack{rack}/tray{tray}/gpu{gpu}"))
+        return "GPU-" + _uuid5(f"{self.seed}/rack{rack}/tray{tray}/gpu{gpu}")
 
     def node_gpus(self, node: SimulatedNode) -> tuple[GpuInfo, ...]:
         """The node's GPUs with a healthy, completed fabric (before any injected fault)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import structlog
 
@@ -60,7 +60,7 @@ async def poll_health_events(
     read: Callable[[], HardwareSnapshot],
     interval: float,
     since: HardwareSnapshot | None = None,
-) -> AsyncIterator[HealthEvent]:
+) -> AsyncGenerator[HealthEvent, None]:
     """Poll ``read`` every ``interval`` seconds and yield an event for each change.
 
     A failing ``read`` is reported once per failure streak (then polled with capped backoff); the

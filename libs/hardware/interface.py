@@ -7,7 +7,7 @@ cheap (NVML calls and small local files); only the health event stream is async.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -83,7 +83,7 @@ class NodeHardware(Protocol):
 
     def health_events(
         self, since: HardwareSnapshot | None = None, interval: float | None = None
-    ) -> AsyncIterator[HealthEvent]:
+    ) -> AsyncGenerator[HealthEvent, None]:
         """Changes of GPU fabric state, clique or health, relative to ``since`` (default: now).
 
         Runs until cancelled; a failed query is reported once as an event with ``error`` set.

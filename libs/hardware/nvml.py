@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -195,7 +195,7 @@ class NvmlNodeHardware:
 
     def health_events(
         self, since: HardwareSnapshot | None = None, interval: float | None = None
-    ) -> AsyncIterator[HealthEvent]:
+    ) -> AsyncGenerator[HealthEvent, None]:
         return poll_health_events(self.snapshot, interval or self.poll_interval, since)
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ query, so a fault injected by another process (``cdsim``) is seen on the next qu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,7 +201,7 @@ class SimulatedNodeHardware:
 
     def health_events(
         self, since: HardwareSnapshot | None = None, interval: float | None = None
-    ) -> AsyncIterator[HealthEvent]:
+    ) -> AsyncGenerator[HealthEvent, None]:
         return poll_health_events(self.snapshot, interval or self.poll_interval, since)
 
     def close(self) -> None:
