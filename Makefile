@@ -1,0 +1,39 @@
+# ComputeDomains in Python. Newcomers: `make demo` (the simulated NVL72 demo) and `make test`.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint protos demo e2e bench chaos clean help
+
+help:
+	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
+	@echo "make test   - set up, lint, run the whole test suite"
+	@echo "make setup  - .venv, pinned Python deps, etcd (and the test control plane) built once into the cache"
+	@echo "make lint   - ruff + mypy + generated-code check"
+	@echo "make protos - regenerate libs/gen from protos/"
+
+$(STAMP): pyproject.toml constraints.txt tools/setup.sh
+	bash tools/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+	@bash tools/etcd/build.sh >/dev/null
+	@if [ -x tools/controlplane/build.sh ]; then bash tools/controlplane/build.sh >/dev/null; fi
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy libs services tools
+	$(PY) -m tools.protogen --check
+
+protos: setup
+	$(PY) -m tools.protogen
+
+test: setup lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache
