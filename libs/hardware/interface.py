@@ -84,7 +84,10 @@ class NodeHardware(Protocol):
     def health_events(
         self, since: HardwareSnapshot | None = None, interval: float | None = None
     ) -> AsyncGenerator[HealthEvent, None]:
-        """Changes of GPU fabric state, clique or health, relative to ``since`` (default: now).
+        """Changes of GPU fabric state, clique or health relative to ``since``.
+
+        Without ``since`` the baseline is read when iteration starts, so pass the snapshot you
+        acted on to miss nothing in between.
 
         Runs until cancelled; a failed query is reported once as an event with ``error`` set.
         """
