@@ -1,0 +1,1 @@
+"""IMEX daemon configuration and the simulated IMEX daemon."""

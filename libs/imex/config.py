@@ -1,0 +1,284 @@
+"""Rendering and parsing of nvidia-imex configuration files (pure functions).
+
+Two files configure an IMEX daemon:
+
+* ``config.cfg``: ``KEY=VALUE`` lines with the keys nvidia-imex reads (names and defaults as in
+  NVIDIA's IMEX guide and the upstream ComputeDomain daemon template). Lines starting with ``#``
+  are comments to nvidia-imex.
+* the nodes config (``IMEX_NODE_CONFIG_FILE``): one peer address per line; a node's index in the
+  IMEX domain is its line number (0-based), so every member must get the identical file.
+
+The simulated daemon also needs the domain identity (the ComputeDomain UID) so that a peer of
+another domain reusing an address is refused (upstream issue #1447). It is carried as a *comment*
+directive, ``# SIM_DOMAIN_ID=<uid>``, which nvidia-imex ignores like any comment, so the very same
+file starts either the real daemon or the simulator. Other ``# SIM_*`` directives tune the
+simulator only (heartbeats, reconnect backoff, SIGUSR1 rate limit).
+
+This module is imported by the simulated daemon at start-up, so it imports nothing at run time
+(start-up time is a product target: many daemons start at once).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+# Keys read by nvidia-imex (exact spelling matters).
+LOG_LEVEL = "LOG_LEVEL"
+LOG_FILE_NAME = "LOG_FILE_NAME"
+STATS_FILE_NAME = "STATS_FILE_NAME"
+LOG_APPEND_TO_LOG = "LOG_APPEND_TO_LOG"
+LOG_FILE_MAX_SIZE = "LOG_FILE_MAX_SIZE"
+LOG_MAX_ROTATE_COUNT = "LOG_MAX_ROTATE_COUNT"
+LOG_USE_SYSLOG = "LOG_USE_SYSLOG"
+DAEMONIZE = "DAEMONIZE"
+BIND_INTERFACE_IP = "BIND_INTERFACE_IP"
+SERVER_PORT = "SERVER_PORT"
+IMEX_NODE_CONFIG_FILE = "IMEX_NODE_CONFIG_FILE"
+NETWORK_INTERFACE = "NETWORK_INTERFACE"
+IMEX_WAIT_FOR_QUORUM = "IMEX_WAIT_FOR_QUORUM"
+IMEX_ENABLE_AUTH_ENCRYPTION = "IMEX_ENABLE_AUTH_ENCRYPTION"
+IMEX_CMD_ENABLED = "IMEX_CMD_ENABLED"
+IMEX_CMD_BIND_INTERFACE_IP = "IMEX_CMD_BIND_INTERFACE_IP"
+IMEX_CMD_PORT = "IMEX_CMD_PORT"
+IMEX_CMD_UNIX_DOMAIN_PATH = "IMEX_CMD_UNIX_DOMAIN_PATH"
+IMEX_NODE_DISCONNECTED_GRACE_TIME = "IMEX_NODE_DISCONNECTED_GRACE_TIME"
+
+# Simulator-only directives, rendered as comment lines ("# SIM_X=value").
+SIM_PREFIX = "SIM_"
+SIM_DOMAIN_ID = "SIM_DOMAIN_ID"
+SIM_NODE_NAME = "SIM_NODE_NAME"
+SIM_HEARTBEAT_INTERVAL_S = "SIM_HEARTBEAT_INTERVAL_S"
+SIM_RECONNECT_MAX_S = "SIM_RECONNECT_MAX_S"
+SIM_SIGUSR1_MIN_INTERVAL_S = "SIM_SIGUSR1_MIN_INTERVAL_S"
+
+DEFAULT_SERVER_PORT = 50000
+DEFAULT_CMD_PORT = 50005
+DEFAULT_NODES_CONFIG_FILE = "/etc/nvidia-imex/nodes_config.cfg"
+QUORUM_NONE = "NONE"
+QUORUM_RECOVERY = "RECOVERY"
+WAIT_FOR_QUORUM_VALUES = (QUORUM_NONE, QUORUM_RECOVERY)
+
+# Keys the caller may not override: the supervisor depends on them (where the daemon listens,
+# where its peers are, that it stays in the foreground, that its command service is reachable).
+MANAGED_KEYS = frozenset(
+    {
+        BIND_INTERFACE_IP,
+        SERVER_PORT,
+        IMEX_NODE_CONFIG_FILE,
+        IMEX_CMD_ENABLED,
+        IMEX_CMD_BIND_INTERFACE_IP,
+        IMEX_CMD_PORT,
+        DAEMONIZE,
+    }
+)
+
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def render_imex_config(
+    *,
+    bind_interface_ip: str,
+    nodes_config_file: str,
+    cmd_bind_interface_ip: str,
+    log_file_name: str,
+    domain_id: str,
+    node_name: str = "",
+    server_port: int = DEFAULT_SERVER_PORT,
+    cmd_port: int = DEFAULT_CMD_PORT,
+    wait_for_quorum: str = QUORUM_RECOVERY,
+    log_level: int = 4,
+    log_append_to_log: bool = True,
+    log_file_max_size_mb: int = 1024,
+    log_max_rotate_count: int = 3,
+    node_disconnected_grace_time_s: int = -1,
+    heartbeat_interval_s: float | None = None,
+    reconnect_max_s: float | None = None,
+    sigusr1_min_interval_s: float | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> str:
+    """Return the text of a ``config.cfg`` for one node's IMEX daemon.
+
+    ``bind_interface_ip`` is the node's IMEX address (the daemon listens on it at
+    ``server_port``); ``cmd_bind_interface_ip``/``cmd_port`` is where ``nvidia-imex-ctl`` finds
+    the daemon. ``domain_id`` and ``node_name`` become simulator comment directives. The
+    ``*_s`` simulator settings are rendered only when given. ``overrides`` sets further real
+    keys (or replaces rendered ones), except the keys in ``MANAGED_KEYS``. Raises ValueError on
+    a value that would corrupt the file (newline, bad port, unknown quorum mode, ...).
+    """
+    if wait_for_quorum not in WAIT_FOR_QUORUM_VALUES:
+        raise ValueError(
+            f"IMEX_WAIT_FOR_QUORUM must be one of {WAIT_FOR_QUORUM_VALUES}, got {wait_for_quorum!r}"
+        )
+    if not 0 <= log_level <= 4:
+        raise ValueError(f"LOG_LEVEL must be in 0..4, got {log_level}")
+    for name, port in (("SERVER_PORT", server_port), ("IMEX_CMD_PORT", cmd_port)):
+        if not 0 <= port <= 65535:
+            raise ValueError(f"{name} must be in 0..65535, got {port}")
+    _check_token("BIND_INTERFACE_IP", bind_interface_ip, allow_empty=False)
+    _check_token("IMEX_CMD_BIND_INTERFACE_IP", cmd_bind_interface_ip, allow_empty=True)
+    _check_token("SIM_DOMAIN_ID", domain_id, allow_empty=True)
+    _check_token("SIM_NODE_NAME", node_name, allow_empty=True)
+    _check_line_value("IMEX_NODE_CONFIG_FILE", nodes_config_file)
+    _check_line_value("LOG_FILE_NAME", log_file_name)
+    if not nodes_config_file:
+        raise ValueError("IMEX_NODE_CONFIG_FILE must not be empty")
+
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        (
+            "Logging: level 0 (off) .. 4 (info); an empty LOG_FILE_NAME logs to stderr.",
+            [
+                (LOG_LEVEL, str(log_level)),
+                (LOG_FILE_NAME, log_file_name),
+                (STATS_FILE_NAME, log_file_name),
+                (LOG_APPEND_TO_LOG, _flag(log_append_to_log)),
+                (LOG_FILE_MAX_SIZE, str(log_file_max_size_mb)),
+                (LOG_MAX_ROTATE_COUNT, str(log_max_rotate_count)),
+                (LOG_USE_SYSLOG, "0"),
+            ],
+        ),
+        (
+            "Stay in the foreground: the node agent supervises the process.",
+            [(DAEMONIZE, "0")],
+        ),
+        (
+            "Peer communication: listen address/port and the list of peers (index = line).",
+            [
+                (BIND_INTERFACE_IP, bind_interface_ip),
+                (SERVER_PORT, str(server_port)),
+                (IMEX_NODE_CONFIG_FILE, nodes_config_file),
+                (NETWORK_INTERFACE, ""),
+                (IMEX_WAIT_FOR_QUORUM, wait_for_quorum),
+                (IMEX_ENABLE_AUTH_ENCRYPTION, "0"),
+                (IMEX_NODE_DISCONNECTED_GRACE_TIME, str(node_disconnected_grace_time_s)),
+            ],
+        ),
+        (
+            "Command service queried by nvidia-imex-ctl (-q, -N).",
+            [
+                (IMEX_CMD_ENABLED, "1"),
+                (IMEX_CMD_BIND_INTERFACE_IP, cmd_bind_interface_ip),
+                (IMEX_CMD_PORT, str(cmd_port)),
+                (IMEX_CMD_UNIX_DOMAIN_PATH, ""),
+            ],
+        ),
+    ]
+
+    extra: list[tuple[str, str]] = []
+    if overrides:
+        rendered_keys = {key for _, entries in sections for key, _ in entries}
+        replaced: dict[str, str] = {}
+        for key, value in overrides.items():
+            _check_override(key, value)
+            if key in rendered_keys:
+                replaced[key] = value
+            else:
+                extra.append((key, value))
+        sections = [
+            (comment, [(key, replaced.get(key, value)) for key, value in entries])
+            for comment, entries in sections
+        ]
+    if extra:
+        sections.append(("Additional settings.", extra))
+
+    directives: list[tuple[str, str]] = [(SIM_DOMAIN_ID, domain_id)]
+    if node_name:
+        directives.append((SIM_NODE_NAME, node_name))
+    for key, seconds in (
+        (SIM_HEARTBEAT_INTERVAL_S, heartbeat_interval_s),
+        (SIM_RECONNECT_MAX_S, reconnect_max_s),
+        (SIM_SIGUSR1_MIN_INTERVAL_S, sigusr1_min_interval_s),
+    ):
+        if seconds is not None:
+            if not seconds >= 0:  # also rejects NaN
+                raise ValueError(f"{key} must be >= 0, got {seconds}")
+            directives.append((key, repr(float(seconds))))
+
+    lines = [
+        "# nvidia-imex configuration rendered by the ComputeDomain node agent.",
+        "# It is read once at daemon start; the nodes config is re-read on SIGUSR1.",
+        "",
+    ]
+    for comment, entries in sections:
+        lines.append(f"# {comment}")
+        lines.extend(f"{key}={value}" for key, value in entries)
+        lines.append("")
+    lines.append("# Simulator directives (comments to nvidia-imex, read by the IMEX simulator only).")
+    lines.extend(f"# {key}={value}" for key, value in directives)
+    return "\n".join(lines) + "\n"
+
+
+def parse_imex_config(text: str) -> dict[str, str]:
+    """Parse ``config.cfg`` text into ``{KEY: value}`` (values stripped, last one wins).
+
+    Comment lines are skipped, except simulator directives ``# SIM_X=value`` which appear under
+    their ``SIM_X`` key. Lines without ``=`` are ignored, as nvidia-imex does.
+    """
+    values: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            line = line[1:].strip()
+            if not line.startswith(SIM_PREFIX):
+                continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key:
+            values[key] = value.strip()
+    return values
+
+
+def render_nodes_config(addresses: Sequence[str]) -> str:
+    """Return the nodes config text: one address per line, in the given (index) order.
+
+    Every member of a domain must receive the identical text, so the caller passes the member
+    addresses ordered by index. Raises ValueError on an empty, malformed or repeated address.
+    """
+    seen: set[str] = set()
+    for address in addresses:
+        _check_token("address", address, allow_empty=False)
+        if address in seen:
+            raise ValueError(f"address {address!r} listed twice in the nodes config")
+        seen.add(address)
+    return "".join(f"{address}\n" for address in addresses)
+
+
+def parse_nodes_config(text: str) -> list[str]:
+    """Return the addresses of a nodes config in order (blank lines and # comments skipped)."""
+    addresses: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            addresses.append(line)
+    return addresses
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _check_line_value(name: str, value: str) -> None:
+    if "\n" in value or "\r" in value:
+        raise ValueError(f"{name} must not contain a line break: {value!r}")
+    if value != value.strip():
+        raise ValueError(f"{name} must not start or end with whitespace: {value!r}")
+
+
+def _check_token(name: str, value: str, *, allow_empty: bool) -> None:
+    if not value and not allow_empty:
+        raise ValueError(f"{name} must not be empty")
+    if any(ch.isspace() for ch in value) or "#" in value or "=" in value:
+        raise ValueError(f"{name} must be a single token without whitespace, '#' or '=': {value!r}")
+
+
+def _check_override(key: str, value: str) -> None:
+    if not key or not set(key) <= _KEY_CHARS or key[0].isdigit():
+        raise ValueError(f"invalid IMEX config key {key!r}")
+    if key in MANAGED_KEYS:
+        raise ValueError(f"IMEX config key {key} is managed by the node agent and cannot be overridden")
+    if key.startswith(SIM_PREFIX):
+        raise ValueError(f"IMEX config key {key} uses the reserved simulator prefix {SIM_PREFIX}")
+    _check_line_value(key, value)

@@ -1,0 +1,204 @@
+"""Async client of the simulated daemon's command service (the in-process form of the ctl tool).
+
+The node agent polls readiness with these calls instead of spawning a ctl process per poll. Every
+call opens one short TCP connection and is bounded by its ``timeout`` (seconds; a parameter by
+design, so no caller can forget it); a daemon that is not
+running, refuses, hangs or answers garbage raises ``DaemonUnavailable`` (``query_ready`` returns
+False instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from libs.imex import config as keys
+from libs.imex.config import parse_imex_config, parse_nodes_config
+from libs.imex.simulator import protocol as proto
+from libs.imex.simulator.domain_status import DaemonStatus, build_nodes_report
+
+DEFAULT_TIMEOUT_S = 2.0
+FAULTS = ("crash", "hang", "drop-peer", "heal")
+_MAX_REPLY = 1 << 20
+
+
+class DaemonUnavailable(Exception):
+    """The daemon's command service could not be reached or gave no usable answer."""
+
+
+class CommandRejected(Exception):
+    """The daemon answered ERR to a command."""
+
+
+class CommandEndpointError(Exception):
+    """config.cfg does not let a client reach the command service."""
+
+
+def command_endpoint(config: dict[str, str]) -> tuple[str, int]:
+    """Return (host, port) of the command service described by parsed config.cfg values.
+
+    As nvidia-imex-ctl does: needs ``IMEX_CMD_ENABLED=1``; an empty
+    ``IMEX_CMD_BIND_INTERFACE_IP`` means the daemon listens on every interface, so 127.0.0.1.
+    """
+    if config.get(keys.IMEX_CMD_ENABLED, "0") != "1":
+        raise CommandEndpointError("the command service is not enabled in the config (IMEX_CMD_ENABLED=1)")
+    host = config.get(keys.IMEX_CMD_BIND_INTERFACE_IP, "") or "127.0.0.1"
+    raw_port = config.get(keys.IMEX_CMD_PORT, "") or str(keys.DEFAULT_CMD_PORT)
+    try:
+        return host, int(raw_port)
+    except ValueError:
+        raise CommandEndpointError(f"IMEX_CMD_PORT is not a port number: {raw_port!r}") from None
+
+
+def read_config(config_path: str) -> dict[str, str]:
+    """Read and parse config.cfg (OSError if it cannot be read)."""
+    with open(config_path, encoding="utf-8") as f:
+        return parse_imex_config(f.read())
+
+
+def read_nodes(config: dict[str, str]) -> list[str]:
+    """Read the nodes config named by parsed config.cfg values (OSError if it cannot be read)."""
+    path = config.get(keys.IMEX_NODE_CONFIG_FILE) or keys.DEFAULT_NODES_CONFIG_FILE
+    with open(path, encoding="utf-8") as f:
+        return parse_nodes_config(f.read())
+
+
+async def request(
+    host: str,
+    port: int,
+    message: bytes,
+    timeout: float,  # noqa: ASYNC109
+) -> tuple[str, dict[str, str]]:
+    """Send one command line and return the decoded reply (verb, fields).
+
+    Raises DaemonUnavailable on connection failure, timeout, or an empty/garbled reply.
+    """
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(message)
+            await writer.drain()
+            reply = await reader.read(_MAX_REPLY)
+            while reply and not reply.endswith(b"\n"):
+                more = await reader.read(_MAX_REPLY)
+                if not more:
+                    break
+                reply += more
+    except TimeoutError:
+        raise DaemonUnavailable(f"no reply from {host}:{port} within {timeout:g} s") from None
+    except OSError as exc:
+        raise DaemonUnavailable(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    if not reply:
+        raise DaemonUnavailable(f"{host}:{port} closed the connection without a reply")
+    try:
+        return proto.decode(reply)
+    except ValueError as exc:
+        raise DaemonUnavailable(f"garbled reply from {host}:{port}: {exc}") from None
+
+
+async def query_status(
+    cmd_host: str,
+    cmd_port: int,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+) -> DaemonStatus:
+    """Return the daemon's own status (state, peers and their connection status)."""
+    verb, fields = await request(cmd_host, cmd_port, proto.encode(proto.CMD_STATUS), timeout)
+    if verb != proto.CMD_STATUS:
+        raise DaemonUnavailable(f"unexpected reply {verb} to STATUS from {cmd_host}:{cmd_port}")
+    try:
+        return DaemonStatus.from_fields(fields)
+    except ValueError as exc:
+        raise DaemonUnavailable(str(exc)) from None
+
+
+async def query_state(
+    cmd_host: str,
+    cmd_port: int,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+) -> str:
+    """The word ``nvidia-imex-ctl -q`` prints: the daemon's state, or UNAVAILABLE."""
+    try:
+        return (await query_status(cmd_host, cmd_port, timeout)).state
+    except DaemonUnavailable:
+        return proto.STATE_UNAVAILABLE
+
+
+async def query_ready(
+    cmd_host: str,
+    cmd_port: int,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+) -> bool:
+    """True when the daemon answers and is READY; False otherwise (never raises for I/O)."""
+    return await query_state(cmd_host, cmd_port, timeout) == proto.STATE_READY
+
+
+async def query_nodes(
+    addresses: Sequence[str],
+    cmd_port: int = keys.DEFAULT_CMD_PORT,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+    *,
+    with_hostnames: bool = False,
+) -> dict[str, Any]:
+    """Return the ``-N -j`` document for the domain whose nodes config lists ``addresses``.
+
+    Like nvidia-imex-ctl, each listed node's command service is queried at
+    ``<address>:<cmd_port>`` (concurrently, each bounded by ``timeout``).
+    """
+
+    async def one(address: str) -> DaemonStatus | None:
+        try:
+            return await query_status(address, cmd_port, timeout)
+        except DaemonUnavailable:
+            return None
+
+    statuses = await asyncio.gather(*(one(address) for address in addresses))
+    return build_nodes_report(list(addresses), statuses, with_hostnames=with_hostnames)
+
+
+async def query_nodes_from_config(
+    config_path: str,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+    *,
+    with_hostnames: bool = False,
+) -> dict[str, Any]:
+    """``query_nodes`` for the nodes config and command port named in ``config_path``."""
+    config = read_config(config_path)
+    _, port = command_endpoint(config)
+    return await query_nodes(read_nodes(config), port, timeout, with_hostnames=with_hostnames)
+
+
+async def inject_fault(
+    cmd_host: str,
+    cmd_port: int,
+    fault: str,
+    peer: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+) -> None:
+    """Inject a fault: ``crash``, ``hang``, ``drop-peer`` (needs ``peer``) or ``heal``.
+
+    Raises ValueError for an unknown fault, DaemonUnavailable if the daemon cannot be told, and
+    CommandRejected if it refuses.
+    """
+    if fault == "crash":
+        message = proto.encode(proto.CMD_CRASH)
+    elif fault == "hang":
+        message = proto.encode(proto.CMD_HANG)
+    elif fault == "heal":
+        message = proto.encode(proto.CMD_HEAL)
+    elif fault == "drop-peer":
+        if not peer:
+            raise ValueError("drop-peer needs the peer address")
+        message = proto.encode(proto.CMD_DROP, {"addr": peer})
+    else:
+        raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
+    verb, fields = await request(cmd_host, cmd_port, message, timeout)
+    if verb != proto.REPLY_OK:
+        raise CommandRejected(fields.get("reason", verb))

@@ -1,0 +1,119 @@
+"""Wire format of the simulated IMEX daemon (peer links and command service).
+
+Every message is one line: a verb, then ``key=value`` fields separated by single spaces, then
+``\\n``. Values are percent-escaped for ``%``, space, CR and LF, so any text fits. This is a
+plain text format on purpose: the daemon avoids importing json/asyncio to start fast.
+
+Peer link (client = the node that dials, server = the node that accepts):
+
+* client -> server ``HELLO domain=<uid> addr=<client address> instance=<random id>``
+* server -> client ``WELCOME domain=<uid> addr=<server address> instance=<id>`` or
+  ``REFUSE code=<code> reason=<text>`` (then the server closes)
+* either side ``PING`` (heartbeat, sent when the link was quiet for one interval) and ``BYE``
+  (the sender is shutting down).
+
+Command service (one request line, the reply, then the daemon closes the connection):
+
+* ``STATUS`` -> ``STATUS state=<state> pid=.. addr=.. domain=.. version=.. host=.. nodes=<a,b,..>
+  conn.<addr>=<connection status> why.<addr>=<reason>``
+* ``CRASH`` | ``HANG`` | ``DROP addr=<address>`` | ``HEAL`` -> ``OK`` (or ``ERR reason=..``)
+"""
+
+from __future__ import annotations
+
+# Daemon states, as printed by `nvidia-imex-ctl -q` (names from NVIDIA's documented set).
+STATE_INITIALIZING = "INITIALIZING"
+STATE_WAITING_FOR_PEERS = "WAITING_FOR_PEERS"
+STATE_READY = "READY"
+STATE_SHUTTING_DOWN = "SHUTTING_DOWN"
+STATE_UNAVAILABLE = "UNAVAILABLE"  # printed by ctl when the daemon cannot be reached
+
+# Connection statuses, named after the legend of `nvidia-imex-ctl -N`.
+CONN_CONNECTED = "CONNECTED"  # C
+CONN_INVALID = "INVALID"  # I: no status available (node not reachable)
+CONN_NEVER_CONNECTED = "NEVER_CONNECTED"  # N
+CONN_DISCONNECTED = "DISCONNECTED"  # D
+CONN_NODE_MAP_MISMATCH = "NODE_MAP_MISMATCH"  # !M!: peer belongs to another domain
+CONN_LEGEND = {
+    CONN_CONNECTED: "C",
+    CONN_INVALID: "I",
+    CONN_NEVER_CONNECTED: "N",
+    CONN_DISCONNECTED: "D",
+    CONN_NODE_MAP_MISMATCH: "!M!",
+}
+
+# Peer link verbs.
+HELLO = "HELLO"
+WELCOME = "WELCOME"
+REFUSE = "REFUSE"
+PING = "PING"
+BYE = "BYE"
+
+# Refusal codes.
+REFUSE_DOMAIN_MISMATCH = "domain-mismatch"
+REFUSE_DROPPED = "dropped"
+REFUSE_ADDRESS_MISMATCH = "address-mismatch"
+REFUSE_SHUTTING_DOWN = "shutting-down"
+
+# Command verbs.
+CMD_STATUS = "STATUS"
+CMD_CRASH = "CRASH"
+CMD_HANG = "HANG"
+CMD_DROP = "DROP"
+CMD_HEAL = "HEAL"
+REPLY_OK = "OK"
+REPLY_ERR = "ERR"
+
+SIM_VERSION = "sim-1"
+MAX_LINE = 1 << 16  # longest accepted line; a peer sending more is cut off
+
+_EMPTY = "-"  # stands for an empty value so that fields stay non-empty
+
+
+def encode(verb: str, fields: dict[str, str] | None = None) -> bytes:
+    """Encode one message line (verb and fields) as bytes ending in a newline."""
+    parts = [verb]
+    if fields:
+        for key, value in fields.items():
+            parts.append(f"{key}={_escape(value)}")
+    return (" ".join(parts) + "\n").encode()
+
+
+def decode(line: bytes) -> tuple[str, dict[str, str]]:
+    """Decode one message line (without or with its newline) into (verb, fields).
+
+    Raises ValueError on a line that is not UTF-8 or has a field without ``=``.
+    """
+    text = line.decode().rstrip("\r\n")  # only the line end: values may hold any other character
+    verb, _, rest = text.partition(" ")
+    fields: dict[str, str] = {}
+    for part in rest.split(" "):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ValueError(f"malformed field {part!r} in {verb} message")
+        fields[key] = _unescape(value)
+    return verb, fields
+
+
+def _escape(value: str) -> str:
+    if not value:
+        return _EMPTY
+    if value == _EMPTY:
+        return "%2D"
+    return value.replace("%", "%25").replace(" ", "%20").replace("\n", "%0A").replace("\r", "%0D")
+
+
+def _unescape(value: str) -> str:
+    if value == _EMPTY:
+        return ""
+    if "%" not in value:
+        return value
+    return (
+        value.replace("%20", " ")
+        .replace("%0A", "\n")
+        .replace("%0D", "\r")
+        .replace("%2D", "-")
+        .replace("%25", "%")
+    )
