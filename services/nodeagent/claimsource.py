@@ -1,0 +1,249 @@
+"""Where a claim's allocation comes from: the port and its two adapters.
+
+Kubelet names a claim by namespace, name and UID; the node agent needs what the scheduler
+allocated (``status.allocation.devices.results``) and the opaque driver configuration
+(``status.allocation.devices.config``). In Kubernetes mode that is the ResourceClaim object
+(``resource.k8s.io/v1``); in simulation it is the ``Claim`` record in the store, which has the
+same shape. Both adapters return a :class:`ResolvedClaim`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.store import TRANSIENT_ERRORS, Store
+from services.nodeagent.channelconfig import parse_parameters_json
+from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
+
+log = structlog.get_logger(__name__)
+
+DRIVER_NAME = "compute-domain.nvidia.com"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceResult:
+    """One allocated device (``status.allocation.devices.results[]``)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueParameters:
+    """One opaque driver configuration (``status.allocation.devices.config[]``)."""
+
+    driver: str
+    requests: tuple[str, ...]
+    # The parsed "parameters" object for our driver; other drivers' parameters stay as given.
+    parameters: Any
+    source: str = ""
+
+    def applies_to(self, request: str) -> bool:
+        """Empty ``requests`` means every request; a parent request covers its subrequests."""
+        if not self.requests:
+            return True
+        return request in self.requests or request.split("/", 1)[0] in self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedClaim:
+    ref: ClaimRef
+    # Changes when the claim object changes (Kubernetes resourceVersion, store mod revision);
+    # unprepare tombstones compare it so that a re-used shared claim is not refused.
+    version: str
+    results: tuple[DeviceResult, ...]
+    configs: tuple[OpaqueParameters, ...]
+
+    def results_for(self, driver: str, pool: str) -> tuple[DeviceResult, ...]:
+        return tuple(r for r in self.results if r.driver == driver and r.pool == pool)
+
+    def config_for(self, driver: str, request: str) -> OpaqueParameters | None:
+        """The configuration in effect for ``request``: the last applicable one (class configs
+        come first, claim configs after them and take precedence)."""
+        found: OpaqueParameters | None = None
+        for config in self.configs:
+            if config.driver == driver and config.applies_to(request):
+                found = config
+        return found
+
+
+class ClaimSource(Protocol):
+    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
+        """The claim's allocation. Raises :class:`ClaimGone` when the claim does not exist (or
+        the name belongs to another UID), :class:`RetryableError` when the source is unreachable,
+        :class:`PermanentError` when the claim is unusable."""
+        ...
+
+
+def _check_identity(ref: ClaimRef, namespace: str, name: str, uid: str, where: str) -> None:
+    if uid != ref.uid:
+        raise ClaimGone(
+            f"claim {ref.namespace}/{ref.name} in {where} has UID {uid or '<none>'}, not {ref.uid} "
+            "(deleted and re-created?)"
+        )
+    if (namespace, name) != (ref.namespace, ref.name):
+        raise PermanentError(
+            f"claim {ref.uid} is {namespace}/{name} in {where}, but kubelet named it {ref.namespace}/{ref.name}"
+        )
+
+
+# ---- simulation: the store ---------------------------------------------------------------
+
+
+class StoreClaimSource:
+    """Claims written into the store by ``cdsim`` (key ``claims/<uid>``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
+        try:
+            got = await self.store.get(self.store.keys.claim(ref.uid), pb.Claim)
+        except ValueError as exc:  # a UID that cannot be a key segment
+            raise PermanentError(f"claim UID {ref.uid!r} is invalid: {exc}") from None
+        except TRANSIENT_ERRORS as exc:
+            raise RetryableError(f"store unavailable while reading claim {ref.uid}: {exc}") from exc
+        if got is None:
+            raise ClaimGone(f"claim {ref.namespace}/{ref.name} ({ref.uid}) does not exist")
+        claim = got.value
+        _check_identity(ref, claim.namespace, claim.name, claim.uid, "the store")
+        return ResolvedClaim(
+            ref=ref,
+            version=str(got.mod_revision),
+            results=tuple(DeviceResult(r.request, r.driver, r.pool, r.device) for r in claim.results),
+            configs=tuple(
+                OpaqueParameters(
+                    driver=c.driver,
+                    requests=tuple(c.requests),
+                    parameters=(
+                        parse_parameters_json(c.parameters_json)
+                        if c.driver == DRIVER_NAME
+                        else c.parameters_json
+                    ),
+                    source=c.source,
+                )
+                for c in claim.config
+            ),
+        )
+
+
+# ---- Kubernetes: the ResourceClaim -------------------------------------------------------
+
+
+def _field(obj: Any, *path: str) -> Any:
+    for name in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(name)
+    return obj
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        return ()
+    return tuple(v for v in value if isinstance(v, str))
+
+
+def parse_resource_claim(obj: Any, ref: ClaimRef) -> ResolvedClaim:
+    """A ``resource.k8s.io/v1`` ResourceClaim (decoded JSON) as a :class:`ResolvedClaim`."""
+    if not isinstance(obj, Mapping) or obj.get("kind", "ResourceClaim") != "ResourceClaim":
+        raise PermanentError(f"claim {ref.namespace}/{ref.name}: the API server returned no ResourceClaim")
+    meta = _field(obj, "metadata") or {}
+    _check_identity(
+        ref,
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        "the API server",
+    )
+    allocation = _field(obj, "status", "allocation")
+    if not isinstance(allocation, Mapping):
+        raise RetryableError(f"claim {ref.namespace}/{ref.name} is not allocated")
+    results = []
+    for r in _field(allocation, "devices", "results") or ():
+        if isinstance(r, Mapping):
+            results.append(
+                DeviceResult(
+                    request=str(r.get("request", "")),
+                    driver=str(r.get("driver", "")),
+                    pool=str(r.get("pool", "")),
+                    device=str(r.get("device", "")),
+                )
+            )
+    configs = []
+    for c in _field(allocation, "devices", "config") or ():
+        opaque = _field(c, "opaque")
+        if not isinstance(opaque, Mapping):
+            continue  # not an opaque configuration: not ours to read
+        configs.append(
+            OpaqueParameters(
+                driver=str(opaque.get("driver", "")),
+                requests=_strings(_field(c, "requests")),
+                parameters=opaque.get("parameters"),
+                source=str(_field(c, "source") or ""),
+            )
+        )
+    return ResolvedClaim(
+        ref=ref,
+        version=str(meta.get("resourceVersion", "")),
+        results=tuple(results),
+        configs=tuple(configs),
+    )
+
+
+class KubeClaimSource:
+    """ResourceClaims read from the API server with kubernetes-asyncio."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
+        from kubernetes_asyncio.client import ResourceV1Api
+
+        self._api = ResourceV1Api(api_client)
+        self._timeout_s = timeout_s
+
+    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        what = f"claim {ref.namespace}/{ref.name}"
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response: Any = await self._api.read_namespaced_resource_claim(
+                    ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
+                )
+                try:
+                    status = response.status
+                    body = await response.read()
+                finally:
+                    response.release()
+        except ApiException as exc:
+            status, body = int(exc.status or 0), b""
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RetryableError(f"{what}: API server unreachable: {exc or type(exc).__name__}") from exc
+        if status == 404:
+            raise ClaimGone(f"{what} ({ref.uid}) does not exist")
+        if not 200 <= status <= 299:
+            # 403 is a deployment problem (RBAC), but fixing it needs no new claim: retryable.
+            raise RetryableError(f"{what}: API server answered HTTP {status}")
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            raise RetryableError(f"{what}: undecodable API response: {exc}") from exc
+        return parse_resource_claim(obj, ref)

@@ -1,0 +1,209 @@
+"""The kubelet DRA service: ``NodePrepareResources`` / ``NodeUnprepareResources``.
+
+One grpclib server on ``<kubelet dir>/plugins/compute-domain.nvidia.com/dra.sock`` serves both
+``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` and ``...v1beta1.DRAPlugin``; both translate to
+:class:`ClaimDispatcher`, which runs the claims of a request concurrently, serializes calls for
+the same claim, and answers for every claim of the request (a failure is the claim's ``error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+from grpclib.server import Server
+
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef
+from services.nodeagent.errors import ClaimError, PermanentError
+from services.nodeagent.keyedlocks import KeyedLocks
+from services.nodeagent.metrics import AgentMetrics
+from services.nodeagent.state import PreparedDevice
+from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
+
+log = structlog.get_logger(__name__)
+
+DRA_SOCKET_NAME = "dra.sock"
+
+
+def plugin_dir(kubelet_dir: Path) -> Path:
+    return kubelet_dir / "plugins" / DRIVER_NAME
+
+
+def dra_socket_path(kubelet_dir: Path) -> Path:
+    return plugin_dir(kubelet_dir) / DRA_SOCKET_NAME
+
+
+class ClaimPreparer(Protocol):
+    async def prepare(self, ref: ClaimRef) -> list[PreparedDevice]: ...
+
+    async def unprepare(self, ref: ClaimRef) -> None: ...
+
+
+PrepareOutcome = tuple[list[PreparedDevice], str]
+
+
+class ClaimDispatcher:
+    """Version-independent request handling around the node's claim state."""
+
+    def __init__(self, state: ClaimPreparer, metrics: AgentMetrics) -> None:
+        self.state = state
+        self.metrics = metrics
+        self._claim_locks = KeyedLocks()
+
+    async def prepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+        unique = list({c.uid: c for c in claims}.values())
+        outcomes = await asyncio.gather(*(self._prepare_one(c) for c in unique))
+        return {c.uid: o for c, o in zip(unique, outcomes, strict=True)}
+
+    async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        unique = list({c.uid: c for c in claims}.values())
+        errors = await asyncio.gather(*(self._unprepare_one(c) for c in unique))
+        return {c.uid: e for c, e in zip(unique, errors, strict=True)}
+
+    async def _prepare_one(self, ref: ClaimRef) -> PrepareOutcome:
+        start = time.perf_counter()
+        devices: list[PreparedDevice] = []
+        error = ""
+        outcome = "ok"
+        try:
+            if not ref.uid:
+                raise PermanentError(f"claim {ref.namespace}/{ref.name} has no UID")
+            async with self._claim_locks.hold(ref.uid):
+                devices = await self.state.prepare(ref)
+        except ClaimError as exc:
+            error, outcome = str(exc), exc.kind
+        except Exception as exc:  # a bug must cost one claim, not the whole request
+            log.exception("prepare failed unexpectedly", claim_uid=ref.uid, namespace=ref.namespace)
+            error, outcome = f"internal error: {type(exc).__name__}: {exc}", "retryable"
+        self._record("prepare", ref, outcome, error, time.perf_counter() - start)
+        return devices, error
+
+    async def _unprepare_one(self, ref: ClaimRef) -> str:
+        start = time.perf_counter()
+        error = ""
+        outcome = "ok"
+        try:
+            if not ref.uid:
+                raise PermanentError(f"claim {ref.namespace}/{ref.name} has no UID")
+            async with self._claim_locks.hold(ref.uid):
+                await self.state.unprepare(ref)
+        except ClaimError as exc:
+            error, outcome = str(exc), exc.kind
+        except Exception as exc:
+            log.exception("unprepare failed unexpectedly", claim_uid=ref.uid, namespace=ref.namespace)
+            error, outcome = f"internal error: {type(exc).__name__}: {exc}", "retryable"
+        self._record("unprepare", ref, outcome, error, time.perf_counter() - start)
+        return error
+
+    def _record(self, what: str, ref: ClaimRef, outcome: str, error: str, seconds: float) -> None:
+        if what == "prepare":
+            self.metrics.prepares.labels(outcome=outcome).inc()
+            self.metrics.prepare_seconds.observe(seconds)
+        else:
+            self.metrics.unprepares.labels(outcome=outcome).inc()
+            self.metrics.unprepare_seconds.observe(seconds)
+        if outcome == "permanent":
+            log.error(f"{what} refused", claim_uid=ref.uid, namespace=ref.namespace, error=error)
+        elif outcome == "retryable":
+            log.warning(
+                f"{what} failed; kubelet will retry", claim_uid=ref.uid, namespace=ref.namespace, error=error
+            )
+
+
+class DraV1(dra_v1.DraPluginBase):
+    def __init__(self, dispatcher: ClaimDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def node_prepare_resources(
+        self, node_prepare_resources_request: dra_v1.NodePrepareResourcesRequest
+    ) -> dra_v1.NodePrepareResourcesResponse:
+        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims]
+        outcomes = await self.dispatcher.prepare_claims(refs)
+        return dra_v1.NodePrepareResourcesResponse(
+            claims={
+                uid: dra_v1.NodePrepareResourceResponse(
+                    devices=[
+                        dra_v1.Device(
+                            request_names=list(d.request_names),
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=list(d.cdi_device_ids),
+                        )
+                        for d in devices
+                    ],
+                    error=error,
+                )
+                for uid, (devices, error) in outcomes.items()
+            }
+        )
+
+    async def node_unprepare_resources(
+        self, node_unprepare_resources_request: dra_v1.NodeUnprepareResourcesRequest
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_unprepare_resources_request.claims]
+        errors = await self.dispatcher.unprepare_claims(refs)
+        return dra_v1.NodeUnprepareResourcesResponse(
+            claims={uid: dra_v1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
+        )
+
+
+class DraV1Beta1(dra_v1beta1.DraPluginBase):
+    def __init__(self, dispatcher: ClaimDispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def node_prepare_resources(
+        self, node_prepare_resources_request: dra_v1beta1.NodePrepareResourcesRequest
+    ) -> dra_v1beta1.NodePrepareResourcesResponse:
+        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims]
+        outcomes = await self.dispatcher.prepare_claims(refs)
+        return dra_v1beta1.NodePrepareResourcesResponse(
+            claims={
+                uid: dra_v1beta1.NodePrepareResourceResponse(
+                    devices=[
+                        dra_v1beta1.Device(
+                            request_names=list(d.request_names),
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=list(d.cdi_device_ids),
+                        )
+                        for d in devices
+                    ],
+                    error=error,
+                )
+                for uid, (devices, error) in outcomes.items()
+            }
+        )
+
+    async def node_unprepare_resources(
+        self, node_unprepare_resources_request: dra_v1beta1.NodeUnprepareResourcesRequest
+    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
+        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_unprepare_resources_request.claims]
+        errors = await self.dispatcher.unprepare_claims(refs)
+        return dra_v1beta1.NodeUnprepareResourcesResponse(
+            claims={uid: dra_v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
+        )
+
+
+class DraServer:
+    """Both DRA API versions on one unix socket."""
+
+    def __init__(self, dispatcher: ClaimDispatcher, socket_path: Path) -> None:
+        self.dispatcher = dispatcher
+        self.socket_path = socket_path
+        self._server: Server | None = None
+
+    async def start(self) -> None:
+        self._server = await start_unix_server(
+            [DraV1(self.dispatcher), DraV1Beta1(self.dispatcher)], self.socket_path
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await stop_unix_server(self._server, self.socket_path)
+            self._server = None

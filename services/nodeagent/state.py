@@ -1,0 +1,495 @@
+"""Prepare and unprepare of channel claims on this node, and the start-up reconcile.
+
+Prepare (SPEC §5): resolve the claim, take our driver's allocation on this node, decode the
+opaque ComputeDomainChannelConfig strictly, check that the ComputeDomain exists in the claim's
+namespace (the security boundary: nothing is written before this check passes), refuse a claim
+unprepared moments ago (upstream #1162), then
+
+    checkpoint PrepareStarted -> PreparedClaim PREPARE_STARTED + join the domain
+    -> wait for this node's IMEX daemon READY -> CDI spec -> checkpoint PrepareCompleted
+    -> PreparedClaim PREPARE_COMPLETED
+
+Every step is idempotent, so a retry after any failure or crash continues where it stopped.
+The checkpoint entry comes first: whatever the agent did in the store or on disk, its
+checkpoint (or, if that is lost, its PreparedClaim records) says so after a crash.
+
+Unprepare is the reverse, idempotent, and leaves the domain when the node holds no other claim
+of it. Join and leave of one domain are serialized per domain on this node, so an unprepare
+never leaves a domain that a concurrent prepare has just joined for another claim.
+
+Callers serialize calls per claim (the DRA server holds a lock per claim UID).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aetcd.exceptions
+import structlog
+
+from libs.cdi.spec import channels_for
+from libs.cdi.specdir import ClaimSpecDir
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.errors import HardwareError
+from libs.state.membership import CliqueFull, NodeBusy, join_domain, leave_domain
+from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
+from services.nodeagent.channelconfig import ChannelConfig, ConfigError, decode_channel_config
+from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
+from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef, ClaimSource, ResolvedClaim
+from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
+from services.nodeagent.keyedlocks import KeyedLocks
+from services.nodeagent.metrics import AgentMetrics
+
+log = structlog.get_logger(__name__)
+
+CHANNEL_DEVICE = "channel-0"
+DEFAULT_PREPARE_BUDGET_S = 45.0
+
+# Store failures after which the same call may succeed: kubelet should retry.
+_STORE_FAILURES: tuple[type[BaseException], ...] = (
+    *TRANSIENT_ERRORS,
+    aetcd.exceptions.ClientError,
+    StoreUnavailable,
+    ConflictError,
+)
+
+
+class NodeIdentity(Protocol):
+    """This node's record as registered in the store (``NodeInventory`` provides it)."""
+
+    @property
+    def node(self) -> pb.Node: ...
+
+
+class DaemonReadiness(Protocol):
+    """This node's IMEX daemons (``ImexSupervisor`` provides it)."""
+
+    def nudge(self, domain_uid: str) -> None: ...
+
+    async def wait_ready(self, domain_uid: str, timeout_s: float) -> bool: ...
+
+
+class ChannelHardware(Protocol):
+    """The part of the hardware port that prepare needs."""
+
+    def imex_channel_major(self) -> int: ...
+
+    def ensure_imex_channel_device(self, channel: int) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One entry of a NodePrepareResources answer, independent of the API version."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+@dataclass
+class ReconcileReport:
+    rebuilt_from_store: list[str] = field(default_factory=list)
+    unprepared_gone: list[str] = field(default_factory=list)
+    removed_cdi_specs: list[str] = field(default_factory=list)
+    dropped_store_records: list[str] = field(default_factory=list)
+    left_domains: list[str] = field(default_factory=list)
+    rejoined_domains: list[str] = field(default_factory=list)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DeviceState:
+    """The claims this node prepared: checkpoint, store records, CDI specs and memberships."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        identity: NodeIdentity,
+        claims: ClaimSource,
+        daemons: DaemonReadiness,
+        hardware: ChannelHardware,
+        checkpoint: Checkpoint,
+        cdi: ClaimSpecDir,
+        metrics: AgentMetrics | None = None,
+        prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.identity = identity
+        self.claims = claims
+        self.daemons = daemons
+        self.hardware = hardware
+        self.checkpoint = checkpoint
+        self.cdi = cdi
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self.prepare_budget_s = prepare_budget_s
+        self._clock = clock
+        self._domain_locks = KeyedLocks()
+        self._channel_major: int | None = None
+        self._ensured_channels: set[int] = set()
+
+    # ---- prepare ---------------------------------------------------------------------------
+
+    async def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        """Prepare one claim; raises :class:`PermanentError` or :class:`RetryableError`."""
+        entry = self.checkpoint.get(ref.uid)
+        if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+            return self._devices_of(entry)  # repeat of a finished prepare: no side effects
+        deadline = self._clock() + self.prepare_budget_s
+        try:
+            return await self._prepare(ref, deadline)
+        except ClaimError:
+            raise
+        except _STORE_FAILURES as exc:
+            raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
+
+    async def _prepare(self, ref: ClaimRef, deadline: float) -> list[PreparedDevice]:
+        node = self.identity.node
+        claim = await self.claims.resolve(ref)
+        results = claim.results_for(DRIVER_NAME, node.name)
+        if not results:
+            raise PermanentError(
+                f"claim {ref.namespace}/{ref.name} has no device of driver {DRIVER_NAME} allocated on node {node.name}"
+            )
+        for result in results:
+            if result.device != CHANNEL_DEVICE:
+                raise PermanentError(
+                    f"claim {ref.namespace}/{ref.name} was allocated unknown device {result.device!r} "
+                    f"of driver {DRIVER_NAME} (this node offers {CHANNEL_DEVICE})"
+                )
+        config = self._channel_config(claim, [r.request for r in results])
+        if self.checkpoint.is_tombstoned(ref.uid, claim_version=claim.version):
+            raise PermanentError(
+                f"claim {ref.namespace}/{ref.name} ({ref.uid}) was unprepared recently; "
+                "refusing a stale prepare"
+            )
+        await self._check_domain(ref, config)
+        fabric = bool(node.clique_id)
+        if not fabric and node.fabric_message:
+            raise RetryableError(f"node {node.name}: NVLink clique not known yet: {node.fabric_message}")
+        channels = channels_for(config.allocation_mode, fabric=fabric)
+        major = self._major() if fabric else None
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=config.domain_id, node=node.name)
+
+        async with self._domain_locks.hold(config.domain_id):
+            existing = self.checkpoint.get(ref.uid)
+            if existing is not None and existing.domain_uid != config.domain_id:
+                raise PermanentError(
+                    f"claim {ref.uid} was started for domain {existing.domain_uid}, now names {config.domain_id}"
+                )
+            try:
+                self.checkpoint.mark_prepare_started(
+                    ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    domain_uid=config.domain_id,
+                    node=node.name,
+                    claim_version=claim.version,
+                )
+            except StalePrepareError as exc:
+                raise PermanentError(str(exc)) from None
+            self._save_checkpoint()
+            record = pb.PreparedClaim(
+                claim_uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                node_name=node.name,
+                domain_uid=config.domain_id,
+                state=pb.PreparedState.PREPARE_STARTED,
+                updated_unix_ms=_now_ms(),
+            )
+            record_key = self.store.keys.preparation(node.name, ref.uid)
+            put = asyncio.ensure_future(self.store.put(record_key, record))
+            try:
+                joined_now = await self._join(config.domain_id, ref.namespace, node)
+            finally:
+                await put
+        if joined_now:
+            bound.info("prepare: node joined domain")
+
+        if fabric:
+            self.daemons.nudge(config.domain_id)
+            remaining = max(deadline - self._clock(), 0.0)
+            if not await self.daemons.wait_ready(config.domain_id, remaining):
+                raise RetryableError(await self._not_ready_message(config.domain_id, node.name))
+            self._ensure_channels(channels)
+
+        try:
+            cdi_id = self.cdi.write(ref.uid, channels=channels, major=major)
+        except OSError as exc:
+            raise RetryableError(f"cannot write CDI spec for claim {ref.uid}: {exc}") from exc
+        request_names = tuple(dict.fromkeys(r.request for r in results))
+        try:
+            entry = self.checkpoint.mark_prepare_completed(
+                ref.uid, [cdi_id], request_names=request_names, claim_version=claim.version
+            )
+        except StalePrepareError as exc:  # unprepared meanwhile: do not resurrect it
+            self.cdi.remove(ref.uid)
+            raise PermanentError(str(exc)) from None
+        self._save_checkpoint()
+        record.state = pb.PreparedState.PREPARE_COMPLETED
+        record.cdi_device_ids = [cdi_id]
+        record.updated_unix_ms = _now_ms()
+        await self.store.put(record_key, record)
+        bound.info(
+            "claim prepared", mode=config.allocation_mode, channels=len(channels), cdi_device_id=cdi_id
+        )
+        return self._devices_of(entry)
+
+    def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
+        decoded: ChannelConfig | None = None
+        for request in requests:
+            opaque = claim.config_for(DRIVER_NAME, request)
+            if opaque is None:
+                raise ConfigError(f"no opaque config for request {request!r} of claim {claim.ref.name}")
+            config = decode_channel_config(opaque.parameters)
+            if decoded is not None and config != decoded:
+                raise ConfigError("the claim's requests name different ComputeDomain channel configs")
+            decoded = config
+        assert decoded is not None
+        return decoded
+
+    async def _check_domain(self, ref: ClaimRef, config: ChannelConfig) -> None:
+        got = await self.store.get(self.store.keys.domain(config.domain_id), pb.ComputeDomain)
+        if got is None:
+            raise PermanentError(
+                f"ComputeDomain {config.domain_id} named by claim {ref.namespace}/{ref.name} does not exist"
+            )
+        domain = got.value
+        if domain.namespace != ref.namespace:
+            # Do not tell which namespace it is in: that is the other tenant's business.
+            raise PermanentError(
+                f"ComputeDomain {config.domain_id} is not in namespace {ref.namespace} of claim "
+                f"{ref.namespace}/{ref.name}; a claim may only use a ComputeDomain of its own namespace"
+            )
+        if domain.deleting:
+            raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
+
+    async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> bool:
+        """Make this node an active member; True if it joined now. One read when it already is."""
+        current = await self.store.get(self.store.keys.member(domain_uid, node.name), pb.Member)
+        if current is not None and current.value.state == pb.MemberState.ACTIVE:
+            return False
+        try:
+            result = await join_domain(self.store, domain_uid, namespace, node)
+        except NodeBusy as exc:
+            raise RetryableError(f"node busy: {exc}") from None
+        except CliqueFull as exc:
+            raise RetryableError(str(exc)) from None
+        return result.joined_now
+
+    async def _not_ready_message(self, domain_uid: str, node_name: str) -> str:
+        base = f"IMEX daemon for domain {domain_uid} on node {node_name} not READY within {self.prepare_budget_s:g}s"
+        try:
+            status = await self.store.get(self.store.keys.daemon(domain_uid, node_name), pb.DaemonStatus)
+        except _STORE_FAILURES:
+            return base
+        if status is None:
+            return base + " (no daemon status yet)"
+        state = pb.DaemonState(status.value.state).name
+        detail = f"; {status.value.last_error}" if status.value.last_error else ""
+        return f"{base} (daemon {state}{detail})"
+
+    def _major(self) -> int:
+        if self._channel_major is None:
+            try:
+                self._channel_major = self.hardware.imex_channel_major()
+            except HardwareError as exc:
+                raise RetryableError(f"IMEX channels unavailable on this node: {exc}") from exc
+        return self._channel_major
+
+    def _ensure_channels(self, channels: Sequence[int]) -> None:
+        """Create missing channel device nodes on the host, once per channel per process."""
+        missing = [c for c in channels if c not in self._ensured_channels]
+        try:
+            for channel in missing:
+                self.hardware.ensure_imex_channel_device(channel)
+                self._ensured_channels.add(channel)
+        except (OSError, HardwareError) as exc:
+            raise RetryableError(f"cannot create IMEX channel device: {exc}") from exc
+
+    def _devices_of(self, entry: ClaimEntry) -> list[PreparedDevice]:
+        return [
+            PreparedDevice(
+                request_names=entry.request_names or ("channel",),
+                pool_name=entry.node,
+                device_name=CHANNEL_DEVICE,
+                cdi_device_ids=entry.cdi_device_ids,
+            )
+        ]
+
+    def _save_checkpoint(self) -> None:
+        try:
+            self.checkpoint.save()
+        except OSError as exc:
+            raise RetryableError(f"cannot write the checkpoint: {exc}") from exc
+        self.metrics.prepared_claims.set(len(self.checkpoint.entries))
+
+    # ---- unprepare -------------------------------------------------------------------------
+
+    async def unprepare(self, ref: ClaimRef) -> None:
+        """Release one claim; unknown claims succeed. Raises :class:`RetryableError`."""
+        try:
+            await self._unprepare(ref.uid, ref.namespace)
+        except ClaimError:
+            raise
+        except _STORE_FAILURES as exc:
+            raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
+        except OSError as exc:
+            raise RetryableError(f"cannot remove CDI spec of claim {ref.uid}: {exc}") from exc
+
+    async def _unprepare(self, claim_uid: str, namespace: str) -> None:
+        try:
+            self.cdi.remove(claim_uid)
+        except ValueError:  # not a valid UID: we never wrote anything for it
+            return
+        entry = self.checkpoint.get(claim_uid)
+        if entry is None:
+            if claim_uid not in self.checkpoint.tombstones:
+                # Unknown claim: success, and a tombstone in case its prepare is still on the way.
+                self.checkpoint.remove(claim_uid)
+                self._save_checkpoint()
+            return
+        async with self._domain_locks.hold(entry.domain_uid):
+            await self.store.delete(self.store.keys.preparation(entry.node, claim_uid))
+            others = [
+                e
+                for e in self.checkpoint.prepared_claims_of_domain(entry.domain_uid)
+                if e.claim_uid != claim_uid
+            ]
+            if not others:
+                left = await leave_domain(self.store, entry.domain_uid, entry.node)
+                self.daemons.nudge(entry.domain_uid)
+                if left:
+                    log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
+            self.checkpoint.remove(claim_uid)
+            self._save_checkpoint()
+        log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
+
+    # ---- start-up reconcile ----------------------------------------------------------------
+
+    async def reconcile(self) -> ReconcileReport:
+        """Bring checkpoint, store records, CDI directory and memberships into agreement.
+
+        Run once at start, before serving kubelet. Store records this checkpoint lacks (it was
+        corrupt, or the node rebooted) are taken back; half-prepared claims whose claim is gone
+        are unprepared; CDI specs of claims we do not hold are removed; a membership without a
+        held claim is left; a membership marked lost while we were away is taken up again.
+        """
+        report = ReconcileReport()
+        node_name = self.identity.node.name
+        self.cdi.remove_stale_temps()
+        records, _ = await self.store.list(self.store.keys.preparations(node_name), pb.PreparedClaim)
+        on_disk = set(self.cdi.claim_uids())
+        for item in records:
+            prep = item.value
+            if prep.claim_uid in self.checkpoint.entries:
+                continue
+            if prep.claim_uid in self.checkpoint.tombstones:
+                await self.store.delete(item.key)  # unprepared; the record outlived a crash
+                report.dropped_store_records.append(prep.claim_uid)
+                continue
+            await self._rebuild_entry(prep, prep.claim_uid in on_disk)
+            report.rebuilt_from_store.append(prep.claim_uid)
+        if report.rebuilt_from_store:
+            log.warning("checkpoint rebuilt from the store", node=node_name, claims=report.rebuilt_from_store)
+
+        for entry in list(self.checkpoint.entries.values()):
+            if entry.state is not ClaimState.PREPARE_STARTED:
+                continue
+            try:
+                await self.claims.resolve(ClaimRef(entry.namespace, entry.name, entry.claim_uid))
+            except ClaimGone:
+                log.info("reconcile: half-prepared claim is gone; unpreparing", claim_uid=entry.claim_uid)
+                await self._unprepare(entry.claim_uid, entry.namespace)
+                report.unprepared_gone.append(entry.claim_uid)
+            except ClaimError as exc:
+                log.warning(
+                    "reconcile: cannot check half-prepared claim", claim_uid=entry.claim_uid, error=str(exc)
+                )
+
+        for uid in self.cdi.claim_uids():
+            if uid not in self.checkpoint.entries:
+                self.cdi.remove(uid)
+                report.removed_cdi_specs.append(uid)
+
+        held = {e.domain_uid for e in self.checkpoint.entries.values()}
+        binding = await self.store.get(self.store.keys.node_binding(node_name), pb.NodeBinding)
+        if binding is not None and binding.value.domain_uid not in held:
+            await leave_domain(self.store, binding.value.domain_uid, node_name)
+            self.daemons.nudge(binding.value.domain_uid)
+            report.left_domains.append(binding.value.domain_uid)
+        report.rejoined_domains = await self.rejoin_lost_memberships()
+        for action in ("rebuilt_from_store", "unprepared_gone", "removed_cdi_specs", "left_domains"):
+            count = len(getattr(report, action))
+            if count:
+                self.metrics.reconciled.labels(action=action).inc(count)
+        self.metrics.prepared_claims.set(len(self.checkpoint.entries))
+        log.info("reconcile done", node=node_name, **{k: v for k, v in vars(report).items() if v})
+        return report
+
+    async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
+        self.checkpoint.mark_prepare_started(
+            prep.claim_uid,
+            namespace=prep.namespace,
+            name=prep.name,
+            domain_uid=prep.domain_uid,
+            node=prep.node_name,
+        )
+        if prep.state == pb.PreparedState.PREPARE_COMPLETED and has_cdi_spec and prep.cdi_device_ids:
+            # Finished before the checkpoint was lost, and the spec is still there: the claim's
+            # own request names make the repeat answer exact.
+            request_names: tuple[str, ...] = ()
+            try:
+                claim = await self.claims.resolve(ClaimRef(prep.namespace, prep.name, prep.claim_uid))
+                request_names = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
+            except ClaimError:
+                pass  # gone or unreachable: stays PrepareStarted, handled below or by kubelet
+            else:
+                self.checkpoint.mark_prepare_completed(
+                    prep.claim_uid, prep.cdi_device_ids, request_names=request_names
+                )
+        self._save_checkpoint()
+
+    async def rejoin_lost_memberships(self) -> list[str]:
+        """Take up again the memberships the controller marked lost while this node was away,
+        for domains in which it still holds prepared claims. Returns the domains rejoined."""
+        node = self.identity.node
+        completed = {
+            e.domain_uid: e.namespace
+            for e in self.checkpoint.entries.values()
+            if e.state is ClaimState.PREPARE_COMPLETED
+        }
+        rejoined: list[str] = []
+        for domain_uid, namespace in sorted(completed.items()):
+            async with self._domain_locks.hold(domain_uid):
+                member = await self.store.get(self.store.keys.member(domain_uid, node.name), pb.Member)
+                if member is None or member.value.state != pb.MemberState.LOST:
+                    continue
+                try:
+                    await join_domain(self.store, domain_uid, namespace, node)
+                except (NodeBusy, CliqueFull) as exc:
+                    log.warning("cannot rejoin domain", cd_uid=domain_uid, node=node.name, error=str(exc))
+                    continue
+            self.daemons.nudge(domain_uid)
+            rejoined.append(domain_uid)
+            log.info("rejoined domain after membership loss", cd_uid=domain_uid, node=node.name)
+        return rejoined
+
+    async def keep_memberships(self, interval_s: float = 10.0) -> None:
+        """Long-running: periodically :meth:`rejoin_lost_memberships` (after a lease loss the
+        controller marks this node's memberships lost; the held claims still need them)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.rejoin_lost_memberships()
+            except _STORE_FAILURES as exc:
+                log.warning("membership check failed", error=str(exc) or type(exc).__name__)
