@@ -50,6 +50,7 @@ class SimNode:
     domain_id: str
     heartbeat_s: float | None = None
     wait_for_quorum: str = "RECOVERY"
+    sigusr1_min_interval_s: float | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -78,6 +79,7 @@ class SimNode:
                 wait_for_quorum=self.wait_for_quorum,
                 heartbeat_interval_s=self.heartbeat_s,
                 reconnect_max_s=0.25,
+                sigusr1_min_interval_s=self.sigusr1_min_interval_s,
             )
         )
 

@@ -246,3 +246,36 @@ async def _wait_all_ready(nodes: list[SimNode], began: float, deadline_s: float)
             await asyncio.sleep(0.005)
     assert not pending, f"not READY after {deadline_s} s: {pending}"
     return time.monotonic() - began
+
+
+async def test_optional_sigusr1_rate_limit_ignores_a_quick_repeat(cluster: SimCluster):
+    # nvidia-imex processes SIGUSR1 at most once per 5 s; the simulator can be told to do the same.
+    n0, n1 = free_loopback_addresses(2)
+    node = cluster.add(SimNode(n0, cluster.root / n0, "cd-uid-1", sigusr1_min_interval_s=5.0))
+    node.write_config([n0])
+    node.spawn()
+    await node.wait_state(READY)
+
+    node.write_nodes([n0, n1])
+    node.signal(signal.SIGUSR1)
+    await node.wait_until(lambda st: st.nodes == (n0, n1), "the first reload")
+    node.write_nodes([n0])
+    node.signal(signal.SIGUSR1)
+    await asyncio.sleep(0.3)
+    assert (await node.status()).nodes == (n0, n1)
+    assert "Received SIGUSR1 within the rate-limit window, ignored" in node.log_text()
+
+
+async def test_one_sided_link_stays_up_across_heartbeat_timeouts(cluster: SimCluster):
+    # B lists A but A does not list B (A was not reloaded yet): only B dials, and the link must
+    # still be kept alive by heartbeats in both directions.
+    a_addr, b_addr = free_loopback_addresses(2)
+    a = cluster.add(SimNode(a_addr, cluster.root / "a", "cd-uid-1", heartbeat_s=0.1))
+    a.write_config([a_addr])
+    b = cluster.add(SimNode(b_addr, cluster.root / "b", "cd-uid-1", heartbeat_s=0.1))
+    b.write_config([a_addr, b_addr])
+    await start([a, b])
+    await asyncio.sleep(1.0)  # more than three timeouts (3 x 0.1 s)
+    assert await b.state() == READY
+    assert "timeout" not in a.log_text() + b.log_text()
+    assert "a same-domain node not in the nodes config" in a.log_text()

@@ -46,13 +46,14 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # bad configuration, bind failure, injected crash
 
 DEFAULT_LOG_FILE = "/var/log/nvidia-imex.log"
-DEFAULT_HEARTBEAT_INTERVAL_S = 2.0
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 DEFAULT_RECONNECT_MAX_S = 1.0
 RECONNECT_INITIAL_S = 0.02
 HEARTBEAT_TIMEOUT_FACTOR = 3.0  # a link silent for this many heartbeat intervals is dead
 LISTEN_BACKLOG = 128
 REFUSAL_LOG_EVERY = 50  # a repeated refusal is logged once, then every Nth time
 
+_PING_LINE = proto.encode(proto.PING).rstrip(b"\n")
 _EPOLLIN = select.EPOLLIN
 _EPOLLOUT = select.EPOLLOUT
 _EPOLL_BROKEN = select.EPOLLERR | select.EPOLLHUP
@@ -257,6 +258,7 @@ class Daemon:
         self.links: dict[str, PeerLink] = {}  # every listed node but this one
         self.incoming: dict[str, set[Conn]] = {}  # open incoming links by peer address
         self.dropped: set[str] = set()
+        self.heard: dict[str, float] = {}  # peer address -> last message from it on any link
         self.refused_in: dict[tuple[str, str], int] = {}  # (address, code) -> times refused
         self.peer_listener: _socket.socket | None = None
         self.cmd_listener: _socket.socket | None = None
@@ -270,10 +272,10 @@ class Daemon:
     def start(self, nodes: list[str]) -> None:
         """Bind the listeners and begin dialling peers. Raises OSError if a bind fails."""
         s = self.settings
+        self._install_signal_handlers()
         self.peer_listener = self._listen(s.bind_ip, s.server_port, "peer service")
         if s.cmd_enabled:
             self.cmd_listener = self._listen(s.cmd_ip, s.cmd_port, "command service")
-        self._install_signal_handlers()
         self.state = proto.STATE_WAITING_FOR_PEERS
         self._apply_nodes(nodes, reason="start")
         self.next_tick = time.monotonic() + self._tick_interval()
@@ -337,7 +339,7 @@ class Daemon:
             if conn is None:
                 return
             if conn.phase == _CONNECTING:
-                self._finish_connect(conn)
+                self._finish_connect(conn, broken=bool(mask & _EPOLL_BROKEN))
                 return
             if mask & (_EPOLLIN | _EPOLL_BROKEN):
                 self._read(conn)
@@ -354,14 +356,30 @@ class Daemon:
             self._heartbeat(now)
 
     def _heartbeat(self, now: float) -> None:
+        # A peer is alive while any of its links to us carries messages. Each node pings over its
+        # own outgoing link; over an incoming link only when it has no open outgoing link to that
+        # peer. That is one ping per direction per pair instead of two.
         interval = self.settings.heartbeat_s
         dead_after = interval * HEARTBEAT_TIMEOUT_FACTOR
         for conn in list(self.conns.values()):
-            if now - conn.last_recv >= dead_after:
+            if self.conns.get(conn.fd) is not conn:
+                continue  # closed earlier in this pass
+            heard = conn.last_recv
+            if conn.phase == _OPEN and conn.kind != _CMD:
+                heard = max(heard, self.heard.get(conn.addr, heard))
+            if now - heard >= dead_after:
                 what = "handshake" if conn.phase != _OPEN else "heartbeat"
                 self._lost(conn, f"{what} timeout ({dead_after:g} s without a message)")
-            elif conn.kind != _CMD and conn.phase == _OPEN and now - conn.last_sent >= interval:
+            elif (
+                conn.phase == _OPEN
+                and now - conn.last_sent >= interval
+                and (conn.kind == _OUT or (conn.kind == _IN and not self._has_open_link(conn.addr)))
+            ):
                 self._send(conn, proto.encode(proto.PING))
+
+    def _has_open_link(self, addr: str) -> bool:
+        link = self.links.get(addr)
+        return link is not None and link.conn is not None and link.conn.phase == _OPEN
 
     # ------------------------------------------------------------------------- connections
 
@@ -435,6 +453,8 @@ class Daemon:
             self._lost(conn, "connection closed by peer")
             return
         conn.last_recv = time.monotonic()
+        if conn.addr and conn.phase == _OPEN and conn.kind != _CMD:
+            self.heard[conn.addr] = conn.last_recv
         conn.rbuf += data
         while self.conns.get(conn.fd) is conn:
             end = conn.rbuf.find(b"\n")
@@ -444,6 +464,8 @@ class Daemon:
                 return
             line = bytes(conn.rbuf[:end])
             del conn.rbuf[: end + 1]
+            if line == _PING_LINE:
+                continue  # the common case; receiving it already counted as a sign of life
             try:
                 verb, fields = proto.decode(line)
             except ValueError as exc:
@@ -492,7 +514,7 @@ class Daemon:
         link.conn = conn
         self._register(conn, _EPOLLOUT)
 
-    def _finish_connect(self, conn: Conn) -> None:
+    def _finish_connect(self, conn: Conn, *, broken: bool) -> None:
         err = conn.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
         if err:
             self._lost(conn, os.strerror(err))
@@ -500,7 +522,9 @@ class Daemon:
         try:
             conn.sock.getpeername()
         except OSError:
-            return  # a stale event for a reused fd: the connect is still in progress
+            if broken:
+                self._lost(conn, "connection failed")
+            return  # otherwise a stale event for a reused fd: the connect is still in progress
         conn.phase = _HANDSHAKE
         conn.writing = False
         self.epoll.modify(conn.fd, _EPOLLIN)
