@@ -20,15 +20,14 @@ READY = "READY"
 WAITING = "WAITING_FOR_PEERS"
 
 
-async def ctl(node: SimNode | Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the ctl tool as a process, as a user or script would."""
-    config = node.config_path if isinstance(node, SimNode) else node
+async def ctl(node: SimNode | Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ctl tool as a process, as a user or script would (``-c <config>`` unless None)."""
+    target = [] if node is None else ["-c", str(node.config_path if isinstance(node, SimNode) else node)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "libs.imex.simulator.ctl",
-        "-c",
-        str(config),
+        *target,
         *args,
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
@@ -57,6 +56,8 @@ async def test_three_daemons_form_a_ready_domain_and_ctl_reports_it(cluster: Sim
 
     quick = await ctl(nodes[1], "-q")
     assert (quick.returncode, quick.stdout) == (0, "READY\n")
+    direct = await ctl(None, "-i", nodes[2].address, str(DEFAULT_CMD_PORT), "-q")
+    assert (direct.returncode, direct.stdout) == (0, "READY\n")
 
     full = await ctl(nodes[0], "-N", "-j", "-H")
     assert full.returncode == 0, full.stderr

@@ -247,6 +247,8 @@ class PeerLink:
 
 
 class Daemon:
+    """The simulated daemon: listeners, peer links, command service, signals (one thread)."""
+
     def __init__(self, settings: Settings, log: DaemonLog) -> None:
         self.settings = settings
         self.log = log
