@@ -136,8 +136,8 @@ def test_overrides_replace_or_add_real_keys_but_not_managed_ones():
 @pytest.mark.parametrize(
     "bad",
     [
-        {"overrides": {"LOG_LEVEL": "3\nIMEX_NODE_CONFIG_FILE=/tmp/evil"}},
-        {"log_file_name": "/tmp/a\nDAEMONIZE=1"},
+        {"overrides": {"LOG_LEVEL": "3\nIMEX_NODE_CONFIG_FILE=/srv/evil"}},
+        {"log_file_name": "/srv/a\nDAEMONIZE=1"},
         {"domain_id": "uid with space"},
         {"bind_interface_ip": ""},
         {"server_port": 70000},
