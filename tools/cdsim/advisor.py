@@ -1,0 +1,92 @@
+"""Asking the placement advisor where a job goes (gRPC `computedomain.placement.v1.PlacementAdvisor`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpclib.client
+import grpclib.exceptions
+
+from libs.gen.computedomain.placement import v1 as placement
+
+CALL_TIMEOUT_S = 10.0
+RESERVATION_TTL_S = 120
+
+PLACEMENT_MODES = {
+    "single-clique": placement.PlacementMode.REQUIRE_SINGLE_CLIQUE,
+    "prefer-single-clique": placement.PlacementMode.PREFER_SINGLE_CLIQUE,
+    "allow-split": placement.PlacementMode.ALLOW_SPLIT,
+}
+
+
+class PlacementRefused(RuntimeError):
+    """The advisor cannot place the job; the message carries its reason."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: list[str]
+    cliques: list[str]
+    reservation_id: str
+    score: float
+    message: str
+
+
+def _reason_name(reason: placement.Reason) -> str:
+    try:
+        return placement.Reason(reason).name or str(int(reason))
+    except ValueError:
+        return str(int(reason))
+
+
+def _endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host, int(port)
+
+
+async def place(endpoint: str, num_nodes: int, domain_uid: str, mode: str, holder: str) -> Placement:
+    """Place and reserve `num_nodes` nodes for a domain, or raise PlacementRefused with the reason."""
+    host, port = _endpoint(endpoint)
+    channel = grpclib.client.Channel(host, port)
+    try:
+        stub = placement.PlacementAdvisorStub(channel)
+        request = placement.PlaceRequest(
+            num_nodes=num_nodes,
+            mode=PLACEMENT_MODES[mode],
+            policy=placement.Policy.BEST_FIT,
+            domain_uid=domain_uid,
+            reserve=True,
+            reservation_ttl_seconds=RESERVATION_TTL_S,
+            holder=holder,
+        )
+        try:
+            response = await stub.place(request, timeout=CALL_TIMEOUT_S)
+        except grpclib.exceptions.GRPCError as exc:
+            raise PlacementRefused(f"{exc.status.name}: {exc.message}") from None
+        except (OSError, TimeoutError) as exc:
+            raise PlacementRefused(f"the placement advisor at {endpoint} is not reachable: {exc}") from None
+    finally:
+        channel.close()
+    if not response.feasible:
+        raise PlacementRefused(f"{_reason_name(response.reason)}: {response.message}")
+    nodes = [n for segment in response.placements for n in segment.node_names]
+    cliques = [segment.clique_id for segment in response.placements]
+    return Placement(nodes, cliques, response.reservation_id, response.score, response.message)
+
+
+async def release(endpoint: str, reservation_id: str) -> bool:
+    """Drop a reservation (its nodes are bound to the domain by now); False if it had expired."""
+    if not reservation_id:
+        return False
+    host, port = _endpoint(endpoint)
+    channel = grpclib.client.Channel(host, port)
+    try:
+        stub = placement.PlacementAdvisorStub(channel)
+        response = await stub.release(
+            placement.ReleaseRequest(reservation_id=reservation_id), timeout=CALL_TIMEOUT_S
+        )
+        return bool(response.released)
+    except (grpclib.exceptions.GRPCError, OSError, TimeoutError):
+        return False
+    finally:
+        channel.close()

@@ -1,0 +1,73 @@
+"""`cdsim fault ...`: break things for real (SIGKILL, etcd restart) and say what will happen."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, TextIO
+
+from libs.hardware.cluster import ClusterDescription
+from libs.hardware.errors import UnknownNodeError
+from tools.cdsim import control, procscan
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.lifecycle import CommandError
+from tools.cdsim.runstate import RunState
+from tools.cdsim.services import AGENT_LEASE_TTL_S, agent_name, controller_name
+
+
+def _check_node(layout: StateLayout, node: str) -> None:
+    try:
+        ClusterDescription.load(layout.cluster_file).parse_node_name(node)
+    except (UnknownNodeError, FileNotFoundError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _kill(layout: StateLayout, process: str, down_for_s: float | None) -> dict[str, object]:
+    fields: dict[str, Any] = {"process": process}
+    if down_for_s is not None:
+        fields["restart_in_s"] = down_for_s
+    try:
+        return control.request(layout, "kill", **fields)
+    except control.ControlError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def kill_agent(layout: StateLayout, node: str, out: TextIO, down_for_s: float | None = None) -> None:
+    _check_node(layout, node)
+    answer = _kill(layout, agent_name(node), down_for_s)
+    out.write(
+        f"SIGKILLed the node agent of {node} (pid {answer['pid']}); its IMEX daemon keeps running. The "
+        f"node record expires with the agent's lease ({AGENT_LEASE_TTL_S}s) unless the agent is back first; "
+        f"the supervisor starts it again in {answer['restart_in_s']}s, as a DaemonSet would.\n"
+    )
+
+
+def kill_controller(layout: StateLayout, replica: int, out: TextIO, down_for_s: float | None = None) -> None:
+    state = RunState.load(layout)
+    count = sum(1 for p in (state.processes.values() if state else []) if p.kind == "controller")
+    if not 0 <= replica < max(count, 1):
+        raise CommandError(f"no controller replica {replica} (replicas are 0..{count - 1})")
+    answer = _kill(layout, controller_name(replica), down_for_s)
+    out.write(
+        f"SIGKILLed controller replica {replica} (pid {answer['pid']}); if it led, the standby takes over "
+        f"when the leader lease expires. It is started again in {answer['restart_in_s']}s.\n"
+    )
+
+
+def kill_imex(layout: StateLayout, node: str, out: TextIO) -> None:
+    _check_node(layout, node)
+    daemons = procscan.imex_daemons_under(layout.node(node).imex_dir)
+    if not daemons:
+        raise CommandError(f"no IMEX daemon runs on {node} (is the node in a domain?)")
+    killed = procscan.kill_all(daemons, signal.SIGKILL)
+    out.write(
+        f"SIGKILLed the IMEX daemon of {node} (pid {', '.join(map(str, killed))}); its node agent "
+        f"restarts it and reports the domain NotReady meanwhile.\n"
+    )
+
+
+def restart_etcd(layout: StateLayout, out: TextIO) -> None:
+    try:
+        answer = control.request(layout, "restart-etcd", timeout_s=60.0)
+    except control.ControlError as exc:
+        raise CommandError(str(exc)) from None
+    out.write(f"etcd stopped and started again on the same data directory ({answer['down_ms']} ms down).\n")

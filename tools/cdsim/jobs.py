@@ -1,0 +1,409 @@
+"""`cdsim job submit` and `cdsim job delete`: a job's domain and claims, with kubelet played here.
+
+Submit: ask the advisor where N nodes go (Place, reserved) -> create the ComputeDomain and one
+allocated channel claim per node in the store -> NodePrepareResources on every chosen node's DRA
+socket at once, retried like kubelet -> release the reservation (the nodes are bound now) ->
+optionally wait for the domain to be Ready -> print the timeline.
+
+Delete: NodeUnprepareResources for every claim -> delete the claims -> mark the domain deleting
+-> optionally wait until the controller has removed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TextIO
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription
+from libs.state.config import EtcdConfig
+from libs.state.keys import Keys
+from libs.state.store import Delete, Put, Store
+from libs.state.watch import Resync, watch_prefix
+from tools.cdsim import advisor, kubelet
+from tools.cdsim.jobbook import ClaimRecord, Job, JobBook, JobList
+from tools.cdsim.layout import DRIVER_NAME, StateLayout
+from tools.cdsim.lifecycle import CommandError
+from tools.cdsim.progress import Progress
+from tools.cdsim.runstate import RunState
+from tools.cdsim.timeline import SubmitTimeline
+
+CHANNEL_REQUEST = "channel"
+CHANNEL_DEVICE = "channel-0"
+CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
+CONFIG_KIND = "ComputeDomainChannelConfig"
+# etcd refuses transactions with more operations than this (its --max-txn-ops default).
+_MAX_TXN_OPS = 128
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    name: str
+    num_nodes: int
+    namespace: str = "default"
+    all_channels: bool = False
+    wait: bool = False
+    placement: str = "single-clique"
+    prepare_deadline_s: float = 120.0
+    ready_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class DeleteOptions:
+    name: str
+    namespace: str = "default"
+    wait: bool = False
+    timeout_s: float = 60.0
+
+
+def channel_config_json(domain_uid: str, all_channels: bool) -> str:
+    """The opaque parameters a claim of this domain carries (strictly decoded by the agent)."""
+    return json.dumps(
+        {
+            "apiVersion": CONFIG_API_VERSION,
+            "kind": CONFIG_KIND,
+            "domainID": domain_uid,
+            "allocationMode": "All" if all_channels else "Single",
+        }
+    )
+
+
+def build_domain(job: Job, now_ms: int) -> pb.ComputeDomain:
+    mode = pb.AllocationMode.ALL if job.allocation_mode == "All" else pb.AllocationMode.SINGLE
+    return pb.ComputeDomain(
+        uid=job.domain_uid,
+        namespace=job.namespace,
+        name=job.name,
+        spec=pb.ComputeDomainSpec(
+            num_nodes=job.num_nodes,
+            channel=pb.ChannelSpec(resource_claim_template_name=f"{job.name}-channel", allocation_mode=mode),
+        ),
+        status=pb.ComputeDomainStatus(status=pb.Readiness.NOT_READY),
+        created_unix_ms=now_ms,
+        source="simulation",
+    )
+
+
+def build_claim(record: ClaimRecord, parameters_json: str, now_ms: int) -> pb.Claim:
+    """The claim as the scheduler would have allocated it: channel-0 of the node's pool."""
+    return pb.Claim(
+        uid=record.uid,
+        namespace=record.namespace,
+        name=record.name,
+        results=[
+            pb.AllocationResult(
+                request=CHANNEL_REQUEST, driver=DRIVER_NAME, pool=record.node, device=CHANNEL_DEVICE
+            )
+        ],
+        config=[
+            pb.OpaqueConfig(
+                requests=[CHANNEL_REQUEST],
+                driver=DRIVER_NAME,
+                parameters_json=parameters_json,
+                source="FromClaim",
+            )
+        ],
+        node_name=record.node,
+        created_unix_ms=now_ms,
+    )
+
+
+def plan_claims(name: str, namespace: str, nodes: list[str]) -> tuple[ClaimRecord, ...]:
+    """One claim per node, named like the claims of a job's pods (`<job>-worker-<i>-channel`)."""
+    return tuple(
+        ClaimRecord(uid=str(uuid.uuid4()), name=f"{name}-worker-{i}-channel", namespace=namespace, node=node)
+        for i, node in enumerate(nodes)
+    )
+
+
+def claim_call(layout: StateLayout, record: ClaimRecord) -> kubelet.ClaimCall:
+    return kubelet.ClaimCall(
+        namespace=record.namespace,
+        name=record.name,
+        uid=record.uid,
+        node=record.node,
+        socket=layout.node(record.node).dra_socket,
+    )
+
+
+def running_state(layout: StateLayout) -> RunState:
+    state = RunState.load(layout)
+    if state is None or state.phase != "ready":
+        raise CommandError(f"no running cdsim cluster in {layout.root}; start one with `cdsim up`")
+    return state
+
+
+def open_store(state: RunState) -> Store:
+    return Store(EtcdConfig(endpoint=state.etcd_endpoint))
+
+
+async def find_domain(store: Store, namespace: str, name: str) -> pb.ComputeDomain | None:
+    domains, _ = await store.list(store.keys.domains(), pb.ComputeDomain)
+    return next((d.value for d in domains if (d.value.namespace, d.value.name) == (namespace, name)), None)
+
+
+def _rack_of(cluster: ClusterDescription, nodes: list[str]) -> str:
+    racks = sorted({cluster.node(n).rack for n in nodes})
+    return ", ".join(f"rack{r}" for r in racks)
+
+
+async def _create_records(store: Store, job: Job) -> None:
+    now = _now_ms()
+    keys: Keys = store.keys
+    if not await store.create(keys.domain(job.domain_uid), build_domain(job, now)):
+        raise CommandError(f"domain {job.domain_uid} exists already")
+    parameters = channel_config_json(job.domain_uid, job.allocation_mode == "All")
+    puts = [Put(keys.claim(c.uid), build_claim(c, parameters, now)) for c in job.claims]
+    for start in range(0, len(puts), _MAX_TXN_OPS):
+        await store.txn([], puts[start : start + _MAX_TXN_OPS])
+
+
+async def _watch_daemons_ready(store: Store, domain_uid: str, seen: dict[str, int]) -> None:
+    """Record when each node's IMEX daemon is first seen READY (runs until cancelled)."""
+    async for item in watch_prefix(store, store.keys.daemons(domain_uid), pb.DaemonStatus):
+        now = _now_ms()
+        values = (
+            [v.value for v in item.items] if isinstance(item, Resync) else [item.value] if item.value else []
+        )
+        for status in values:
+            if status.state == pb.DaemonState.READY and status.node_name not in seen:
+                seen[status.node_name] = now
+
+
+async def wait_domain(
+    store: Store, domain_uid: str, done: Callable[[pb.ComputeDomain | None], bool], timeout_s: float
+) -> pb.ComputeDomain | None:
+    """Poll the domain record until `done(record)`; raise TimeoutError after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while True:
+        found = await store.get(store.keys.domain(domain_uid), pb.ComputeDomain)
+        record = found.value if found else None
+        if done(record):
+            return record
+        if loop.time() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.05)
+
+
+def readiness_reason(domain: pb.ComputeDomain | None) -> str:
+    if domain is None:
+        return "domain record gone"
+    for condition in domain.status.conditions:
+        if condition.type == "Ready":
+            return f"{condition.reason}: {condition.message}"
+    return "no Ready condition yet"
+
+
+async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Job:
+    state = running_state(layout)
+    cluster = ClusterDescription.load(layout.cluster_file)
+    book = JobBook(layout.jobs_file)
+    if options.num_nodes < 1:
+        raise CommandError(f"--nodes must be >= 1, got {options.num_nodes}")
+    if book.read().find(options.namespace, options.name) is not None:
+        raise CommandError(f"job {options.namespace}/{options.name} exists already; delete it first")
+    async with open_store(state) as store:
+        if await find_domain(store, options.namespace, options.name) is not None:
+            raise CommandError(f"a ComputeDomain {options.namespace}/{options.name} exists already")
+        timeline = SubmitTimeline(started_ms=_now_ms())
+        domain_uid = str(uuid.uuid4())
+        try:
+            placement = await advisor.place(
+                state.advisor_endpoint,
+                options.num_nodes,
+                domain_uid,
+                options.placement,
+                f"cdsim/{options.name}",
+            )
+        except advisor.PlacementRefused as exc:
+            raise CommandError(
+                f"cannot place job {options.namespace}/{options.name} ({options.num_nodes} nodes): "
+                f"the placement advisor says {exc}. Nothing was created."
+            ) from None
+        timeline.placed_ms = _now_ms()
+        clique_text = ", ".join(c[-12:] for c in placement.cliques)
+        timeline.placement_note = (
+            f"{len(placement.nodes)} nodes in {_rack_of(cluster, placement.nodes)} (clique …{clique_text}), "
+            f"reservation {placement.reservation_id or '-'}"
+        )
+        job = Job(
+            name=options.name,
+            namespace=options.namespace,
+            domain_uid=domain_uid,
+            num_nodes=options.num_nodes,
+            allocation_mode="All" if options.all_channels else "Single",
+            state="submitting",
+            created_unix_ms=timeline.started_ms,
+            claims=plan_claims(options.name, options.namespace, placement.nodes),
+            reservation_id=placement.reservation_id,
+        )
+        book.update(lambda jobs: jobs.put(job))
+        await _create_records(store, job)
+        timeline.created_ms = _now_ms()
+        timeline.created_note = f"ComputeDomain {job.namespace}/{job.name} (uid {domain_uid}) and {len(job.claims)} allocated channel claims"
+        out.write(
+            f"Job {job.namespace}/{job.name}: ComputeDomain {domain_uid} on {len(job.claims)} nodes "
+            f"({_rack_of(cluster, job.nodes)}); preparing claims like kubelet would…\n"
+        )
+        out.flush()
+        outcomes = await _prepare_all(layout, store, job, options, timeline, out)
+        failed = [o for o in outcomes if not o.ok]
+        if failed:
+            book.update(lambda jobs: jobs.put(replace(job, state="failed")))
+            details = "\n".join(
+                f"  {o.claim.node}: {o.last_error} ({o.attempts} attempts)" for o in failed[:10]
+            )
+            raise CommandError(
+                f"{len(failed)} of {len(outcomes)} claims could not be prepared within "
+                f"{options.prepare_deadline_s:.0f}s:\n{details}\n"
+                f"See `cdctl describe domain {job.name} -n {job.namespace}`; remove the job with "
+                f"`cdsim job delete {job.name} -n {job.namespace}`."
+            )
+        job = replace(job, state="running")
+        book.update(lambda jobs: jobs.put(job))
+        await advisor.release(state.advisor_endpoint, placement.reservation_id)
+        members, _ = await store.list(store.keys.members(domain_uid), pb.Member)
+        timeline.joined = {m.value.node_name: (m.value.joined_unix_ms, m.value.index) for m in members}
+        if options.wait:
+            try:
+                await wait_domain(
+                    store,
+                    domain_uid,
+                    lambda d: d is not None and d.status.status == pb.Readiness.READY,
+                    options.ready_timeout_s,
+                )
+                timeline.domain_ready_ms = _now_ms()
+            except TimeoutError:
+                record = await store.get(store.keys.domain(domain_uid), pb.ComputeDomain)
+                raise CommandError(
+                    f"all claims are prepared but the domain is not Ready after {options.ready_timeout_s:.0f}s "
+                    f"({readiness_reason(record.value if record else None)})"
+                ) from None
+    out.write(f"Timeline of {job.namespace}/{job.name} (since submit):\n")
+    for line in timeline.lines(len(job.claims)):
+        out.write(f"  {line}\n")
+    out.flush()
+    return job
+
+
+async def _prepare_all(
+    layout: StateLayout,
+    store: Store,
+    job: Job,
+    options: SubmitOptions,
+    timeline: SubmitTimeline,
+    out: TextIO,
+) -> list[kubelet.CallOutcome]:
+    progress = Progress(len(job.claims), "claims prepared", out)
+    progress.show()
+    watcher = asyncio.create_task(_watch_daemons_ready(store, job.domain_uid, timeline.daemon_ready))
+
+    async def one(record: ClaimRecord) -> kubelet.CallOutcome:
+        outcome = await kubelet.prepare(claim_call(layout, record), options.prepare_deadline_s)
+        if outcome.ok:
+            timeline.prepared[record.node] = (outcome.finished_unix_ms, outcome.attempts)
+            progress.advance(f"last: {record.node}")
+        return outcome
+
+    try:
+        outcomes = await asyncio.gather(*(one(c) for c in job.claims))
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+    # A READY the watch has not delivered yet: take the time the agent wrote it.
+    statuses, _ = await store.list(store.keys.daemons(job.domain_uid), pb.DaemonStatus)
+    for status in statuses:
+        if status.value.state == pb.DaemonState.READY:
+            timeline.daemon_ready.setdefault(status.value.node_name, status.value.updated_unix_ms)
+    return list(outcomes)
+
+
+async def delete(layout: StateLayout, options: DeleteOptions, out: TextIO) -> None:
+    state = running_state(layout)
+    book = JobBook(layout.jobs_file)
+    job = book.read().find(options.namespace, options.name)
+    if job is None:
+        raise CommandError(f"no job {options.namespace}/{options.name} (see `cdsim status`)")
+    began = time.monotonic()
+    job = replace(job, state="deleting")
+    book.update(lambda jobs: jobs.put(job))
+    calls = [claim_call(layout, c) for c in job.claims]
+    progress = Progress(len(calls), "claims unprepared", out)
+    progress.show()
+
+    async def one(call: kubelet.ClaimCall) -> kubelet.CallOutcome:
+        outcome = await kubelet.unprepare(call, options.timeout_s)
+        if outcome.ok:
+            progress.advance(f"last: {call.node}")
+        return outcome
+
+    outcomes = await asyncio.gather(*(one(c) for c in calls))
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        details = "\n".join(f"  {o.claim.node}: {o.last_error}" for o in failed[:10])
+        raise CommandError(f"{len(failed)} claims could not be unprepared (retry the delete):\n{details}")
+    async with open_store(state) as store:
+        keys = store.keys
+        for start in range(0, len(job.claims), _MAX_TXN_OPS):
+            await store.txn([], [Delete(keys.claim(c.uid)) for c in job.claims[start : start + _MAX_TXN_OPS]])
+
+        def mark_deleting(domain: pb.ComputeDomain | None) -> pb.ComputeDomain | None:
+            if domain is None or domain.deleting:
+                return None
+            domain.deleting = True
+            domain.deletion_requested_unix_ms = _now_ms()
+            return domain
+
+        await store.update(keys.domain(job.domain_uid), pb.ComputeDomain, mark_deleting)
+        if not options.wait:
+            out.write(
+                f"Job {job.namespace}/{job.name}: {len(calls)} claims unprepared and deleted; the controller "
+                f"now tears domain {job.domain_uid} down (`cdsim status` shows it).\n"
+            )
+            return
+        try:
+            await wait_domain(store, job.domain_uid, lambda d: d is None, options.timeout_s)
+        except TimeoutError:
+            record = await store.get(keys.domain(job.domain_uid), pb.ComputeDomain)
+            raise CommandError(
+                f"domain {job.domain_uid} still exists after {options.timeout_s:.0f}s "
+                f"({readiness_reason(record.value if record else None)})"
+            ) from None
+    book.update(lambda jobs: jobs.remove(job.namespace, job.name))
+    out.write(
+        f"Job {job.namespace}/{job.name} deleted in {(time.monotonic() - began) * 1000:.0f} ms: "
+        f"{len(calls)} claims unprepared, domain {job.domain_uid} torn down.\n"
+    )
+
+
+async def prune_finished(layout: StateLayout, store: Store) -> JobList:
+    """Forget jobs whose deletion has completed (their domain record is gone)."""
+    book = JobBook(layout.jobs_file)
+    jobs = book.read()
+    gone = []
+    for job in jobs.jobs:
+        if (
+            job.state == "deleting"
+            and await store.get(store.keys.domain(job.domain_uid), pb.ComputeDomain) is None
+        ):
+            gone.append(job.key)
+    if not gone:
+        return jobs
+
+    def drop(current: JobList) -> None:
+        for namespace, name in gone:
+            current.remove(namespace, name)
+
+    return book.update(drop)

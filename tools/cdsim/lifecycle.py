@@ -1,0 +1,196 @@
+"""`cdsim up` and `cdsim down`: start the supervisor in the background, and stop it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from libs.hardware.cluster import ClusterDescription
+from libs.hardware.simulated import prepare_node_dirs
+from tools.cdsim import control, procscan
+from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
+from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
+
+UP_TIMEOUT_S = 150.0
+DOWN_TIMEOUT_S = 60.0
+
+
+class CommandError(RuntimeError):
+    """A user-facing failure: the message is printed as is and the command exits 1."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    racks: int = 1
+    trays: int = 18
+    partitions_per_rack: int = 1
+    address_block: int = 1
+    log_level: str = "info"
+
+
+def _wipe_previous_run(layout: StateLayout) -> None:
+    """Remove what a previous (stopped) run left, except the lock file we hold."""
+    for entry in layout.root.iterdir():
+        if entry == layout.lock_file:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
+    try:
+        cluster = ClusterDescription(
+            racks=options.racks,
+            trays_per_rack=options.trays,
+            partitions_per_rack=options.partitions_per_rack,
+            address_block=options.address_block,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    names = list(cluster.node_names())
+    longest = layout.longest_socket_path(names)
+    if longest is not None and len(str(longest)) > MAX_UNIX_SOCKET_PATH:
+        raise CommandError(
+            f"state dir {layout.root} is too long: unix socket {longest} would exceed "
+            f"{MAX_UNIX_SOCKET_PATH} bytes; choose a shorter --state-dir"
+        )
+    lock_fd = try_lock(layout)
+    if lock_fd is None:
+        state = RunState.load(layout)
+        pid = f" (supervisor pid {state.supervisor_pid})" if state else ""
+        raise CommandError(
+            f"cdsim is already running in {layout.root}{pid}; nothing was changed. "
+            f"Use `cdsim status` to see it or `cdsim down` to stop it first."
+        )
+    try:
+        stray = procscan.cluster_processes(layout)
+        if stray:
+            raise CommandError(
+                f"processes of an earlier run in {layout.root} still run (pids "
+                f"{', '.join(str(p.pid) for p in stray[:10])}); run `cdsim down` first"
+            )
+        _wipe_previous_run(layout)
+        layout.logs_dir.mkdir(parents=True)
+        cluster.save(layout.cluster_file)
+        for name in names:
+            prepare_node_dirs(cluster, name, layout.nodes_dir)
+            dirs = layout.node(name)
+            for path in (dirs.kubelet_dir, dirs.cdi_root, dirs.imex_dir):
+                path.mkdir(parents=True, exist_ok=True)
+        SimConfig(
+            racks=options.racks,
+            trays_per_rack=options.trays,
+            partitions_per_rack=options.partitions_per_rack,
+            log_level=options.log_level,
+        ).save(layout)
+        with open(layout.log_file("supervisor"), "ab") as log_file:
+            supervisor = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tools.cdsim.supervisor",
+                    "--state-dir",
+                    str(layout.root),
+                    "--lock-fd",
+                    str(lock_fd),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(layout.root),
+                pass_fds=(lock_fd,),
+                start_new_session=True,
+            )
+    finally:
+        # The supervisor holds the lock from here on (same open file description).
+        os.close(lock_fd)
+    _wait_up(layout, supervisor, cluster, out)
+
+
+def _wait_up(
+    layout: StateLayout, supervisor: subprocess.Popen[bytes], cluster: ClusterDescription, out: TextIO
+) -> None:
+    began = time.monotonic()
+    out.write(
+        f"Starting a simulated cluster of {cluster.racks} rack(s) x {cluster.trays_per_rack} trays "
+        f"({cluster.node_count} nodes) in {layout.root}\n"
+    )
+    out.flush()
+    shown_etcd = False
+    last_healthy = -1
+    while True:
+        if supervisor.poll() is not None:
+            state = RunState.load(layout)
+            detail = state.error if state and state.error else _tail(layout, "supervisor")
+            raise CommandError(f"the cluster failed to start:\n{detail}\n(logs in {layout.logs_dir})")
+        state = RunState.load(layout)
+        if state is not None:
+            etcd = state.processes.get("etcd")
+            if etcd and etcd.healthy and not shown_etcd:
+                out.write(f"  etcd ready at {state.etcd_endpoint}\n")
+                shown_etcd = True
+            healthy = sum(1 for p in state.processes.values() if p.kind != "etcd" and p.healthy)
+            total = sum(1 for p in state.processes.values() if p.kind != "etcd")
+            if healthy != last_healthy and (
+                healthy == total or healthy - last_healthy >= 8 or last_healthy < 0
+            ):
+                out.write(f"  services healthy: {healthy}/{total}\n")
+                last_healthy = healthy
+            out.flush()
+            if state.phase == "ready":
+                controllers = sum(1 for p in state.processes.values() if p.kind == "controller")
+                out.write(
+                    f"Cluster up in {time.monotonic() - began:.1f}s: etcd {state.etcd_endpoint}, "
+                    f"placement advisor {state.advisor_endpoint}, {controllers} controller replicas, "
+                    f"{cluster.node_count} node agents. Logs: {layout.logs_dir}\n"
+                )
+                return
+        if time.monotonic() - began > UP_TIMEOUT_S:
+            supervisor.terminate()
+            raise CommandError(
+                f"the cluster did not come up within {UP_TIMEOUT_S:.0f}s (logs in {layout.logs_dir})"
+            )
+        time.sleep(0.1)
+
+
+def _tail(layout: StateLayout, process: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(layout.log_file(process).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def down(layout: StateLayout, out: TextIO) -> None:
+    state = RunState.load(layout)
+    if supervisor_running(layout):
+        try:
+            control.request(layout, "shutdown", timeout_s=10.0)
+        except control.ControlError:
+            # A supervisor that does not answer is stopped by signal.
+            if state is not None and pid_alive(state.supervisor_pid):
+                os.kill(state.supervisor_pid, 15)
+        deadline = time.monotonic() + DOWN_TIMEOUT_S
+        while supervisor_running(layout) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if supervisor_running(layout):
+            if state is not None and pid_alive(state.supervisor_pid):
+                os.kill(state.supervisor_pid, 9)
+            time.sleep(0.2)
+        stopped = True
+    else:
+        stopped = False
+    leftovers = procscan.cluster_processes(layout)
+    if leftovers:
+        procscan.kill_all(leftovers)
+        out.write(f"killed {len(leftovers)} leftover process(es) of {layout.root}\n")
+    if stopped:
+        out.write(f"Cluster in {layout.root} stopped; nothing of it runs any more.\n")
+    else:
+        out.write(f"No cdsim cluster is running in {layout.root}; nothing to stop.\n")

@@ -1,0 +1,203 @@
+"""`cdsim`: run a simulated NVL72 cluster and jobs on it, from the command line.
+
+    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR]
+    cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
+    cdsim job delete NAME [-n NS] [--wait]
+    cdsim status [--json]
+    cdsim fault kill-agent NODE | kill-imex NODE | kill-controller REPLICA | restart-etcd
+    cdsim check [--idle]
+    cdsim down
+
+Every command takes `--state-dir` (default `$CDSIM_STATE_DIR` or `<tmp>/cdsim-<uid>`), before or
+after the command name. Exit status: 0 success, 1 failure (the message says why), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TextIO
+
+from libs.hardware.cluster import ClusterDescription
+from libs.runtime.logging import configure_logging
+from tools.cdsim import faults, invariants, jobs, lifecycle
+from tools.cdsim.advisor import PLACEMENT_MODES
+from tools.cdsim.jobbook import JobBook
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.lifecycle import CommandError
+from tools.cdsim.status import collect, render
+
+
+def _state_dir_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--state-dir",
+        default=default,
+        help="the cluster's state directory (default: $CDSIM_STATE_DIR or <tmp>/cdsim-<uid>)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdsim",
+        description="Run a simulated NVL72 cluster (etcd, domain controller, placement advisor, one node "
+        "agent per tray) and ComputeDomain jobs on it.",
+    )
+    _state_dir_option(parser, None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="show library warnings on stderr")
+    # Sub-commands accept --state-dir too; SUPPRESS keeps a value given before the command.
+    common = argparse.ArgumentParser(add_help=False)
+    _state_dir_option(common, argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", parents=[common], help="start a simulated cluster in the background")
+    up.add_argument("--racks", type=int, default=1, help="NVL72 racks (default 1)")
+    up.add_argument("--trays", type=int, default=18, help="compute trays (nodes) per rack (default 18)")
+    up.add_argument("--partitions-per-rack", type=int, default=1, help="NVLink partitions (cliques) per rack")
+    up.add_argument(
+        "--address-block",
+        type=int,
+        default=1,
+        help="second octet of node addresses 127.<block>.<rack>.<tray+1>",
+    )
+    up.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+    sub.add_parser("down", parents=[common], help="stop everything `up` started")
+
+    status = sub.add_parser("status", parents=[common], help="nodes, domains and jobs")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    check = sub.add_parser("check", parents=[common], help="check the SPEC §4 invariants now")
+    check.add_argument(
+        "--idle", action="store_true", help="also require that no domain leaves anything behind"
+    )
+
+    job = sub.add_parser("job", help="submit or delete a job (a ComputeDomain and its claims)")
+    job_sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
+    submit = job_sub.add_parser("submit", parents=[common], help="place, create and prepare a job")
+    submit.add_argument("name")
+    submit.add_argument("--nodes", type=int, required=True, help="number of nodes (one claim each)")
+    submit.add_argument("-n", "--namespace", default="default")
+    submit.add_argument("--all-channels", action="store_true", help="allocationMode All (all 2048 channels)")
+    submit.add_argument("--wait", action="store_true", help="wait until the ComputeDomain is Ready")
+    submit.add_argument("--placement", default="single-clique", choices=sorted(PLACEMENT_MODES))
+    submit.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds kubelet keeps retrying prepares"
+    )
+    delete = job_sub.add_parser("delete", parents=[common], help="unprepare and delete a job")
+    delete.add_argument("name")
+    delete.add_argument("-n", "--namespace", default="default")
+    delete.add_argument("--wait", action="store_true", help="wait until the domain is torn down")
+    delete.add_argument("--timeout", type=float, default=60.0)
+
+    fault = sub.add_parser("fault", help="inject a fault")
+    fault_sub = fault.add_subparsers(dest="fault", required=True, metavar="FAULT")
+    down_for = argparse.ArgumentParser(add_help=False)
+    down_for.add_argument(
+        "--down-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="keep it down this long before the supervisor restarts it (default: the usual restart delay)",
+    )
+    kill_agent = fault_sub.add_parser("kill-agent", parents=[common, down_for], help="SIGKILL a node agent")
+    kill_agent.add_argument("node")
+    kill_imex = fault_sub.add_parser("kill-imex", parents=[common], help="SIGKILL a node's IMEX daemon")
+    kill_imex.add_argument("node")
+    kill_controller = fault_sub.add_parser(
+        "kill-controller", parents=[common, down_for], help="SIGKILL a controller replica (0 or 1)"
+    )
+    kill_controller.add_argument("replica", type=int)
+    fault_sub.add_parser("restart-etcd", parents=[common], help="stop etcd and start it on the same data")
+    return parser
+
+
+async def _status(layout: StateLayout, as_json: bool, out: TextIO) -> None:
+    state = jobs.running_state(layout)
+    async with jobs.open_store(state) as store:
+        job_list = await jobs.prune_finished(layout, store)
+        doc = await collect(layout, state, store, job_list)
+    out.write((json.dumps(doc, indent=2) if as_json else render(doc)) + "\n")
+
+
+async def _check(layout: StateLayout, idle: bool, out: TextIO) -> None:
+    state = jobs.running_state(layout)
+    cluster = ClusterDescription.load(layout.cluster_file)
+    paths = invariants.cluster_node_paths(layout, cluster.node_names())
+    async with jobs.open_store(state) as store:
+        violations = await invariants.check_store_invariants(store, nodes=paths)
+        if idle:
+            violations += await invariants.check_cluster_idle(store, paths)
+    if violations:
+        raise CommandError("invariants violated:\n" + "\n".join(f"  {v}" for v in violations))
+    what = "invariants 1-4 hold" + (" and nothing of any domain is left" if idle else "")
+    out.write(f"OK: {what} ({len(JobBook(layout.jobs_file).read().jobs)} job(s) known).\n")
+
+
+def _run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    asyncio.run(coro())
+
+
+def dispatch(args: argparse.Namespace, out: TextIO) -> None:
+    layout = StateLayout.at(args.state_dir)
+    if args.command == "up":
+        options = lifecycle.UpOptions(
+            racks=args.racks,
+            trays=args.trays,
+            partitions_per_rack=args.partitions_per_rack,
+            address_block=args.address_block,
+            log_level=args.log_level,
+        )
+        lifecycle.up(layout, options, out)
+    elif args.command == "down":
+        lifecycle.down(layout, out)
+    elif args.command == "status":
+        _run(lambda: _status(layout, args.json, out))
+    elif args.command == "check":
+        _run(lambda: _check(layout, args.idle, out))
+    elif args.command == "job" and args.job_command == "submit":
+        submit_options = jobs.SubmitOptions(
+            name=args.name,
+            num_nodes=args.nodes,
+            namespace=args.namespace,
+            all_channels=args.all_channels,
+            wait=args.wait,
+            placement=args.placement,
+            prepare_deadline_s=args.timeout,
+        )
+        _run(lambda: jobs.submit(layout, submit_options, out))
+    elif args.command == "job" and args.job_command == "delete":
+        delete_options = jobs.DeleteOptions(
+            name=args.name, namespace=args.namespace, wait=args.wait, timeout_s=args.timeout
+        )
+        _run(lambda: jobs.delete(layout, delete_options, out))
+    elif args.command == "fault":
+        if args.fault == "kill-agent":
+            faults.kill_agent(layout, args.node, out, args.down_for)
+        elif args.fault == "kill-imex":
+            faults.kill_imex(layout, args.node, out)
+        elif args.fault == "kill-controller":
+            faults.kill_controller(layout, args.replica, out, args.down_for)
+        else:
+            faults.restart_etcd(layout, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging("console", "warning" if args.verbose else "critical", stream=sys.stderr)
+    try:
+        dispatch(args, sys.stdout)
+    except CommandError as exc:
+        sys.stdout.flush()
+        print(f"cdsim: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cdsim: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

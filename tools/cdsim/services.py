@@ -1,0 +1,142 @@
+"""What the supervisor runs: one spec per service process of a simulated cluster (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.hardware.cluster import ClusterDescription
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.runstate import SimConfig
+
+AGENT_TARGET = "services.nodeagent.main:main"
+CONTROLLER_TARGET = "services.controller.main:main"
+ADVISOR_TARGET = "services.advisor.main:main"
+# Imported once by the fork server (see tools.cdsim.zygote).
+PRELOAD_MODULES = ("services.nodeagent.main", "services.controller.main", "services.advisor.main")
+
+# Each node agent serves /healthz on its own loopback address, so no port has to be handed out.
+AGENT_HEALTH_PORT = 9400
+# Short enough that a killed agent's node record disappears quickly in a demo.
+AGENT_LEASE_TTL_S = 5
+CONTROLLER_LEASE_TTL_S = 3
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    kind: str  # advisor | controller | agent
+    target: str
+    argv: list[str]
+    health_url: str
+    restart_delay_s: float
+    node: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports chosen by the supervisor at start and kept across restarts."""
+
+    etcd: int
+    advisor_grpc: int
+    advisor_health: int
+    controller_health: tuple[int, ...]
+
+
+def agent_name(node: str) -> str:
+    return f"agent-{node}"
+
+
+def controller_name(replica: int) -> str:
+    return f"controller-{replica}"
+
+
+ADVISOR_NAME = "advisor"
+
+
+def _etcd_flags(etcd_endpoint: str) -> list[str]:
+    return ["--etcd-endpoint", etcd_endpoint]
+
+
+def agent_spec(
+    cluster: ClusterDescription, node: str, layout: StateLayout, config: SimConfig, etcd_endpoint: str
+) -> ServiceSpec:
+    dirs = layout.node(node)
+    address = cluster.node(node).address
+    argv = [
+        "--node-name", node,
+        "--node-ip", address,
+        "--kubelet-dir", str(dirs.kubelet_dir),
+        "--cdi-root", str(dirs.cdi_root),
+        "--imex-work-dir", str(dirs.imex_dir),
+        "--hardware", "simulated",
+        "--sim-cluster", str(layout.cluster_file),
+        "--sim-state-dir", str(layout.nodes_dir),
+        "--claim-source", "store",
+        "--lease-ttl-s", str(AGENT_LEASE_TTL_S),
+        "--health-host", address,
+        "--health-port", str(AGENT_HEALTH_PORT),
+        "--log-format", "json",
+        "--log-level", config.log_level,
+        *_etcd_flags(etcd_endpoint),
+    ]  # fmt: skip
+    return ServiceSpec(
+        name=agent_name(node),
+        kind="agent",
+        target=AGENT_TARGET,
+        argv=argv,
+        health_url=f"http://{address}:{AGENT_HEALTH_PORT}/healthz",
+        restart_delay_s=config.agent_restart_delay_s,
+        node=node,
+    )
+
+
+def controller_spec(replica: int, port: int, config: SimConfig, etcd_endpoint: str) -> ServiceSpec:
+    argv = [
+        "--identity", controller_name(replica),
+        "--mode", "simulation",
+        "--leader-lease-ttl-s", str(CONTROLLER_LEASE_TTL_S),
+        "--health-host", "127.0.0.1",
+        "--health-port", str(port),
+        "--log-format", "json",
+        "--log-level", config.log_level,
+        *_etcd_flags(etcd_endpoint),
+    ]  # fmt: skip
+    return ServiceSpec(
+        name=controller_name(replica),
+        kind="controller",
+        target=CONTROLLER_TARGET,
+        argv=argv,
+        health_url=f"http://127.0.0.1:{port}/healthz",
+        restart_delay_s=config.controller_restart_delay_s,
+    )
+
+
+def advisor_spec(grpc_port: int, health_port: int, config: SimConfig, etcd_endpoint: str) -> ServiceSpec:
+    argv = [
+        "--grpc-host", "127.0.0.1",
+        "--grpc-port", str(grpc_port),
+        "--health-host", "127.0.0.1",
+        "--health-port", str(health_port),
+        "--log-format", "json",
+        "--log-level", config.log_level,
+        *_etcd_flags(etcd_endpoint),
+    ]  # fmt: skip
+    return ServiceSpec(
+        name=ADVISOR_NAME,
+        kind="advisor",
+        target=ADVISOR_TARGET,
+        argv=argv,
+        health_url=f"http://127.0.0.1:{health_port}/healthz",
+        restart_delay_s=1.0,
+    )
+
+
+def all_specs(
+    cluster: ClusterDescription, layout: StateLayout, config: SimConfig, ports: Ports
+) -> list[ServiceSpec]:
+    etcd = f"127.0.0.1:{ports.etcd}"
+    specs = [advisor_spec(ports.advisor_grpc, ports.advisor_health, config, etcd)]
+    specs += [controller_spec(i, port, config, etcd) for i, port in enumerate(ports.controller_health)]
+    specs += [agent_spec(cluster, node, layout, config, etcd) for node in cluster.node_names()]
+    return specs
