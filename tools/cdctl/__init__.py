@@ -1,0 +1,1 @@
+"""`cdctl`: inspect domains, members, nodes, cliques, reservations and IMEX daemons in the store."""
