@@ -1,0 +1,1 @@
+"""The domain controller: lifecycle, status, node loss and teardown of ComputeDomains in the store."""

@@ -1,0 +1,92 @@
+"""Compact records of what the controller observes in the store, per domain.
+
+The controller keeps one in-memory view of the store (see `view.py`) for
+thousands of nodes and domains; these slotted records hold only the fields the
+decisions need, which keeps that view small. A `DomainObservation` is the
+input of the pure core (`cdstatus.py`, `membership.py`, `teardown.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from libs.gen.computedomain.state import v1 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    node: str
+    clique_id: str
+    # -1 for a non-fabric node and for a lost member.
+    index: int
+    lost: bool
+    ip_address: str
+    namespace: str
+    joined_unix_ms: int
+    mod_revision: int
+
+    @property
+    def fabric(self) -> bool:
+        return bool(self.clique_id)
+
+    @classmethod
+    def from_pb(cls, member: pb.Member, mod_revision: int) -> MemberRecord:
+        return cls(
+            node=member.node_name,
+            clique_id=member.clique_id,
+            index=member.index,
+            lost=member.state == pb.MemberState.LOST,
+            ip_address=member.ip_address,
+            namespace=member.namespace,
+            joined_unix_ms=member.joined_unix_ms,
+            mod_revision=mod_revision,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonRecord:
+    state: pb.DaemonState
+    last_error: str
+    updated_unix_ms: int
+
+    @classmethod
+    def from_pb(cls, daemon: pb.DaemonStatus) -> DaemonRecord:
+        return cls(pb.DaemonState(daemon.state), daemon.last_error, daemon.updated_unix_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node whose record is in the store, i.e. whose agent's lease is alive."""
+
+    ip_address: str
+    clique_id: str
+    health: pb.Health
+
+    @property
+    def healthy(self) -> bool:
+        return self.health != pb.Health.UNHEALTHY
+
+    @classmethod
+    def from_pb(cls, node: pb.Node) -> NodeRecord:
+        return cls(node.ip_address, node.clique_id, pb.Health(node.health))
+
+
+@dataclass(frozen=True)
+class DomainObservation:
+    """Everything the core needs to decide about one domain uid."""
+
+    uid: str
+    # None when the domain record is absent (not created yet, or torn down).
+    domain: pb.ComputeDomain | None
+    domain_revision: int = 0
+    members: Mapping[str, MemberRecord] = field(default_factory=dict)
+    # Daemon statuses of this domain by node (members or not).
+    daemons: Mapping[str, DaemonRecord] = field(default_factory=dict)
+    # Node records present in the store, for (at least) every member node.
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    # Prepared claims of this domain: node -> claim uids.
+    preparations: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def node_present(self, node: str) -> bool:
+        return node in self.nodes

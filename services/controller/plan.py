@@ -1,0 +1,35 @@
+"""One reconcile decision for one domain (pure): the status to show and the actions to take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.gen.computedomain.state import v1 as pb
+from services.controller import cdstatus, membership, teardown
+from services.controller.actions import Action, DeleteDomain
+from services.controller.observed import DomainObservation
+
+
+@dataclass(frozen=True)
+class Plan:
+    # The status to write, or None when the stored one is already right (or there is no domain).
+    status: pb.ComputeDomainStatus | None
+    actions: list[Action] = field(default_factory=list)
+    # Look again after this long: a record is waiting out its grace period.
+    recheck_after_ms: int | None = None
+
+
+def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Plan:
+    recheck = membership.grace_recheck_ms(obs, now_ms, orphan_grace_ms)
+    if obs.domain is None:
+        return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms), recheck)
+    actions: list[Action] = membership.loss_actions(obs)
+    actions += membership.lost_member_releases(obs)
+    actions += teardown.teardown_actions(obs)
+    if not obs.domain.deleting:
+        actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
+    if any(isinstance(a, DeleteDomain) for a in actions):
+        return Plan(None, actions)
+    current = obs.domain.status
+    desired = cdstatus.desired_status(obs, current, now_ms)
+    return Plan(desired if cdstatus.status_differs(current, desired) else None, actions, recheck)
