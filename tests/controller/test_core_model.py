@@ -160,10 +160,10 @@ class Model:
             assert not any(u == uid for u, _ in self.members)
             assert not any(u == uid for u in self.preparations.values())
             del self.domains[uid]
-            for key in [k for k in self.daemons if k[0] == uid]:
-                del self.daemons[key]
-            for key in [k for k in self.index_claims if k[0] == uid]:
-                del self.index_claims[key]
+            for daemon_key in [k for k in self.daemons if k[0] == uid]:
+                del self.daemons[daemon_key]
+            for claim_key in [k for k in self.index_claims if k[0] == uid]:
+                del self.index_claims[claim_key]
         else:
             raise AssertionError(f"unexpected action {action!r}")
 

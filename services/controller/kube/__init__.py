@@ -1,0 +1,1 @@
+"""The controller's Kubernetes adapter: ComputeDomain CRs <-> the store, the workload RCT, events, sweep."""

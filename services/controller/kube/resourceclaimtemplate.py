@@ -1,0 +1,151 @@
+"""The workload ResourceClaimTemplate the controller creates for each ComputeDomain.
+
+Shape (SPEC §3, as NVIDIA's driver makes it): in the CD's namespace, named by
+`spec.channel.resourceClaimTemplate.name`, labelled and finalized
+`resource.nvidia.com/computeDomain`, one request `channel` for exactly one
+device of the default channel DeviceClass, and opaque config for our driver
+carrying `ComputeDomainChannelConfig` (CD uid, allocation mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import structlog
+from kubernetes_asyncio.client import ApiClient, ResourceV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.controller.kube.computedomain import API_VERSION, FINALIZER, LABEL_KEY
+
+log = structlog.get_logger(__name__)
+
+DRIVER = "compute-domain.nvidia.com"
+CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
+CHANNEL_REQUEST = "channel"
+CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
+RCT_API_VERSION = "resource.k8s.io/v1"
+
+
+def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> dict[str, Any]:
+    if allocation_mode not in ("Single", "All"):
+        raise ValueError(f"invalid allocation mode {allocation_mode!r}: must be Single or All")
+    return {
+        "apiVersion": RCT_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_KEY: cd_uid},
+            "finalizers": [FINALIZER],
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": CHANNEL_REQUEST,
+                            "exactly": {"deviceClassName": CHANNEL_DEVICE_CLASS},
+                        }
+                    ],
+                    "config": [
+                        {
+                            "requests": [CHANNEL_REQUEST],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": API_VERSION,
+                                    "kind": CHANNEL_CONFIG_KIND,
+                                    "domainID": cd_uid,
+                                    "allocationMode": allocation_mode,
+                                },
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def owner_uid(rct: dict[str, Any]) -> str | None:
+    """The CD uid an RCT was made for (its label), or None if it is not ours."""
+    labels = (rct.get("metadata") or {}).get("labels") or {}
+    value = labels.get(LABEL_KEY)
+    return value if isinstance(value, str) and value else None
+
+
+# ---- API side ------------------------------------------------------------------------
+
+_CALL_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureResult:
+    # "created" | "exists" | "conflict" (an RCT of that name belongs to another CD or to nobody)
+    outcome: str
+    other_owner: str | None = None
+
+
+async def ensure_template(
+    api: ApiClient, cd_uid: str, namespace: str, name: str, allocation_mode: str
+) -> EnsureResult:
+    resource = ResourceV1Api(api)
+    body = build_rct(cd_uid, namespace, name, allocation_mode)
+    try:
+        await resource.create_namespaced_resource_claim_template(
+            namespace,
+            cast(Any, body),  # the client serialises plain dicts as they are
+            _request_timeout=_CALL_TIMEOUT_S,
+        )
+        log.info("resource claim template created", cd_uid=cd_uid, namespace=namespace, rct=name)
+        return EnsureResult("created")
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = await resource.read_namespaced_resource_claim_template(
+        name, namespace, _request_timeout=_CALL_TIMEOUT_S
+    )
+    owner = (existing.metadata.labels or {}).get(LABEL_KEY)
+    if owner == cd_uid:
+        return EnsureResult("exists")
+    return EnsureResult("conflict", owner)
+
+
+async def remove_template(api: ApiClient, namespace: str, name: str, cd_uid: str | None = None) -> bool:
+    """Drop our finalizer from an RCT, then delete it; only if labelled `cd_uid` when given.
+
+    Returns False when there was nothing (of that CD) to remove.
+    """
+    resource = ResourceV1Api(api)
+    try:
+        current = await resource.read_namespaced_resource_claim_template(
+            name, namespace, _request_timeout=_CALL_TIMEOUT_S
+        )
+        if cd_uid is not None and (current.metadata.labels or {}).get(LABEL_KEY) != cd_uid:
+            return False
+        finalizers = [f for f in (current.metadata.finalizers or []) if f != FINALIZER]
+        if finalizers != (current.metadata.finalizers or []):
+            # A JSON patch: finalizers merge (never shrink) under a strategic merge patch.
+            await resource.patch_namespaced_resource_claim_template(
+                name,
+                namespace,
+                [
+                    {
+                        "op": "test",
+                        "path": "/metadata/resourceVersion",
+                        "value": current.metadata.resource_version,
+                    },
+                    {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+                ],
+                _request_timeout=_CALL_TIMEOUT_S,
+            )
+        await resource.delete_namespaced_resource_claim_template(
+            name, namespace, _request_timeout=_CALL_TIMEOUT_S
+        )
+        log.info("resource claim template removed", cd_uid=cd_uid, namespace=namespace, rct=name)
+        return True
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False

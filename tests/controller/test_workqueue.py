@@ -1,0 +1,82 @@
+"""The controller's work queue: dedup, one worker per item, rate-limited requeue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.controller.workqueue import ItemBackoff, QueueShutDown, WorkQueue
+
+
+async def test_items_added_many_times_are_processed_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for _ in range(5):
+        q.add("d1")
+    q.add("d2")
+    assert len(q) == 2
+    assert await q.get() == "d1"
+    assert await q.get() == "d2"
+    assert len(q) == 0
+
+
+async def test_item_added_while_processing_is_requeued_after_done_not_handed_out_twice() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("d1")
+    item = await q.get()
+    q.add("d1")  # an event arrives while a worker holds d1
+    assert len(q) == 0, "d1 must not reach a second worker while the first one holds it"
+    q.done(item)
+    assert len(q) == 1 and await q.get() == "d1"
+
+
+async def test_waiting_workers_are_woken_by_add() -> None:
+    q: WorkQueue[int] = WorkQueue()
+    got: list[int] = []
+
+    async def worker() -> None:
+        while True:
+            item = await q.get()
+            got.append(item)
+            q.done(item)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    for i in range(100):
+        q.add(i)
+    await asyncio.sleep(0.05)
+    assert sorted(got) == list(range(100))
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_rate_limited_requeue_backs_off_per_item_and_forget_resets() -> None:
+    q: WorkQueue[str] = WorkQueue(ItemBackoff(base_s=0.02, cap_s=0.08))
+    assert [q.backoff.when("x") for _ in range(5)] == [0.02, 0.04, 0.08, 0.08, 0.08]
+    q.forget("x")
+    q.add_rate_limited("x")
+    assert len(q) == 0
+    await asyncio.sleep(0.05)
+    assert len(q) == 1
+
+
+async def test_add_after_keeps_the_earlier_deadline() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_after("x", 0.02)
+    q.add_after("x", 5.0)
+    await asyncio.sleep(0.05)
+    assert len(q) == 1
+
+
+async def test_shutdown_releases_waiting_workers_and_clear_drops_delayed() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_after("late", 0.01)
+    q.clear()
+    await asyncio.sleep(0.03)
+    assert len(q) == 0
+    waiter = asyncio.create_task(q.get())
+    await asyncio.sleep(0.01)
+    q.shutdown()
+    with pytest.raises(QueueShutDown):
+        await asyncio.wait_for(waiter, 1)
