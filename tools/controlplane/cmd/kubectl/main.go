@@ -14,7 +14,7 @@ import (
 
 func main() {
 	// Verbosity must be known before the command is built (upstream does the same).
-	_ = logs.GlogSetter(cmd.GetLogVerbosity(os.Args))
+	_, _ = logs.GlogSetter(cmd.GetLogVerbosity(os.Args))
 	if err := cli.RunNoErrOutput(cmd.NewDefaultKubectlCommand()); err != nil {
 		util.CheckErr(err)
 	}
