@@ -211,6 +211,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
             cdi=ClaimSpecDir(Path(settings.cdi_root), host_dev_root=str(_host_dev_root(hardware))),
             metrics=metrics,
             prepare_budget_s=settings.prepare_budget_s,
+            checkpoint_fsync=settings.checkpoint_fsync,
         )
         _prewarm(state, hardware)
         backoff = Backoff(initial=0.2, cap=5.0)

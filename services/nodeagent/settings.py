@@ -66,6 +66,11 @@ class AgentSettings:
     tombstone_ttl_s: float = setting(
         300.0, "How long an unprepared claim refuses stale prepares, seconds.", validate=non_negative
     )
+    checkpoint_fsync: bool = setting(
+        False,
+        "fsync the checkpoint on every save. Not needed for correctness: the checkpoint is "
+        "discarded after a reboot (boot id), and a killed agent's writes survive in the page cache.",
+    )
     boot_id_file: str = setting(
         "/proc/sys/kernel/random/boot_id", "Kernel boot id (checkpoint reboot detection)."
     )

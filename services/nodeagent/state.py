@@ -23,16 +23,21 @@ Callers serialize calls per claim (the DRA server holds a lock per claim UID).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import aetcd.exceptions
 import structlog
 
-from libs.cdi.spec import channels_for
+from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
+from libs.fsio.atomic import TEMP_SUFFIX
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.state.membership import CliqueFull, NodeBusy, join_domain, leave_domain
@@ -48,6 +53,8 @@ log = structlog.get_logger(__name__)
 
 CHANNEL_DEVICE = "channel-0"
 DEFAULT_PREPARE_BUDGET_S = 45.0
+# More missing channel devices than this are created off the event loop.
+_INLINE_CHANNEL_CREATES = 8
 
 # Store failures after which the same call may succeed: kubelet should retry.
 _STORE_FAILURES: tuple[type[BaseException], ...] = (
@@ -120,6 +127,7 @@ class DeviceState:
         cdi: ClaimSpecDir,
         metrics: AgentMetrics | None = None,
         prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S,
+        checkpoint_fsync: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -131,6 +139,10 @@ class DeviceState:
         self.cdi = cdi
         self.metrics = metrics if metrics is not None else AgentMetrics()
         self.prepare_budget_s = prepare_budget_s
+        # The checkpoint only counts within one boot (its boot id), and a process crash keeps
+        # the page cache: a rename alone makes a save survive everything the checkpoint must
+        # survive. fsync would only add a disk flush (milliseconds) to every prepare.
+        self.checkpoint_fsync = checkpoint_fsync
         self._clock = clock
         self._domain_locks = KeyedLocks()
         self._channel_major: int | None = None
@@ -153,7 +165,13 @@ class DeviceState:
 
     async def _prepare(self, ref: ClaimRef, deadline: float) -> list[PreparedDevice]:
         node = self.identity.node
-        claim = await self.claims.resolve(ref)
+        # A node takes part in one domain at a time: fetch that domain's record alongside the
+        # claim (one round trip for both); a claim naming another domain costs one more read.
+        held = self._held_domain()
+        if held is not None:
+            claim, domain = await asyncio.gather(self.claims.resolve(ref), self._get_domain(held))
+        else:
+            claim, domain = await self.claims.resolve(ref), None
         results = claim.results_for(DRIVER_NAME, node.name)
         if not results:
             raise PermanentError(
@@ -171,13 +189,24 @@ class DeviceState:
                 f"claim {ref.namespace}/{ref.name} ({ref.uid}) was unprepared recently; "
                 "refusing a stale prepare"
             )
-        await self._check_domain(ref, config)
+        if held != config.domain_id:
+            domain = await self._get_domain(config.domain_id)
+        _check_domain(ref, config, domain)  # the security boundary: nothing was written so far
         fabric = bool(node.clique_id)
         if not fabric and node.fabric_message:
             raise RetryableError(f"node {node.name}: NVLink clique not known yet: {node.fabric_message}")
         channels = channels_for(config.allocation_mode, fabric=fabric)
         major = self._major() if fabric else None
-        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=config.domain_id, node=node.name)
+        record_key = self.store.keys.preparation(node.name, ref.uid)
+        record = pb.PreparedClaim(
+            claim_uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            node_name=node.name,
+            domain_uid=config.domain_id,
+            state=pb.PreparedState.PREPARE_STARTED,
+            updated_unix_ms=_now_ms(),
+        )
 
         async with self._domain_locks.hold(config.domain_id):
             existing = self.checkpoint.get(ref.uid)
@@ -185,6 +214,10 @@ class DeviceState:
                 raise PermanentError(
                     f"claim {ref.uid} was started for domain {existing.domain_uid}, now names {config.domain_id}"
                 )
+            # Another completed claim of this domain holds the membership, and no unprepare can
+            # drop it while this entry exists (both decide under the domain lock): no join, so
+            # nothing in the store or on disk needs the started state recorded first.
+            membership_held = self._holds_completed(config.domain_id, besides=ref.uid)
             try:
                 self.checkpoint.mark_prepare_started(
                     ref.uid,
@@ -196,22 +229,15 @@ class DeviceState:
                 )
             except StalePrepareError as exc:
                 raise PermanentError(str(exc)) from None
-            self._save_checkpoint()
-            record = pb.PreparedClaim(
-                claim_uid=ref.uid,
-                namespace=ref.namespace,
-                name=ref.name,
-                node_name=node.name,
-                domain_uid=config.domain_id,
-                state=pb.PreparedState.PREPARE_STARTED,
-                updated_unix_ms=_now_ms(),
-            )
-            record_key = self.store.keys.preparation(node.name, ref.uid)
-            put = asyncio.ensure_future(self.store.put(record_key, record))
-            try:
-                joined_now = await self._join(config.domain_id, ref.namespace, node)
-            finally:
-                await put
+            joined_now = False
+            if not membership_held:
+                self._save_checkpoint()
+                put = asyncio.ensure_future(self.store.put(record_key, record))
+                try:
+                    joined_now = await self._join(config.domain_id, ref.namespace, node)
+                finally:
+                    await put
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=config.domain_id, node=node.name)
         if joined_now:
             bound.info("prepare: node joined domain")
 
@@ -220,29 +246,74 @@ class DeviceState:
             remaining = max(deadline - self._clock(), 0.0)
             if not await self.daemons.wait_ready(config.domain_id, remaining):
                 raise RetryableError(await self._not_ready_message(config.domain_id, node.name))
-            self._ensure_channels(channels)
+            await self._ensure_channels(channels)
 
+        cdi_id = claim_cdi_device_id(ref.uid)
+        completed = pb.PreparedClaim(
+            claim_uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            node_name=node.name,
+            domain_uid=config.domain_id,
+            state=pb.PreparedState.PREPARE_COMPLETED,
+            cdi_device_ids=[cdi_id],
+            updated_unix_ms=_now_ms(),
+        )
+        # The store write travels while the local files are written. Should the agent die in
+        # between, the reconcile at start settles it: a completed record whose spec exists is
+        # taken as completed, one without its spec as started.
+        put = asyncio.ensure_future(self.store.put(record_key, completed))
+        await asyncio.sleep(0)  # let the request leave before the synchronous file writes
         try:
-            cdi_id = self.cdi.write(ref.uid, channels=channels, major=major)
-        except OSError as exc:
-            raise RetryableError(f"cannot write CDI spec for claim {ref.uid}: {exc}") from exc
-        request_names = tuple(dict.fromkeys(r.request for r in results))
-        try:
+            self.cdi.write(ref.uid, channels=channels, major=major)
             entry = self.checkpoint.mark_prepare_completed(
-                ref.uid, [cdi_id], request_names=request_names, claim_version=claim.version
+                ref.uid,
+                [cdi_id],
+                request_names=tuple(dict.fromkeys(r.request for r in results)),
+                claim_version=claim.version,
             )
-        except StalePrepareError as exc:  # unprepared meanwhile: do not resurrect it
-            self.cdi.remove(ref.uid)
-            raise PermanentError(str(exc)) from None
-        self._save_checkpoint()
-        record.state = pb.PreparedState.PREPARE_COMPLETED
-        record.cdi_device_ids = [cdi_id]
-        record.updated_unix_ms = _now_ms()
-        await self.store.put(record_key, record)
+            self._save_checkpoint()
+        except BaseException as exc:
+            await self._revert_completed_record(put, record_key, record)
+            if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
+                self.cdi.remove(ref.uid)
+                raise PermanentError(str(exc)) from None
+            if isinstance(exc, OSError):
+                raise RetryableError(
+                    f"cannot write CDI spec or checkpoint for claim {ref.uid}: {exc}"
+                ) from exc
+            raise
+        await put
         bound.info(
             "claim prepared", mode=config.allocation_mode, channels=len(channels), cdi_device_id=cdi_id
         )
         return self._devices_of(entry)
+
+    async def _revert_completed_record(
+        self, put: asyncio.Future[int], key: str, started: pb.PreparedClaim
+    ) -> None:
+        """The local half of a prepare failed after its completed record was sent: say started."""
+        with contextlib.suppress(*_STORE_FAILURES):
+            await put
+        with contextlib.suppress(*_STORE_FAILURES):
+            await self.store.put(key, started)
+
+    def _held_domain(self) -> str | None:
+        """The domain of this node's completed claims, if any."""
+        for entry in self.checkpoint.entries.values():
+            if entry.state is ClaimState.PREPARE_COMPLETED:
+                return entry.domain_uid
+        return None
+
+    def _holds_completed(self, domain_uid: str, besides: str) -> bool:
+        return any(
+            e.domain_uid == domain_uid and e.state is ClaimState.PREPARE_COMPLETED and e.claim_uid != besides
+            for e in self.checkpoint.entries.values()
+        )
+
+    async def _get_domain(self, domain_uid: str) -> pb.ComputeDomain | None:
+        got = await self.store.get(self.store.keys.domain(domain_uid), pb.ComputeDomain)
+        return got.value if got is not None else None
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
         decoded: ChannelConfig | None = None
@@ -256,22 +327,6 @@ class DeviceState:
             decoded = config
         assert decoded is not None
         return decoded
-
-    async def _check_domain(self, ref: ClaimRef, config: ChannelConfig) -> None:
-        got = await self.store.get(self.store.keys.domain(config.domain_id), pb.ComputeDomain)
-        if got is None:
-            raise PermanentError(
-                f"ComputeDomain {config.domain_id} named by claim {ref.namespace}/{ref.name} does not exist"
-            )
-        domain = got.value
-        if domain.namespace != ref.namespace:
-            # Do not tell which namespace it is in: that is the other tenant's business.
-            raise PermanentError(
-                f"ComputeDomain {config.domain_id} is not in namespace {ref.namespace} of claim "
-                f"{ref.namespace}/{ref.name}; a claim may only use a ComputeDomain of its own namespace"
-            )
-        if domain.deleting:
-            raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
 
     async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> bool:
         """Make this node an active member; True if it joined now. One read when it already is."""
@@ -306,15 +361,24 @@ class DeviceState:
                 raise RetryableError(f"IMEX channels unavailable on this node: {exc}") from exc
         return self._channel_major
 
-    def _ensure_channels(self, channels: Sequence[int]) -> None:
+    async def _ensure_channels(self, channels: Sequence[int]) -> None:
         """Create missing channel device nodes on the host, once per channel per process."""
         missing = [c for c in channels if c not in self._ensured_channels]
+        if not missing:
+            return
         try:
-            for channel in missing:
-                self.hardware.ensure_imex_channel_device(channel)
-                self._ensured_channels.add(channel)
+            if len(missing) > _INLINE_CHANNEL_CREATES:
+                # allocationMode All: 2048 nodes take seconds on a slow disk; keep serving meanwhile.
+                await asyncio.to_thread(self._create_channels, missing)
+            else:
+                self._create_channels(missing)
         except (OSError, HardwareError) as exc:
             raise RetryableError(f"cannot create IMEX channel device: {exc}") from exc
+
+    def _create_channels(self, channels: Sequence[int]) -> None:
+        for channel in channels:
+            self.hardware.ensure_imex_channel_device(channel)
+            self._ensured_channels.add(channel)
 
     def _devices_of(self, entry: ClaimEntry) -> list[PreparedDevice]:
         return [
@@ -328,7 +392,11 @@ class DeviceState:
 
     def _save_checkpoint(self) -> None:
         try:
-            self.checkpoint.save()
+            if self.checkpoint_fsync:
+                self.checkpoint.save()
+            else:
+                self.checkpoint.prune_tombstones()
+                replace_file(self.checkpoint.path, self.checkpoint.encode(), mode=0o600)
         except OSError as exc:
             raise RetryableError(f"cannot write the checkpoint: {exc}") from exc
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
@@ -353,25 +421,37 @@ class DeviceState:
             return
         entry = self.checkpoint.get(claim_uid)
         if entry is None:
-            if claim_uid not in self.checkpoint.tombstones:
+            if claim_uid in self.checkpoint.tombstones:
+                # Unprepared before; a retry after a failed store delete finishes it.
+                await self.store.delete(self.store.keys.preparation(self.identity.node.name, claim_uid))
+            else:
                 # Unknown claim: success, and a tombstone in case its prepare is still on the way.
                 self.checkpoint.remove(claim_uid)
                 self._save_checkpoint()
             return
+        record_key = self.store.keys.preparation(entry.node, claim_uid)
         async with self._domain_locks.hold(entry.domain_uid):
-            await self.store.delete(self.store.keys.preparation(entry.node, claim_uid))
-            others = [
-                e
-                for e in self.checkpoint.prepared_claims_of_domain(entry.domain_uid)
-                if e.claim_uid != claim_uid
-            ]
-            if not others:
+            if any(
+                e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
+                for e in self.checkpoint.entries.values()
+            ):
+                # Another claim keeps the membership: the store delete travels while the
+                # checkpoint is written (if it fails, the retry finds the tombstone and deletes).
+                delete = asyncio.ensure_future(self.store.delete(record_key))
+                await asyncio.sleep(0)
+                try:
+                    self.checkpoint.remove(claim_uid)
+                    self._save_checkpoint()
+                finally:
+                    await delete
+            else:
+                await self.store.delete(record_key)
                 left = await leave_domain(self.store, entry.domain_uid, entry.node)
                 self.daemons.nudge(entry.domain_uid)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
-            self.checkpoint.remove(claim_uid)
-            self._save_checkpoint()
+                self.checkpoint.remove(claim_uid)
+                self._save_checkpoint()
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
 
     # ---- start-up reconcile ----------------------------------------------------------------
@@ -493,3 +573,43 @@ class DeviceState:
                 await self.rejoin_lost_memberships()
             except _STORE_FAILURES as exc:
                 log.warning("membership check failed", error=str(exc) or type(exc).__name__)
+
+
+def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: pb.ComputeDomain | None) -> None:
+    """The claim may use the domain: it exists, is in the claim's namespace, is not going away."""
+    if domain is None:
+        raise PermanentError(
+            f"ComputeDomain {config.domain_id} named by claim {ref.namespace}/{ref.name} does not exist"
+        )
+    if domain.namespace != ref.namespace:
+        # Do not tell which namespace it is in: that is the other tenant's business.
+        raise PermanentError(
+            f"ComputeDomain {config.domain_id} is not in namespace {ref.namespace} of claim "
+            f"{ref.namespace}/{ref.name}; a claim may only use a ComputeDomain of its own namespace"
+        )
+    if domain.deleting:
+        raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
+
+
+def replace_file(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` atomically (temp file in the same directory, rename), without fsync.
+
+    Readers see the old or the new content, also after the writer is killed; what a power
+    loss leaves is not defined (callers use it only for boot-scoped state). Temp names follow
+    ``libs.fsio.atomic`` so that its stale-temp cleanup recognises them.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise

@@ -452,3 +452,66 @@ async def test_lost_membership_of_a_held_claim_is_taken_up_again(store: Store, t
     m = await member(store, domain.uid, "rack0-tray0")
     assert m is not None and m.state == pb.MemberState.ACTIVE and m.index == 0
     assert await check_store_invariants(store) == []
+
+
+async def test_failed_store_delete_in_unprepare_is_finished_by_the_retry(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aetcd.exceptions
+
+    n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
+    domain = await put_domain(store)
+    keep, drop = (
+        await put_claim(store, "rack0-tray0", domain.uid),
+        await put_claim(store, "rack0-tray0", domain.uid),
+    )
+    await n.state.prepare(keep)
+    await n.state.prepare(drop)
+    real_delete = store.delete
+
+    async def unavailable(key: str) -> bool:
+        raise aetcd.exceptions.ConnectionFailedError("etcd restarting")
+
+    monkeypatch.setattr(store, "delete", unavailable)
+    with pytest.raises(RetryableError, match="state store unavailable"):
+        await n.state.unprepare(drop)
+    monkeypatch.setattr(store, "delete", real_delete)
+    assert await store.get(store.keys.preparation("rack0-tray0", drop.uid), pb.PreparedClaim) is not None
+
+    await n.state.unprepare(drop)  # kubelet's retry
+    assert await store.get(store.keys.preparation("rack0-tray0", drop.uid), pb.PreparedClaim) is None
+    assert list(n.reload_checkpoint().entries) == [keep.uid]
+    assert await check_store_invariants(store) == []
+
+
+async def test_failed_local_write_does_not_leave_a_completed_record(store: Store, tmp_path: Path) -> None:
+    n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
+    domain = await put_domain(store)
+    first, second = (
+        await put_claim(store, "rack0-tray0", domain.uid),
+        await put_claim(store, "rack0-tray0", domain.uid),
+    )
+    await n.state.prepare(first)
+    blocked = n.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{second.uid}.json"
+    blocked.mkdir()  # the spec file cannot be replaced: the write fails
+    with pytest.raises(RetryableError, match="cannot write CDI spec"):
+        await n.state.prepare(second)
+    prep = await store.get(store.keys.preparation("rack0-tray0", second.uid), pb.PreparedClaim)
+    assert prep is None or prep.value.state != pb.PreparedState.PREPARE_COMPLETED
+    assert await check_store_invariants(store) == []
+    blocked.rmdir()
+    assert (await n.state.prepare(second))[0].cdi_device_ids == (claim_cdi_device_id(second.uid),)
+    prep = await store.get(store.keys.preparation("rack0-tray0", second.uid), pb.PreparedClaim)
+    assert prep is not None and prep.value.state == pb.PreparedState.PREPARE_COMPLETED
+
+
+def test_checkpoint_replacement_leaves_no_temp_files(tmp_path: Path) -> None:
+    from libs.fsio.atomic import remove_stale_temps
+    from services.nodeagent.state import replace_file
+
+    target = tmp_path / "plugins" / "checkpoint.json"
+    replace_file(target, b"one", mode=0o600)
+    replace_file(target, b"two", mode=0o600)
+    assert target.read_bytes() == b"two" and oct(target.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in target.parent.iterdir()] == ["checkpoint.json"]
+    assert remove_stale_temps(target.parent) == []

@@ -1,0 +1,260 @@
+"""Node agents as real processes on a simulated cluster, and a kubelet stand-in that calls them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from grpclib.client import Channel
+
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
+from libs.hardware.cluster import ClusterDescription
+from libs.hardware.simulated import FaultInjector, prepare_node_dirs
+from libs.runtime.backoff import Backoff
+from libs.state.config import EtcdConfig
+from services.nodeagent.checkpoint import checkpoint_path
+from services.nodeagent.claimsource import ClaimRef
+from services.nodeagent.driver import dra_socket_path
+from tests.invariants import NodeLocalPaths
+from tools.etcd.server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class AgentProcess:
+    name: str
+    base: Path
+    cluster_file: Path
+    sim_state_dir: Path
+    etcd: EtcdConfig
+    health_port: int
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.base / "kubelet"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.base / "cdi"
+
+    @property
+    def imex_work_dir(self) -> Path:
+        return self.base / "imex"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base / "agent.log"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return checkpoint_path(self.kubelet_dir)
+
+    @property
+    def local_paths(self) -> NodeLocalPaths:
+        return NodeLocalPaths(self.name, self.cdi_root, self.imex_work_dir, self.checkpoint_file)
+
+    def cdi_spec(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{claim_uid}.json"
+
+    def argv(self) -> list[str]:
+        boot_id = self.base / "boot_id"
+        if not boot_id.exists():
+            boot_id.write_text(f"boot-{self.name}\n")
+        return [
+            sys.executable,
+            "-m",
+            "services.nodeagent.main",
+            "--node-name", self.name,
+            "--hardware", "simulated",
+            "--sim-cluster", str(self.cluster_file),
+            "--sim-state-dir", str(self.sim_state_dir),
+            "--kubelet-dir", str(self.kubelet_dir),
+            "--cdi-root", str(self.cdi_root),
+            "--imex-work-dir", str(self.imex_work_dir),
+            "--boot-id-file", str(boot_id),
+            "--etcd-endpoint", self.etcd.endpoint,
+            "--etcd-prefix", self.etcd.prefix,
+            "--health-host", "127.0.0.1",
+            "--health-port", str(self.health_port),
+            "--lease-ttl-s", "3",
+            "--log-format", "json",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv(),
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
+
+    async def wait_serving(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise AssertionError(
+                        f"agent {self.name} exited {self.process.returncode}:\n{self.log_tail()}"
+                    )
+                try:
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"agent {self.name} not serving after {timeout_s}s:\n{self.log_tail()}")
+
+    async def health(self) -> tuple[int, dict[str, object]]:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{self.health_port}/healthz") as response:
+                return response.status, await response.json()
+
+    async def metrics(self) -> str:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{self.health_port}/metrics") as response:
+                return await response.text()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+
+class Kubelet:
+    """Calls a node agent's DRA socket as kubelet does, retrying failed claims with backoff."""
+
+    def __init__(self, agent: AgentProcess) -> None:
+        self.agent = agent
+
+    @contextmanager
+    def _channel(self) -> Iterator[Channel]:
+        channel = Channel(path=str(dra_socket_path(self.agent.kubelet_dir)))
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+    async def prepare_once(
+        self, *refs: ClaimRef, timeout_s: float = 60.0
+    ) -> dict[str, dra.NodePrepareResourceResponse]:
+        with self._channel() as channel:
+            reply = await dra.DraPluginStub(channel).node_prepare_resources(
+                dra.NodePrepareResourcesRequest(
+                    claims=[dra.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
+                ),
+                timeout=timeout_s,
+            )
+        return dict(reply.claims)
+
+    async def unprepare_once(self, *refs: ClaimRef, timeout_s: float = 60.0) -> dict[str, str]:
+        with self._channel() as channel:
+            reply = await dra.DraPluginStub(channel).node_unprepare_resources(
+                dra.NodeUnprepareResourcesRequest(
+                    claims=[dra.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
+                ),
+                timeout=timeout_s,
+            )
+        return {uid: r.error for uid, r in reply.claims.items()}
+
+    async def prepare(self, ref: ClaimRef, deadline_s: float = 60.0) -> dra.NodePrepareResourceResponse:
+        """Retry until the claim is prepared (or the deadline passes: the last answer is returned)."""
+        backoff = Backoff(initial=0.1, cap=1.0)
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                answer = (await self.prepare_once(ref))[ref.uid]
+            except (OSError, ConnectionError):
+                answer = dra.NodePrepareResourceResponse(error="agent unreachable")
+            if not answer.error or time.monotonic() >= end:
+                return answer
+            await asyncio.sleep(backoff.next_delay())
+
+
+@dataclass
+class SimCluster:
+    base: Path
+    cluster: ClusterDescription
+    cluster_file: Path
+    sim_state_dir: Path
+    etcd: EtcdConfig
+    agents: dict[str, AgentProcess] = field(default_factory=dict)
+
+    def agent(self, name: str, extra_args: list[str] | None = None) -> AgentProcess:
+        if name not in self.agents:
+            prepare_node_dirs(self.cluster, name, self.sim_state_dir)
+            self.agents[name] = AgentProcess(
+                name=name,
+                base=self.base / name,
+                cluster_file=self.cluster_file,
+                sim_state_dir=self.sim_state_dir,
+                etcd=self.etcd,
+                health_port=free_port(),
+                extra_args=extra_args or [],
+            )
+        return self.agents[name]
+
+    def faults(self, name: str) -> FaultInjector:
+        prepare_node_dirs(self.cluster, name, self.sim_state_dir)
+        return FaultInjector(self.sim_state_dir / name / "hardware-faults.json", self.cluster.gpus_per_tray)
+
+    def shutdown(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+
+
+@contextmanager
+def sim_cluster(etcd: EtcdConfig, trays: int = 4) -> Iterator[SimCluster]:
+    """A one-rack simulated cluster in a short temporary directory (unix socket paths must fit
+    in 108 bytes), on a loopback block of its own so leftovers of other tests cannot collide."""
+    base = Path(tempfile.mkdtemp(prefix="na-"))
+    cluster = ClusterDescription(
+        racks=1, trays_per_rack=trays, seed=f"na-{base.name}", address_block=random.randint(100, 250)
+    )
+    cluster_file = base / "cluster.json"
+    cluster.save(cluster_file)
+    sim = SimCluster(base, cluster, cluster_file, base / "nodes", etcd)
+    try:
+        yield sim
+    finally:
+        sim.shutdown()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,266 @@
+"""Node agents as real processes: simulated hardware, real etcd, simulated IMEX daemons over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from libs.cdi.versions import check_cdi_version
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.config import EtcdConfig
+from libs.state.membership import join_domain, leave_domain
+from libs.state.store import Store
+from libs.state.watch import WatchEvent, watch_prefix
+from services.nodeagent.driver import dra_socket_path
+from services.nodeagent.registration import registration_socket_path
+from tests.cdi.cdi_schema_check import loader_violations, schema_errors, unknown_fields
+from tests.invariants import check_domain_gone, check_store_invariants, imex_processes_of
+from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
+from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def sim(etcd_config: EtcdConfig) -> AsyncIterator[SimCluster]:
+    with sim_cluster(etcd_config) as cluster:
+        yield cluster
+
+
+async def start_agents(
+    sim: SimCluster, *names: str, extra_args: list[str] | None = None
+) -> list[AgentProcess]:
+    agents = [sim.agent(n, extra_args) for n in names]
+    for agent in agents:
+        agent.start()
+    await asyncio.gather(*(a.wait_serving() for a in agents))
+    return agents
+
+
+async def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def node_files(agents: list[AgentProcess]) -> dict[str, bytes]:
+    """What an agent keeps on disk, without logs (they grow by themselves)."""
+    tree: dict[str, bytes] = {}
+    for agent in agents:
+        for root in (agent.cdi_root, agent.imex_work_dir, agent.checkpoint_file.parent):
+            for rel, content in file_tree(root).items():
+                if not rel.endswith(".log"):
+                    tree[f"{agent.name}:{root.name}/{rel}"] = content
+    return tree
+
+
+async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
+    sim: SimCluster, store: Store
+) -> None:
+    names = ["rack0-tray0", "rack0-tray1", "rack0-tray2"]
+    agents = await start_agents(sim, *names)
+    domain = await put_domain(store, namespace="team-a")
+    refs = [await put_claim(store, n, domain.uid, namespace="team-a") for n in names]
+
+    answers = await asyncio.gather(*(Kubelet(a).prepare(r, 30) for a, r in zip(agents, refs, strict=True)))
+
+    for agent, ref, answer in zip(agents, refs, answers, strict=True):
+        assert answer.error == ""
+        assert [(d.pool_name, d.device_name, d.cdi_device_ids) for d in answer.devices] == [
+            (agent.name, "channel-0", [f"k8s.compute-domain.nvidia.com/claim={ref.uid}-channel-0"])
+        ]
+        spec = json.loads(agent.cdi_spec(ref.uid).read_text())
+        assert schema_errors(spec) == [] and unknown_fields(spec) == [] and loader_violations(spec) == []
+        check_cdi_version(spec)
+        (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        assert (node["path"], node["major"], node["minor"]) == (
+            "/dev/nvidia-caps-imex-channels/channel0",
+            sim.cluster.imex_channel_major,
+            0,
+        )
+    members, _ = await store.list(store.keys.members(domain.uid), pb.Member)
+    assert sorted(m.value.index for m in members) == [0, 1, 2]
+    addresses = sorted(sim.cluster.node(n).address for n in names)
+
+    async def all_ready() -> bool:
+        statuses, _ = await store.list(store.keys.daemons(domain.uid), pb.DaemonStatus)
+        return len(statuses) == 3 and all(
+            s.value.state == pb.DaemonState.READY and sorted(s.value.peers) == addresses for s in statuses
+        )
+
+    await wait_for(all_ready, what="3 READY daemons with 3 peers each")
+    assert await check_store_invariants(store) == []
+
+    # Namespace isolation: a claim in team-b naming team-a's domain is refused, nothing changes.
+    intruder = await put_claim(store, names[0], domain.uid, namespace="team-b")
+    before_store, before_files = await store_dump(store), node_files(agents)
+    answer = (await Kubelet(agents[0]).prepare_once(intruder))[intruder.uid]
+    assert "not in namespace team-b" in answer.error and answer.devices == []
+    assert await store_dump(store) == before_store
+    assert node_files(agents) == before_files
+
+    # Teardown: every claim released, domain deleted -> nothing of it remains anywhere.
+    errors = await asyncio.gather(*(Kubelet(a).unprepare_once(r) for a, r in zip(agents, refs, strict=True)))
+    assert errors == [{r.uid: ""} for r in refs]
+    await store.delete(store.keys.domain(domain.uid))
+
+    async def gone() -> bool:
+        return (
+            await check_domain_gone(store, domain.uid, [r.uid for r in refs], [a.local_paths for a in agents])
+            == []
+        )
+
+    await wait_for(gone, what="domain teardown")
+
+    # Graceful shutdown: exit 0, sockets removed.
+    for agent in agents:
+        assert agent.stop() == 0, agent.log_tail()
+        assert not dra_socket_path(agent.kubelet_dir).exists()
+        assert not registration_socket_path(agent.kubelet_dir).exists()
+
+
+async def test_agent_killed_mid_prepare_ends_prepared_once(sim: SimCluster, store: Store) -> None:
+    (agent,) = await start_agents(sim, "rack0-tray0", extra_args=["--prepare-budget-s", "1.5"])
+    domain = await put_domain(store)
+    # A peer that is a member but never runs a daemon: our daemon waits for it, so the prepare
+    # stays between PrepareStarted and PrepareCompleted.
+    peer = sim.cluster.node("rack0-tray3")
+    await join_domain(
+        store, domain.uid, "team-a", pb.Node(name=peer.name, ip_address=peer.address, clique_id=peer.clique)
+    )
+    ref = await put_claim(store, agent.name, domain.uid)
+    kubelet = Kubelet(agent)
+    in_flight = asyncio.create_task(kubelet.prepare_once(ref))
+
+    async def started() -> bool:
+        got = await store.get(store.keys.preparation(agent.name, ref.uid), pb.PreparedClaim)
+        return got is not None and got.value.state == pb.PreparedState.PREPARE_STARTED
+
+    await wait_for(started, what="PrepareStarted")
+    assert json.loads(agent.checkpoint_file.read_text())["entries"][ref.uid]["state"] == "PrepareStarted"
+    agent.kill()
+    with pytest.raises(Exception):  # noqa: B017 - the connection dies with the agent
+        await in_flight
+    assert not agent.cdi_spec(ref.uid).exists()
+
+    agent.start()
+    await agent.wait_serving()
+    answer = (await kubelet.prepare_once(ref))[ref.uid]
+    assert "not READY" in answer.error  # still waiting for the absent peer: retryable
+    await leave_domain(store, domain.uid, peer.name)  # the peer goes away; now it can finish
+
+    answer = await kubelet.prepare(ref, 30)
+    assert answer.error == ""
+    assert answer.devices[0].cdi_device_ids == [f"k8s.compute-domain.nvidia.com/claim={ref.uid}-channel-0"]
+    preps, _ = await store.list(store.keys.all_preparations(), pb.PreparedClaim)
+    assert [(p.value.claim_uid, p.value.state) for p in preps] == [
+        (ref.uid, pb.PreparedState.PREPARE_COMPLETED)
+    ]
+    members, _ = await store.list(store.keys.members(domain.uid), pb.Member)
+    # One membership, with the index it got next to the peer (indices are never reshuffled).
+    assert [(m.value.node_name, m.value.index) for m in members] == [(agent.name, 1)]
+    entries = json.loads(agent.checkpoint_file.read_text())["entries"]
+    assert list(entries) == [ref.uid] and entries[ref.uid]["state"] == "PrepareCompleted"
+    assert sorted(p.name for p in agent.cdi_root.iterdir()) == [agent.cdi_spec(ref.uid).name]
+
+    async def one_daemon() -> bool:
+        return len(imex_processes_of(domain.uid)) == 1
+
+    await wait_for(
+        one_daemon, what="exactly one IMEX daemon for the domain (the old one adopted or replaced)"
+    )
+    assert await check_store_invariants(store) == []
+
+
+async def test_killed_imex_daemon_is_restarted_and_its_absence_reported(
+    sim: SimCluster, store: Store
+) -> None:
+    (agent,) = await start_agents(sim, "rack0-tray1")
+    domain = await put_domain(store)
+    ref = await put_claim(store, agent.name, domain.uid)
+    assert (await Kubelet(agent).prepare(ref, 30)).error == ""
+    key = store.keys.daemon(domain.uid, agent.name)
+    status = await store.get(key, pb.DaemonStatus)
+    assert status is not None and status.value.state == pb.DaemonState.READY and status.value.pid > 0
+    old_pid = status.value.pid
+
+    seen: list[pb.DaemonStatus] = []
+
+    async def record() -> None:
+        async for event in watch_prefix(store, store.keys.daemons(domain.uid), pb.DaemonStatus):
+            if isinstance(event, WatchEvent) and event.value is not None:
+                seen.append(event.value)
+
+    watcher = asyncio.create_task(record())
+    await asyncio.sleep(0.3)  # the watch is established
+    os.kill(old_pid, signal.SIGKILL)
+
+    async def back() -> bool:
+        got = await store.get(key, pb.DaemonStatus)
+        return got is not None and got.value.state == pb.DaemonState.READY and got.value.pid != old_pid
+
+    await wait_for(back, what="the daemon READY again under a new pid")
+    watcher.cancel()
+    down = [s for s in seen if s.state != pb.DaemonState.READY]
+    assert down, "the store never showed the daemon down"
+    assert any(s.last_error for s in down), f"no reason given while down: {down}"
+    final = await store.get(key, pb.DaemonStatus)
+    assert final is not None and final.value.restarts >= 1
+    # The claim stays prepared, and a second claim prepares on the restarted daemon.
+    second = await put_claim(store, agent.name, domain.uid)
+    assert (await Kubelet(agent).prepare(second, 30)).error == ""
+    assert await check_store_invariants(store) == []
+
+
+async def test_all_mode_and_non_fabric_node(sim: SimCluster, store: Store) -> None:
+    sim.faults("rack0-tray3").set_non_fabric()
+    fabric, plain = await start_agents(sim, "rack0-tray2", "rack0-tray3")
+    domain = await put_domain(store)
+    wide = await put_claim(store, fabric.name, domain.uid, mode="All")
+    bare = await put_claim(store, plain.name, domain.uid, mode="All")
+    answers = await asyncio.gather(Kubelet(fabric).prepare(wide, 30), Kubelet(plain).prepare(bare, 30))
+    assert [a.error for a in answers] == ["", ""]
+
+    nodes = json.loads(fabric.cdi_spec(wide.uid).read_text())["devices"][0]["containerEdits"]["deviceNodes"]
+    assert [n["minor"] for n in nodes] == list(range(2048))
+    plain_spec = json.loads(plain.cdi_spec(bare.uid).read_text())
+    assert "deviceNodes" not in plain_spec["devices"][0]["containerEdits"]
+    assert loader_violations(plain_spec) == [] and schema_errors(plain_spec) == []
+    member = await store.get(store.keys.member(domain.uid, plain.name), pb.Member)
+    assert member is not None and member.value.index == -1 and member.value.clique_id == ""
+    assert await store.get(store.keys.daemon(domain.uid, plain.name), pb.DaemonStatus) is None
+    assert not (plain.imex_work_dir / domain.uid).exists()
+    assert await check_store_invariants(store) == []
+
+
+async def test_malformed_config_and_unknown_claims_through_the_socket(sim: SimCluster, store: Store) -> None:
+    (agent,) = await start_agents(sim, "rack0-tray0")
+    domain = await put_domain(store)
+    params = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomainChannelConfig",
+        "domainID": domain.uid,
+        "channels": 4,
+    }
+    bad = await put_claim(store, agent.name, domain.uid, parameters=params)
+    kubelet = Kubelet(agent)
+    answer = (await kubelet.prepare_once(bad))[bad.uid]
+    assert 'unknown field "channels"' in answer.error
+    ghost = await put_claim(store, agent.name, domain.uid)
+    assert await kubelet.unprepare_once(ghost) == {ghost.uid: ""}
+    stale = (await kubelet.prepare_once(ghost))[ghost.uid]
+    assert "refusing a stale prepare" in stale.error
+    metrics = await agent.metrics()
+    assert 'cd_nodeagent_prepare_total{outcome="permanent"} 2.0' in metrics
+    assert 'cd_nodeagent_unprepare_total{outcome="ok"} 1.0' in metrics
+    assert await store.get(store.keys.member(domain.uid, agent.name), pb.Member) is None
+    assert file_tree(agent.cdi_root) == {}

@@ -1,0 +1,244 @@
+"""Benchmark: NodePrepareResources / NodeUnprepareResources latency on a node whose IMEX daemon
+is already READY, through the real unix-socket gRPC of a node-agent process.
+
+Set-up: a private etcd (unless --etcd-endpoint), a one-rack simulated cluster, one node agent
+process with simulated hardware, a ComputeDomain and an anchor claim prepared first (the node
+is a member and its daemon READY). Then N distinct claims are prepared one after another, then
+unprepared one after another, each call timed at the client (kubelet's view).
+
+    python -m tools.bench.nodeagent_prepare [--calls 1000] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from grpclib.client import Channel
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
+from libs.hardware.cluster import ClusterDescription
+from libs.hardware.simulated import prepare_node_dirs
+from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from tools.etcd.server import EtcdServer, etcd_binary, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "compute-domain.nvidia.com"
+NODE = "rack0-tray0"
+TARGET_P99_MS = 5.0
+# Claims kept prepared besides the anchor while the benchmark runs.
+WINDOW = 4
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary(latencies_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in latencies_s]
+    return {
+        "calls": len(ms),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "p90_ms": round(percentile(ms, 90), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+    }
+
+
+def claim_record(uid: str, domain_uid: str) -> pb.Claim:
+    params = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomainChannelConfig",
+        "domainID": domain_uid,
+        "allocationMode": "Single",
+    }
+    return pb.Claim(
+        uid=uid,
+        namespace="bench",
+        name=f"claim-{uid[:8]}",
+        node_name=NODE,
+        results=[pb.AllocationResult(request="channel", driver=DRIVER, pool=NODE, device="channel-0")],
+        config=[pb.OpaqueConfig(requests=["channel"], driver=DRIVER, parameters_json=json.dumps(params))],
+    )
+
+
+def _serving(path: Path, agent: subprocess.Popen[bytes], log: Path) -> bool:
+    if agent.poll() is not None:
+        raise SystemExit(f"node agent exited {agent.returncode}:\n{log.read_text()[-4000:]}")
+    return path.exists()
+
+
+async def wait_socket(path: Path, agent: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _serving(path, agent, log):
+            return
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"node agent did not serve {path} within {timeout_s}s")
+
+
+def start_agent(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
+
+
+async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: str) -> dict[str, Any]:
+    etcd = EtcdConfig(endpoint=endpoint, prefix=f"/bench-{uuid.uuid4().hex[:8]}/")
+    cluster = ClusterDescription(racks=1, trays_per_rack=2, seed=f"bench-{base.name}", address_block=199)
+    cluster.save(base / "cluster.json")
+    prepare_node_dirs(cluster, NODE, base / "nodes")
+    kubelet_dir = base / "kubelet"
+    log_path = base / "agent.log"
+    argv = [
+        sys.executable, "-m", "services.nodeagent.main",
+        "--node-name", NODE, "--hardware", "simulated",
+        "--sim-cluster", str(base / "cluster.json"), "--sim-state-dir", str(base / "nodes"),
+        "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
+        "--imex-work-dir", str(base / "imex"),
+        "--etcd-endpoint", etcd.endpoint, "--etcd-prefix", etcd.prefix,
+        "--health-host", "127.0.0.1", "--health-port", str(free_port()),
+        "--log-format", "json", "--log-level", "warning",
+    ]  # fmt: skip
+    agent = start_agent(argv, log_path)
+    try:
+        socket_path = kubelet_dir / "plugins" / DRIVER / "dra.sock"
+        await wait_socket(socket_path, agent, log_path)
+        async with Store(etcd) as store:
+            domain_uid = str(uuid.uuid4())
+            await store.put(
+                store.keys.domain(domain_uid),
+                pb.ComputeDomain(uid=domain_uid, namespace="bench", name="bench"),
+            )
+            uids = [str(uuid.uuid4()) for _ in range(args.calls + 1)]
+            for uid in uids:
+                await store.put(store.keys.claim(uid), claim_record(uid, domain_uid))
+        claims = [dra.Claim(namespace="bench", uid=u, name=f"claim-{u[:8]}") for u in uids]
+        channel = Channel(path=str(socket_path))
+        stub = dra.DraPluginStub(channel)
+        try:
+            anchor = await stub.node_prepare_resources(
+                dra.NodePrepareResourcesRequest(claims=claims[:1]), timeout=60
+            )
+            if anchor.claims[uids[0]].error:
+                raise SystemExit(f"anchor claim failed: {anchor.claims[uids[0]].error}")
+            # A node holds a handful of claims at a time: keep WINDOW prepared, unprepare the
+            # oldest after each prepare, time both kinds of call.
+            prepare: list[float] = []
+            unprepare: list[float] = []
+            window: list[dra.Claim] = []
+            for claim in [*claims[1:], *([None] * WINDOW)]:
+                if claim is not None:
+                    start = time.perf_counter()
+                    reply = await stub.node_prepare_resources(
+                        dra.NodePrepareResourcesRequest(claims=[claim]), timeout=30
+                    )
+                    prepare.append(time.perf_counter() - start)
+                    if reply.claims[claim.uid].error:
+                        raise SystemExit(f"prepare of {claim.uid} failed: {reply.claims[claim.uid].error}")
+                    window.append(claim)
+                if len(window) > WINDOW or (claim is None and window):
+                    oldest = window.pop(0)
+                    start = time.perf_counter()
+                    done = await stub.node_unprepare_resources(
+                        dra.NodeUnprepareResourcesRequest(claims=[oldest]), timeout=30
+                    )
+                    unprepare.append(time.perf_counter() - start)
+                    if done.claims[oldest.uid].error:
+                        raise SystemExit(f"unprepare of {oldest.uid} failed: {done.claims[oldest.uid].error}")
+        finally:
+            channel.close()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+    prepare_stats, unprepare_stats = summary(prepare), summary(unprepare)
+    return {
+        "benchmark": "nodeagent_prepare",
+        "description": "NodePrepareResources / NodeUnprepareResources on a node with a READY IMEX daemon, "
+        f"sequential calls over the DRA unix socket (v1), {WINDOW} claims held besides the anchor, "
+        "simulated hardware, etcd on loopback",
+        "cdi_root_fs": "tmpfs" if cdi_root.is_relative_to("/dev/shm") else "disk",
+        "etcd_fsync": not args.etcd_endpoint and os.environ.get("CD_ETCD_UNSAFE_NO_FSYNC") != "1",
+        "prepare": prepare_stats,
+        "unprepare": unprepare_stats,
+        "target_p99_ms": TARGET_P99_MS,
+        "meets_target": prepare_stats["p99_ms"] <= TARGET_P99_MS
+        and unprepare_stats["p99_ms"] <= TARGET_P99_MS,
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+async def run(args: argparse.Namespace, base: Path, cdi_root: Path) -> dict[str, Any]:
+    server: EtcdServer | None = None
+    try:
+        endpoint = args.etcd_endpoint
+        if not endpoint:
+            server = EtcdServer(data_dir=base / "etcd", binary=etcd_binary())
+            server.start()
+            endpoint = server.endpoint
+        return await bench(args, base, cdi_root, endpoint)
+    finally:
+        if server is not None:
+            server.destroy()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="nodeagent_prepare", description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=1000, help="prepare (and unprepare) calls to time")
+    parser.add_argument(
+        "--etcd-endpoint", default="", help="use this etcd (host:port) instead of a private one"
+    )
+    parser.add_argument(
+        "--cdi-on-disk",
+        dest="cdi_tmpfs",
+        action="store_false",
+        help="keep the CDI root on disk, not on tmpfs",
+    )
+    parser.add_argument("--out", type=Path, help="also write the result as JSON to this file")
+    args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls must be >= 1")
+    base = Path(tempfile.mkdtemp(prefix="nabench-"))
+    # Production CDI roots (/var/run/cdi) are tmpfs; the kubelet dir (checkpoint) is on disk.
+    shm = Path("/dev/shm")
+    cdi_root = (
+        Path(tempfile.mkdtemp(prefix="nabench-cdi-", dir=shm))
+        if args.cdi_tmpfs and shm.is_dir()
+        else base / "cdi"
+    )
+    try:
+        result = asyncio.run(run(args, base, cdi_root))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(cdi_root, ignore_errors=True)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
