@@ -59,6 +59,15 @@ class SubmitOptions:
 
 
 @dataclass(frozen=True)
+class WaitOptions:
+    name: str
+    namespace: str = "default"
+    status: str = "Ready"  # Ready | NotReady
+    reason: str = ""
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class DeleteOptions:
     name: str
     namespace: str = "default"
@@ -295,6 +304,45 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
         out.write(f"  {line}\n")
     out.flush()
     return job
+
+
+async def wait(layout: StateLayout, options: WaitOptions, out: TextIO) -> None:
+    """Wait until the job's domain shows `status` (and, if given, the Ready condition's `reason`)."""
+    state = running_state(layout)
+    job = JobBook(layout.jobs_file).read().find(options.namespace, options.name)
+    if job is None:
+        raise CommandError(f"no job {options.namespace}/{options.name} (see `cdsim status`)")
+    want = pb.Readiness.READY if options.status == "Ready" else pb.Readiness.NOT_READY
+
+    def reached(domain: pb.ComputeDomain | None) -> bool:
+        if domain is None or domain.status.status != want:
+            return False
+        if not options.reason:
+            return True
+        condition = next((c for c in domain.status.conditions if c.type == "Ready"), None)
+        return condition is not None and condition.reason == options.reason
+
+    began = time.monotonic()
+    async with open_store(state) as store:
+        try:
+            domain = await wait_domain(store, job.domain_uid, reached, options.timeout_s)
+        except TimeoutError:
+            record = await store.get(store.keys.domain(job.domain_uid), pb.ComputeDomain)
+            current = record.value if record else None
+            shown = (
+                "gone"
+                if current is None
+                else ("Ready" if current.status.status == pb.Readiness.READY else "NotReady")
+            )
+            raise CommandError(
+                f"{job.namespace}/{job.name} did not become {options.status}"
+                f"{' (' + options.reason + ')' if options.reason else ''} within {options.timeout_s:.0f}s; "
+                f"it is {shown} ({readiness_reason(current)})"
+            ) from None
+    out.write(
+        f"{job.namespace}/{job.name} is {options.status} after {time.monotonic() - began:.1f}s "
+        f"({readiness_reason(domain)})\n"
+    )
 
 
 async def _prepare_all(

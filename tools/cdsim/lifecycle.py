@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from libs.hardware.cluster import ClusterDescription
@@ -17,6 +18,7 @@ from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
 
 UP_TIMEOUT_S = 150.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOWN_TIMEOUT_S = 60.0
 
 
@@ -90,6 +92,8 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             partitions_per_rack=options.partitions_per_rack,
             log_level=options.log_level,
         ).save(layout)
+        # The supervisor and its fork server run in the state dir: make this code importable there.
+        python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         with open(layout.log_file("supervisor"), "ab") as log_file:
             supervisor = subprocess.Popen(
                 [
@@ -106,6 +110,7 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
                 stderr=subprocess.STDOUT,
                 cwd=str(layout.root),
                 pass_fds=(lock_fd,),
+                env={**os.environ, "PYTHONPATH": python_path},
                 start_new_session=True,
             )
     finally:

@@ -2,9 +2,10 @@
 
     cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR]
     cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
+    cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
     cdsim job delete NAME [-n NS] [--wait]
     cdsim status [--json]
-    cdsim fault kill-agent NODE | kill-imex NODE | kill-controller REPLICA | restart-etcd
+    cdsim fault kill-agent NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA | restart-etcd
     cdsim check [--idle]
     cdsim down
 
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--timeout", type=float, default=120.0, help="seconds kubelet keeps retrying prepares"
     )
+    wait = job_sub.add_parser("wait", parents=[common], help="wait until a job's domain is Ready / NotReady")
+    wait.add_argument("name")
+    wait.add_argument("-n", "--namespace", default="default")
+    wait.add_argument("--status", choices=("Ready", "NotReady"), default="Ready")
+    wait.add_argument("--reason", default="", help="also require this Ready-condition reason (e.g. NodeLost)")
+    wait.add_argument("--timeout", type=float, default=60.0)
     delete = job_sub.add_parser("delete", parents=[common], help="unprepare and delete a job")
     delete.add_argument("name")
     delete.add_argument("-n", "--namespace", default="default")
@@ -168,6 +175,15 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             prepare_deadline_s=args.timeout,
         )
         _run(lambda: jobs.submit(layout, submit_options, out))
+    elif args.command == "job" and args.job_command == "wait":
+        wait_options = jobs.WaitOptions(
+            name=args.name,
+            namespace=args.namespace,
+            status=args.status,
+            reason=args.reason,
+            timeout_s=args.timeout,
+        )
+        _run(lambda: jobs.wait(layout, wait_options, out))
     elif args.command == "job" and args.job_command == "delete":
         delete_options = jobs.DeleteOptions(
             name=args.name, namespace=args.namespace, wait=args.wait, timeout_s=args.timeout

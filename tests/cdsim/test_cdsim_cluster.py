@@ -1,0 +1,243 @@
+"""`cdsim` driven as a user drives it (subprocesses), on a real simulated cluster.
+
+One cluster (2 racks x 4 trays: 8 node agents, 2 controllers, the advisor, etcd) is shared by
+the tests of this module, which run in order: up -> bad input -> a 4-node job Ready -> every
+fault command, each followed by the invariants and the job Ready again -> delete -> down.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.procscan import cluster_processes
+
+pytestmark = pytest.mark.slow
+
+RACKS, TRAYS = 2, 4
+# Own loopback block: other tests' simulated IMEX daemons use the default one.
+ADDRESS_BLOCK = 77
+JOB = "train"
+JOB_NODES = 4
+
+
+def cdsim(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cdsim.main", "--state-dir", str(state_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+def status(state_dir: Path) -> dict[str, Any]:
+    return dict(json.loads(ok(cdsim(state_dir, "status", "--json"))))
+
+
+def domain_of(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(d for d in doc["domains"] if d["name"] == name)
+
+
+def job_of(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(j for j in doc["jobs"] if j["name"] == name)
+
+
+def assert_invariants(state_dir: Path) -> None:
+    assert "invariants 1-4 hold" in ok(cdsim(state_dir, "check"))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Path]:
+    # Short, so the nodes' unix socket paths stay under 108 bytes.
+    state_dir = Path(tempfile.mkdtemp(prefix="cdsim-t"))
+    try:
+        result = cdsim(state_dir, "up", "--racks", str(RACKS), "--trays", str(TRAYS), "--address-block", str(ADDRESS_BLOCK))
+        ok(result)
+        yield state_dir
+    finally:
+        cdsim(state_dir, "down", timeout=90)
+        leftovers = cluster_processes(StateLayout.at(state_dir))
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert not leftovers, f"processes left running: {leftovers}"
+
+
+def test_up_starts_every_node_with_its_own_directories(cluster: Path) -> None:
+    doc = status(cluster)
+    assert doc["phase"] == "ready"
+    nodes = doc["nodes"]
+    assert [n["name"] for n in nodes] == [f"rack{r}-tray{t}" for r in range(RACKS) for t in range(TRAYS)]
+    assert all(n["registered"] and n["agent_running"] for n in nodes)
+    assert len({n["address"] for n in nodes}) == len(nodes)
+    assert {n["address"].split(".")[1] for n in nodes} == {str(ADDRESS_BLOCK)}
+    # One clique per rack.
+    cliques = {n["rack"]: {m["clique"] for m in nodes if m["rack"] == n["rack"]} for n in nodes}
+    assert all(len(c) == 1 for c in cliques.values()) and len({next(iter(c)) for c in cliques.values()}) == RACKS
+    for node in nodes:
+        assert (Path(node["kubelet_dir"]) / "plugins" / "compute-domain.nvidia.com" / "dra.sock").is_socket()
+        assert Path(node["cdi_dir"]).is_dir()
+    kinds = sorted(p["kind"] for p in doc["processes"])
+    assert kinds.count("controller") == 2 and kinds.count("advisor") == 1 and kinds.count("agent") == RACKS * TRAYS
+    assert all(p["healthy"] for p in doc["processes"])
+
+
+def test_up_twice_is_refused_and_changes_nothing(cluster: Path) -> None:
+    before = status(cluster)
+    result = cdsim(cluster, "up", "--racks", "1")
+    assert result.returncode == 1
+    assert "already running" in result.stderr
+    after = status(cluster)
+    assert [p["pid"] for p in after["processes"]] == [p["pid"] for p in before["processes"]]
+    assert len(after["nodes"]) == RACKS * TRAYS
+
+
+def test_a_job_larger_than_free_capacity_is_refused_with_the_advisors_reason(cluster: Path) -> None:
+    # A rack has 4 trays: 5 nodes cannot be in one NVLink clique.
+    result = cdsim(cluster, "job", "submit", "too-big", "--nodes", str(TRAYS + 1))
+    assert result.returncode == 1
+    assert "placement advisor says" in result.stderr and "Nothing was created" in result.stderr
+    # Larger than the whole cluster.
+    result = cdsim(cluster, "job", "submit", "way-too-big", "--nodes", "100")
+    assert result.returncode == 1
+    assert "placement advisor says" in result.stderr
+    doc = status(cluster)
+    assert doc["domains"] == [] and doc["jobs"] == []
+
+
+def test_submit_prepares_every_claim_and_the_domain_becomes_ready(cluster: Path) -> None:
+    out = ok(cdsim(cluster, "job", "submit", JOB, "--nodes", str(JOB_NODES), "--wait"))
+    assert f"{JOB_NODES}/{JOB_NODES} claims prepared" in out
+    assert "ComputeDomain status: Ready" in out
+    doc = status(cluster)
+    domain = domain_of(doc, JOB)
+    assert domain["status"] == "Ready"
+    assert sorted(n["index"] for n in domain["nodes"]) == list(range(JOB_NODES))
+    job = job_of(doc, JOB)
+    assert job["domain_uid"] == domain["uid"]
+    assert len({c["node"] for c in job["claims"]}) == JOB_NODES
+    nodes = {n["name"]: n for n in doc["nodes"]}
+    for claim in job["claims"]:
+        cdi = Path(nodes[claim["node"]]["cdi_dir"])
+        assert list(cdi.glob(f"*claim_{claim['uid']}.*")), f"no CDI spec for {claim['uid']} on {claim['node']}"
+        assert nodes[claim["node"]]["domain"] == domain["uid"]
+    # All in one rack (one clique).
+    assert len({nodes[c["node"]]["rack"] for c in job["claims"]}) == 1
+    assert_invariants(cluster)
+
+
+def test_submitting_the_same_job_again_is_refused(cluster: Path) -> None:
+    result = cdsim(cluster, "job", "submit", JOB, "--nodes", "1")
+    assert result.returncode == 1 and "exists already" in result.stderr
+
+
+def test_fault_kill_agent_is_reported_as_node_lost_and_recovers(cluster: Path) -> None:
+    doc = status(cluster)
+    victim = job_of(doc, JOB)["claims"][1]["node"]
+    old_pid = next(n["agent_pid"] for n in doc["nodes"] if n["name"] == victim)
+    out = ok(cdsim(cluster, "fault", "kill-agent", victim, "--down-for", "7"))
+    assert f"pid {old_pid}" in out
+    ok(cdsim(cluster, "job", "wait", JOB, "--status", "NotReady", "--reason", "NodeLost", "--timeout", "30"))
+    lost = domain_of(status(cluster), JOB)
+    assert victim in lost["message"]
+    assert_invariants(cluster)
+    ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "60"))
+    after = status(cluster)
+    node = next(n for n in after["nodes"] if n["name"] == victim)
+    assert node["agent_running"] and node["agent_pid"] not in (0, old_pid)
+    assert sorted(n["index"] for n in domain_of(after, JOB)["nodes"]) == list(range(JOB_NODES))
+    assert_invariants(cluster)
+
+
+def _imex_pids(state_dir: Path, node: str) -> list[int]:
+    from tools.cdsim.procscan import imex_daemons_under
+
+    return [p.pid for p in imex_daemons_under(StateLayout.at(state_dir).node(node).imex_dir)]
+
+
+def test_fault_kill_imex_restarts_the_daemon(cluster: Path) -> None:
+    victim = job_of(status(cluster), JOB)["claims"][2]["node"]
+    before = _imex_pids(cluster, victim)
+    assert len(before) == 1
+    ok(cdsim(cluster, "fault", "kill-imex", victim))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = _imex_pids(cluster, victim)
+        if now and now != before:
+            break
+        time.sleep(0.2)
+    assert _imex_pids(cluster, victim) not in ([], before), "the IMEX daemon was not restarted"
+    ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "30"))
+    assert_invariants(cluster)
+
+
+def test_fault_kill_controller_the_other_replica_keeps_reconciling(cluster: Path) -> None:
+    ok(cdsim(cluster, "fault", "kill-controller", "0"))
+    # Status of a new domain is only computed by a live controller: the standby took over.
+    ok(cdsim(cluster, "job", "submit", "small", "--nodes", "2", "--wait", "--timeout", "60"))
+    ok(cdsim(cluster, "fault", "kill-controller", "1"))
+    ok(cdsim(cluster, "job", "delete", "small", "--wait", "--timeout", "60"))
+    doc = status(cluster)
+    assert [d["name"] for d in doc["domains"]] == [JOB]
+    ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "30"))
+    assert_invariants(cluster)
+    result = cdsim(cluster, "fault", "kill-controller", "5")
+    assert result.returncode == 1 and "no controller replica 5" in result.stderr
+
+
+def test_fault_restart_etcd_keeps_the_job(cluster: Path) -> None:
+    out = ok(cdsim(cluster, "fault", "restart-etcd"))
+    assert "etcd stopped and started again" in out
+    ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "60"))
+    doc = status(cluster)
+    assert len(domain_of(doc, JOB)["nodes"]) == JOB_NODES
+    assert_invariants(cluster)
+
+
+def test_fault_on_an_unknown_node_is_refused(cluster: Path) -> None:
+    result = cdsim(cluster, "fault", "kill-agent", "rack9-tray0")
+    assert result.returncode == 1 and "no node rack9-tray0" in result.stderr
+    result = cdsim(cluster, "fault", "kill-imex", f"rack1-tray{TRAYS - 1}")
+    assert result.returncode == 1 and "no IMEX daemon runs" in result.stderr
+
+
+def test_delete_leaves_nothing_behind(cluster: Path) -> None:
+    doc = status(cluster)
+    job = job_of(doc, JOB)
+    ok(cdsim(cluster, "job", "delete", JOB, "--wait"))
+    out = ok(cdsim(cluster, "check", "--idle"))
+    assert "nothing of any domain is left" in out
+    doc = status(cluster)
+    assert doc["domains"] == [] and doc["jobs"] == []
+    nodes = {n["name"]: n for n in doc["nodes"]}
+    for claim in job["claims"]:
+        assert not list(Path(nodes[claim["node"]]["cdi_dir"]).glob("*claim_*"))
+        assert _imex_pids(cluster, claim["node"]) == []
+    result = cdsim(cluster, "job", "delete", JOB)
+    assert result.returncode == 1 and "no job default/train" in result.stderr
+
+
+def test_down_stops_everything_and_is_idempotent(cluster: Path) -> None:
+    layout = StateLayout.at(cluster)
+    assert cluster_processes(layout)
+    out = ok(cdsim(cluster, "down", timeout=90))
+    assert "stopped" in out
+    assert cluster_processes(layout) == []
+    out = ok(cdsim(cluster, "down"))
+    assert "nothing to stop" in out
+    result = cdsim(cluster, "status")
+    assert result.returncode == 1 and "cdsim up" in result.stderr
