@@ -29,7 +29,7 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
-from libs.state.store import TRANSIENT_ERRORS, Store
+from libs.state.store import Store
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
 from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
@@ -38,7 +38,7 @@ from services.nodeagent.inventory import InventorySettings, NodeInventory
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.state import DeviceState
+from services.nodeagent.state import STORE_FAILURES, DeviceState
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
@@ -48,16 +48,23 @@ _STABLE_AFTER_S = 60.0
 _DAEMON_METRICS_INTERVAL_S = 10.0
 
 
-async def _keep_running(name: str, run: Callable[[], Awaitable[object]], health: Health) -> None:
-    """Run a task that should never end; on failure log, report in health, restart with backoff."""
+async def keep_running(
+    name: str,
+    run: Callable[[], Awaitable[object]],
+    health: Health,
+    stable_after_s: float = _STABLE_AFTER_S,
+    backoff: Backoff | None = None,
+) -> None:
+    """Run a task that should never end; on failure log, report in health, restart with backoff.
+    The health problem clears once the restarted task has run ``stable_after_s``."""
     loop = asyncio.get_running_loop()
-    backoff = Backoff(initial=0.5, cap=30.0)
+    backoff = backoff or Backoff(initial=0.5, cap=30.0)
     problem = f"task:{name}"
     while True:
         started = loop.time()
         # A restarted task that runs long enough again clears its problem.
         recovered = (
-            loop.call_later(_STABLE_AFTER_S, health.clear_problem, problem)
+            loop.call_later(stable_after_s, health.clear_problem, problem)
             if problem in health.problems
             else None
         )
@@ -70,7 +77,7 @@ async def _keep_running(name: str, run: Callable[[], Awaitable[object]], health:
         finally:
             if recovered is not None:
                 recovered.cancel()
-        if loop.time() - started >= _STABLE_AFTER_S:
+        if loop.time() - started >= stable_after_s:
             backoff.reset()
         health.set_problem(problem, message)
         await asyncio.sleep(backoff.next_delay())
@@ -89,7 +96,7 @@ async def _export_daemon_metrics(store: Store, node_name: str, metrics: AgentMet
                 )
                 if status is not None:
                     metrics.daemon_restarts.labels(cd_uid=binding.value.domain_uid).set(status.value.restarts)
-        except TRANSIENT_ERRORS as exc:
+        except STORE_FAILURES as exc:
             log.debug("daemon metrics refresh failed", error=str(exc) or type(exc).__name__)
         await asyncio.sleep(_DAEMON_METRICS_INTERVAL_S)
 
@@ -138,7 +145,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
     registration: RegistrationServer | None = None
 
     def spawn(name: str, run: Callable[[], Awaitable[object]]) -> None:
-        background.append(asyncio.create_task(_keep_running(name, run, health), name=name))
+        background.append(asyncio.create_task(keep_running(name, run, health), name=name))
 
     try:
         inventory = NodeInventory(
@@ -187,13 +194,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
             claims = StoreClaimSource(store)
 
         # Serve kubelet only once the node record is in the store (joins need its clique).
-        while not stop.is_set():
-            try:
-                await inventory.wait_registered(settings.register_timeout_s)
-                break
-            except TimeoutError:
-                log.warning("node not registered in the store yet; waiting", node=node_name)
-        if stop.is_set():
+        if not await _until_registered(inventory, stop, settings.register_timeout_s):
             return
 
         kubelet_dir = settings.kubelet_path
@@ -215,11 +216,11 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         )
         _prewarm(state, hardware)
         backoff = Backoff(initial=0.2, cap=5.0)
-        while True:
+        while not stop.is_set():
             try:
                 await state.reconcile()
                 break
-            except TRANSIENT_ERRORS as exc:
+            except STORE_FAILURES as exc:
                 delay = backoff.next_delay()
                 log.warning(
                     "reconcile failed; retrying", error=str(exc) or type(exc).__name__, retry_in_s=delay
@@ -259,6 +260,25 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         await store.close()
         hardware.close()
         log.info("node agent stopped", node=node_name)
+
+
+async def _until_registered(inventory: NodeInventory, stop: asyncio.Event, warn_after_s: float) -> bool:
+    """Wait for the node record to be in the store; False if asked to stop first."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        while True:
+            registered = asyncio.create_task(inventory.wait_registered(warn_after_s))
+            await asyncio.wait({registered, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                registered.cancel()
+                return False
+            try:
+                registered.result()
+                return True
+            except TimeoutError:
+                log.warning("node not registered in the store yet; waiting", node=inventory.node_name)
+    finally:
+        stopping.cancel()
 
 
 def _host_dev_root(hardware: NodeHardware) -> Path:

@@ -57,7 +57,7 @@ DEFAULT_PREPARE_BUDGET_S = 45.0
 _INLINE_CHANNEL_CREATES = 8
 
 # Store failures after which the same call may succeed: kubelet should retry.
-_STORE_FAILURES: tuple[type[BaseException], ...] = (
+STORE_FAILURES: tuple[type[BaseException], ...] = (
     *TRANSIENT_ERRORS,
     aetcd.exceptions.ClientError,
     StoreUnavailable,
@@ -160,7 +160,7 @@ class DeviceState:
             return await self._prepare(ref, deadline)
         except ClaimError:
             raise
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
 
     async def _prepare(self, ref: ClaimRef, deadline: float) -> list[PreparedDevice]:
@@ -293,9 +293,9 @@ class DeviceState:
         self, put: asyncio.Future[int], key: str, started: pb.PreparedClaim
     ) -> None:
         """The local half of a prepare failed after its completed record was sent: say started."""
-        with contextlib.suppress(*_STORE_FAILURES):
+        with contextlib.suppress(*STORE_FAILURES):
             await put
-        with contextlib.suppress(*_STORE_FAILURES):
+        with contextlib.suppress(*STORE_FAILURES):
             await self.store.put(key, started)
 
     def _held_domain(self) -> str | None:
@@ -345,7 +345,7 @@ class DeviceState:
         base = f"IMEX daemon for domain {domain_uid} on node {node_name} not READY within {self.prepare_budget_s:g}s"
         try:
             status = await self.store.get(self.store.keys.daemon(domain_uid, node_name), pb.DaemonStatus)
-        except _STORE_FAILURES:
+        except STORE_FAILURES:
             return base
         if status is None:
             return base + " (no daemon status yet)"
@@ -409,7 +409,7 @@ class DeviceState:
             await self._unprepare(ref.uid, ref.namespace)
         except ClaimError:
             raise
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
         except OSError as exc:
             raise RetryableError(f"cannot remove CDI spec of claim {ref.uid}: {exc}") from exc
@@ -571,7 +571,7 @@ class DeviceState:
             await asyncio.sleep(interval_s)
             try:
                 await self.rejoin_lost_memberships()
-            except _STORE_FAILURES as exc:
+            except STORE_FAILURES as exc:
                 log.warning("membership check failed", error=str(exc) or type(exc).__name__)
 
 

@@ -264,3 +264,28 @@ async def test_malformed_config_and_unknown_claims_through_the_socket(sim: SimCl
     assert 'cd_nodeagent_unprepare_total{outcome="ok"} 1.0' in metrics
     assert await store.get(store.keys.member(domain.uid, agent.name), pb.Member) is None
     assert file_tree(agent.cdi_root) == {}
+
+
+async def test_graceful_stop_ends_simulated_daemons_and_restart_keeps_claims(
+    sim: SimCluster, store: Store
+) -> None:
+    (agent,) = await start_agents(sim, "rack0-tray1")
+    domain = await put_domain(store)
+    ref = await put_claim(store, agent.name, domain.uid)
+    first = await Kubelet(agent).prepare(ref, 30)
+    assert first.error == "" and len(imex_processes_of(domain.uid)) == 1
+
+    assert agent.stop() == 0, agent.log_tail()
+    # Simulated daemons are the agent's children: a graceful stop ends them too.
+    assert imex_processes_of(domain.uid) == []
+
+    agent.start()
+    await agent.wait_serving()
+    assert (await Kubelet(agent).prepare_once(ref))[ref.uid] == first  # answered from the checkpoint
+
+    async def daemon_back() -> bool:
+        status = await store.get(store.keys.daemon(domain.uid, agent.name), pb.DaemonStatus)
+        return status is not None and status.value.state == pb.DaemonState.READY
+
+    await wait_for(daemon_back, what="the held domain's daemon running again after the restart")
+    assert await check_store_invariants(store) == []
