@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,12 @@ class AgentSettings:
     health_port: int = setting(8082, "Port of the health server (0 = any free port).", validate=_port)
     log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if shown["etcd_password"]:
+            shown["etcd_password"] = "<redacted>"
+        return f"AgentSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def etcd_config(self) -> EtcdConfig:
         return EtcdConfig(

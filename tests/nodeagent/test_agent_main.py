@@ -29,7 +29,8 @@ def test_settings_defaults_flags_and_environment() -> None:
     )
     assert s.node_name == "n2" and s.prepare_budget_s == 3.0 and s.stop_daemons_on_exit
     config = s.etcd_config()
-    assert config.username == "agent" and config.password == "pw" and "pw" not in repr(config)
+    assert config.username == "agent" and config.password == "pw"
+    assert "pw" not in repr(config) and "'pw'" not in repr(s)
 
 
 def test_settings_refuse_bad_values_by_name() -> None:
