@@ -1,0 +1,559 @@
+"""The advisor's core: validate a request, decide a placement, reserve it, report capacity.
+
+`decide` is synchronous: it reads the inventory and runs a policy without
+awaiting, so in one process two decisions never interleave. `place` with
+reserve=true marks the chosen nodes as held in the inventory *before* its first
+await and writes the reservation; a conflict with another advisor (or a
+binding the watch has not delivered yet) hides the taken nodes and decides again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from libs.runtime.backoff import Backoff
+from libs.state.store import Store
+from services.advisor import policies
+from services.advisor.clique_index import CliqueFree, CliqueIndex
+from services.advisor.inventory import Inventory
+from services.advisor.metrics import AdvisorMetrics
+from services.advisor.model import (
+    SELECTOR_KEYS,
+    Decision,
+    InvalidRequest,
+    Mode,
+    PlacementRequest,
+    PolicyName,
+    Reason,
+    ReservationInfo,
+    Segment,
+)
+from services.advisor.policies import Demand, Infeasible, Plan
+from services.advisor.reservations import (
+    ReservationConflict,
+    ReservationExists,
+    Written,
+    delete_reservation,
+    write_reservation,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class ReservationContention(RuntimeError):
+    """Every attempt to reserve lost to concurrent writers."""
+
+
+class NodeUnavailable(RuntimeError):
+    """An explicitly named node cannot be reserved (unknown to the store, or unhealthy)."""
+
+
+@dataclass(frozen=True)
+class AdvisorConfig:
+    default_ttl_s: int = 60
+    max_ttl_s: int = 3600
+    holder: str = "placement-advisor"
+    reserve_attempts: int = 8
+    # How long nodes another writer took stay hidden while our watch catches up.
+    hint_seconds: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class CliqueCapacity:
+    clique_id: str
+    cluster_uuid: str
+    total_nodes: int
+    healthy_nodes: int
+    free_nodes: int
+    reserved_nodes: int
+    bound_nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    cliques: tuple[CliqueCapacity, ...]
+    total_nodes: int
+    healthy_nodes: int
+    free_nodes: int
+    reserved_nodes: int
+    bound_nodes: int
+    largest_free_block: int
+    fragmentation: float
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    segments: tuple[Segment, ...]
+    score: float
+    description: str
+    chosen: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    decision: Decision
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(slots=True)
+class _View:
+    """Policy input for one request: candidate cliques and how to name their free nodes."""
+
+    index: CliqueIndex
+    largest: int
+    names: Callable[[str], list[str]]
+    # The same cliques with unhealthy-but-untaken nodes counted as free.
+    with_sick: Callable[[], CliqueIndex]
+
+
+class Advisor:
+    def __init__(
+        self,
+        inventory: Inventory,
+        store: Store | None = None,
+        config: AdvisorConfig | None = None,
+        metrics: AdvisorMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.store = store
+        self.config = config or AdvisorConfig()
+        self.metrics = metrics or AdvisorMetrics()
+        self.rng = rng or random.Random()
+
+    # ---- validation ------------------------------------------------------------------------
+
+    def _check_ttl(self, ttl_s: int, field_name: str) -> None:
+        if ttl_s < 0 or ttl_s > self.config.max_ttl_s:
+            raise InvalidRequest(field_name, f"must be in [0, {self.config.max_ttl_s}] seconds, got {ttl_s}")
+
+    def _check_selector(self, selector: Mapping[str, str]) -> None:
+        inv = self.inventory
+        for key, value in selector.items():
+            name = f'node_selector["{key}"]'
+            if key not in SELECTOR_KEYS:
+                raise InvalidRequest(name, f"unknown key; known keys: {', '.join(SELECTOR_KEYS)}")
+            if not value:
+                raise InvalidRequest(name, "empty value")
+            if key == "clique" and value not in inv.cliques:
+                raise InvalidRequest(name, f"unknown clique {value!r}")
+            if key in ("cluster", "rack") and value not in inv.cliques_by_cluster:
+                raise InvalidRequest(name, f"unknown {key} {value!r}")
+            if key == "name" and value not in inv.nodes:
+                raise InvalidRequest(name, f"unknown node {value!r}")
+
+    def validate(self, req: PlacementRequest) -> None:
+        inv = self.inventory
+        if req.num_nodes <= 0:
+            raise InvalidRequest("num_nodes", f"must be > 0, got {req.num_nodes}")
+        if req.num_nodes > len(inv.nodes):
+            raise InvalidRequest(
+                "num_nodes", f"{req.num_nodes} is larger than the cluster ({len(inv.nodes)} nodes known)"
+            )
+        if req.gpus_per_node < 0:
+            raise InvalidRequest("gpus_per_node", f"must be >= 0, got {req.gpus_per_node}")
+        if req.gpus_per_node > inv.max_gpus():
+            raise InvalidRequest(
+                "gpus_per_node", f"{req.gpus_per_node} is more than any node has (at most {inv.max_gpus()})"
+            )
+        if req.segment_size < 0:
+            raise InvalidRequest("segment_size", f"must be >= 0, got {req.segment_size}")
+        if req.segment_size > 0:
+            if req.mode is not Mode.ALLOW_SPLIT:
+                raise InvalidRequest(
+                    "segment_size", f"only meaningful with ALLOW_SPLIT, not {req.mode.value}"
+                )
+            if req.num_nodes % req.segment_size:
+                raise InvalidRequest(
+                    "segment_size",
+                    f"num_nodes ({req.num_nodes}) must be a multiple of segment_size ({req.segment_size})",
+                )
+        self._check_selector(req.node_selector)
+        self._check_ttl(req.reservation_ttl_s, "reservation_ttl_seconds")
+        if "/" in req.domain_uid:
+            raise InvalidRequest("domain_uid", "must not contain '/'")
+        if "/" in req.reservation_id:
+            raise InvalidRequest("reservation_id", "must not contain '/'")
+
+    # ---- views ------------------------------------------------------------------------------
+
+    def _whole_view(self) -> _View:
+        inv = self.inventory
+
+        def with_sick() -> CliqueIndex:
+            return CliqueIndex.from_cliques(
+                CliqueFree(c.clique_id, len(c.free) + len(c.sick_free), len(c.nodes), c.rank)
+                for c in inv.cliques.values()
+                if c.free or c.sick_free
+            )
+
+        return _View(inv.index, inv.largest_clique(), inv.sorted_free, with_sick)
+
+    def _restricted_view(self, req: PlacementRequest) -> _View:
+        inv = self.inventory
+        sel = req.node_selector
+        ids: set[str] | None = None
+
+        def narrow(found: set[str]) -> None:
+            nonlocal ids
+            ids = set(found) if ids is None else ids & found
+
+        if "clique" in sel:
+            narrow({sel["clique"]})
+        for key in ("cluster", "rack"):
+            if key in sel:
+                narrow(inv.cliques_by_cluster.get(sel[key], set()))
+        if "name" in sel:
+            named_clique = inv.nodes[sel["name"]].clique
+            narrow({named_clique} if named_clique else set())
+        if req.candidate_nodes is not None:
+            narrow(
+                {inv.nodes[n].clique for n in req.candidate_nodes if n in inv.nodes and inv.nodes[n].clique}
+            )
+        chosen_ids = set(inv.cliques) if ids is None else ids
+
+        checks: list[Callable[[str], bool]] = []
+        if "name" in sel:
+            wanted_name = sel["name"]
+            checks.append(lambda n: n == wanted_name)
+        for key in ("driver_version", "agent_version"):
+            if key in sel:
+                checks.append(_attribute_check(inv, key, sel[key]))
+        if req.excluded_nodes:
+            excluded = req.excluded_nodes
+            checks.append(lambda n: n not in excluded)
+        if req.candidate_nodes is not None:
+            candidates = req.candidate_nodes
+            checks.append(lambda n: n in candidates)
+        if req.gpus_per_node > 0:
+            gpus = req.gpus_per_node
+            checks.append(lambda n: inv.nodes[n].healthy_gpus >= gpus)
+
+        def ok(name: str) -> bool:
+            return all(check(name) for check in checks)
+
+        cliques: list[CliqueFree] = []
+        sick: list[CliqueFree] = []
+        names: dict[str, list[str]] = {}
+        largest = 0
+        for cid in chosen_ids:
+            clique = inv.cliques.get(cid)
+            if clique is None:
+                continue
+            members = [n for n in clique.nodes if ok(n)] if checks else list(clique.nodes)
+            size = len(members)
+            largest = max(largest, size)
+            free = [n for n in members if n in clique.free]
+            sick_count = sum(1 for n in members if n in clique.sick_free)
+            if free:
+                free.sort(key=lambda n: inv.nodes[n].key)
+                names[cid] = free
+                cliques.append(CliqueFree(cid, len(free), size, clique.rank))
+            if free or sick_count:
+                sick.append(CliqueFree(cid, len(free) + sick_count, size, clique.rank))
+        sick_index = CliqueIndex.from_cliques(sick)
+        return _View(CliqueIndex.from_cliques(cliques), largest, lambda c: names[c], lambda: sick_index)
+
+    def _view(self, req: PlacementRequest) -> _View:
+        inv = self.inventory
+        restricted = (
+            bool(req.node_selector)
+            or bool(req.excluded_nodes)
+            or req.candidate_nodes is not None
+            or req.gpus_per_node > inv.min_usable_gpus()
+        )
+        return self._restricted_view(req) if restricted else self._whole_view()
+
+    # ---- deciding ---------------------------------------------------------------------------
+
+    def decide(self, req: PlacementRequest) -> Decision:
+        """Validate and decide (no writes). InvalidRequest for bad input."""
+        started = time.perf_counter()
+        try:
+            self.validate(req)
+        except InvalidRequest as exc:
+            self.metrics.invalid_requests.labels(exc.field).inc()
+            raise
+        inv = self.inventory
+        inv.expire_hints()
+        view = self._view(req)
+        rng = random.Random(req.seed) if req.seed else self.rng
+        demand = Demand(req.num_nodes, req.mode, req.segment_size)
+        outcome = policies.plan(demand, view.index, req.policy, largest_clique=view.largest, rng=rng)
+        decision = self._judge(req, demand, view, outcome)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        self.metrics.decisions.labels(
+            req.policy.value, decision.reason.value if decision.reason else "feasible"
+        ).inc()
+        return decision
+
+    def _judge(
+        self, req: PlacementRequest, demand: Demand, view: _View, outcome: Plan | Infeasible
+    ) -> Decision:
+        inv = self.inventory
+        frag_before = inv.fragmentation()
+        block_before = inv.largest_free_block()
+        if isinstance(outcome, Infeasible):
+            reason, message = outcome.reason, outcome.message
+            if reason is not Reason.NO_SINGLE_CLIQUE_FIT:
+                sick_view = view.with_sick()
+                retry = policies.plan(demand, sick_view, PolicyName.BEST_FIT, largest_clique=view.largest)
+                if isinstance(retry, Plan):
+                    sick_cliques = sorted(retry.cliques)
+                    reason = Reason.UNHEALTHY_FABRIC
+                    message = (
+                        f"{message}; it would fit if the nodes with an unhealthy fabric in "
+                        f"clique(s) {', '.join(sick_cliques[:4])} were usable"
+                    )
+            return Decision(
+                req.policy, (), 0.0, frag_before, frag_before, block_before, block_before, reason, message
+            )
+        touched = outcome.cliques
+        names = {c: view.names(c) for c in touched}
+        segments = policies.pick_nodes(outcome, names)
+        free_of = {c: len(names[c]) for c in touched}
+        min_cliques = (
+            1 if len(touched) == 1 else policies.min_cliques_needed(view.index.free_counts(), demand)
+        )
+        taken: Counter[str] = Counter()
+        for segment in segments:
+            taken[segment.clique_id] += len(segment.node_names)
+        frag_after, block_after = inv.after_taking(taken)
+        return Decision(
+            policy=req.policy,
+            segments=segments,
+            score=policies.score(outcome, free_of, min_cliques),
+            fragmentation_before=frag_before,
+            fragmentation_after=frag_after,
+            largest_free_block_before=block_before,
+            largest_free_block_after=block_after,
+        )
+
+    # ---- placing with a reservation -----------------------------------------------------------
+
+    async def place(self, req: PlacementRequest) -> Decision:
+        """Decide; with reserve=true (and not dry_run) also hold the nodes in the store."""
+        if not req.reserve or req.dry_run:
+            return self.decide(req)
+        store = self._require_store()
+        ttl = req.reservation_ttl_s or self.config.default_ttl_s
+        holder = req.holder or self.config.holder
+        backoff = Backoff(initial=0.002, cap=0.1, jitter=0.5)
+        for attempt in range(1, self.config.reserve_attempts + 1):
+            decision = self.decide(req)
+            if not decision.feasible:
+                return decision
+            nodes = decision.node_names
+            cliques = [s.clique_id for s in decision.segments for _ in s.node_names]
+            written = await self._write_held(
+                store, nodes, cliques, req.domain_uid, holder, ttl, req.reservation_id or None, attempt, True
+            )
+            if written is None:
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            return replace(decision, reservation=_info(written))
+        self.metrics.reservations.labels("contention").inc()
+        raise ReservationContention(
+            f"could not reserve {req.num_nodes} node(s): lost {self.config.reserve_attempts} races to concurrent writers"
+        )
+
+    async def _write_held(
+        self,
+        store: Store,
+        nodes: Sequence[str],
+        cliques: Sequence[str],
+        domain_uid: str,
+        holder: str,
+        ttl: int,
+        reservation_id: str | None,
+        attempt: int,
+        retry_on_conflict: bool,
+    ) -> Written | None:
+        """Hold the nodes locally, write the reservation; None after a conflict (taken nodes hidden)."""
+        inv = self.inventory
+        token = inv.hold(nodes)
+        try:
+            written = await write_reservation(store, nodes, cliques, domain_uid, holder, ttl, reservation_id)
+        except ReservationConflict as exc:
+            self.metrics.reservations.labels("conflict").inc()
+            log.info(
+                "reservation conflict; deciding again",
+                taken=len(exc.taken),
+                attempt=attempt,
+                cd_uid=domain_uid or None,
+            )
+            # Hide the taken nodes before the hold goes, so they never look free in between.
+            inv.hint_taken(exc.taken, self.config.hint_seconds)
+            inv.release_hold(token)
+            if not retry_on_conflict:
+                raise
+            return None
+        except BaseException:
+            inv.release_hold(token)
+            raise
+        # Likewise the record is applied before the hold goes.
+        inv.apply_reservation(written.record.id, written.record, written.revision)
+        inv.release_hold(token)
+        self.metrics.reservations.labels("created").inc()
+        return written
+
+    async def reserve_nodes(
+        self, nodes: Sequence[str], domain_uid: str, ttl_s: int, holder: str, reservation_id: str = ""
+    ) -> ReservationInfo:
+        """Reserve explicit nodes. InvalidRequest, NodeUnavailable, ReservationConflict or ReservationExists."""
+        inv = self.inventory
+        if not nodes:
+            raise InvalidRequest("node_names", "at least one node is needed")
+        seen: set[str] = set()
+        for i, name in enumerate(nodes):
+            if name not in inv.nodes:
+                raise InvalidRequest(f"node_names[{i}]", f"unknown node {name!r}")
+            if name in seen:
+                raise InvalidRequest(f"node_names[{i}]", f"node {name!r} named twice")
+            seen.add(name)
+        self._check_ttl(ttl_s, "ttl_seconds")
+        if "/" in reservation_id:
+            raise InvalidRequest("reservation_id", "must not contain '/'")
+        if "/" in domain_uid:
+            raise InvalidRequest("domain_uid", "must not contain '/'")
+        unusable = [n for n in nodes if not inv.nodes[n].usable]
+        if unusable:
+            raise NodeUnavailable(f"node(s) not healthy: {', '.join(unusable[:8])}")
+        taken = {n: "reserved or bound" for n in nodes if not inv.is_free(n)}
+        if taken:
+            self.metrics.reservations.labels("conflict").inc()
+            raise ReservationConflict(taken)
+        store = self._require_store()
+        ttl = ttl_s or self.config.default_ttl_s
+        try:
+            written = await self._write_held(
+                store,
+                list(nodes),
+                [inv.nodes[n].clique for n in nodes],
+                domain_uid,
+                holder or self.config.holder,
+                ttl,
+                reservation_id or None,
+                1,
+                False,
+            )
+        except ReservationExists:
+            self.metrics.reservations.labels("exists").inc()
+            raise
+        assert written is not None
+        return _info(written)
+
+    async def release(self, reservation_id: str) -> tuple[bool, list[str]]:
+        if not reservation_id or "/" in reservation_id:
+            raise InvalidRequest("reservation_id", "must be a non-empty id without '/'")
+        store = self._require_store()
+        removed = await delete_reservation(store, reservation_id)
+        if removed is None:
+            return False, []
+        self.inventory.apply_reservation(reservation_id, None, await store.revision())
+        self.metrics.reservations.labels("released").inc()
+        return True, list(removed.node_names)
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError("this advisor has no store: reservations are unavailable")
+        return self.store
+
+    # ---- capacity and explanations ---------------------------------------------------------------
+
+    def capacity(self, selector: Mapping[str, str] | None = None) -> CapacityReport:
+        inv = self.inventory
+        selector = selector or {}
+        self._check_selector(selector)
+        inv.expire_hints()
+        rows = []
+        for cid, clique in inv.cliques.items():
+            members = [
+                n for n in clique.nodes if all(inv.node_attribute(n, k) == v for k, v in selector.items())
+            ]
+            if selector and not members:
+                continue
+            rows.append(
+                CliqueCapacity(
+                    clique_id=cid,
+                    cluster_uuid=clique.cluster,
+                    total_nodes=len(members),
+                    healthy_nodes=sum(1 for n in members if inv.nodes[n].usable),
+                    free_nodes=sum(1 for n in members if n in clique.free),
+                    reserved_nodes=sum(1 for n in members if n in inv.reserved_by),
+                    bound_nodes=sum(1 for n in members if n in inv.bound),
+                )
+            )
+        rows.sort(key=lambda r: inv.cliques[r.clique_id].rank)
+        return CapacityReport(
+            cliques=tuple(rows),
+            total_nodes=sum(r.total_nodes for r in rows),
+            healthy_nodes=sum(r.healthy_nodes for r in rows),
+            free_nodes=sum(r.free_nodes for r in rows),
+            reserved_nodes=sum(r.reserved_nodes for r in rows),
+            bound_nodes=sum(r.bound_nodes for r in rows),
+            largest_free_block=max((r.free_nodes for r in rows), default=0),
+            fragmentation=policies.fragmentation_of((r.free_nodes, r.total_nodes) for r in rows),
+            generation=inv.generation,
+        )
+
+    def explain(self, req: PlacementRequest, limit: int = 5) -> Explanation:
+        decision = self.decide(req)
+        view = self._view(req)
+        demand = Demand(req.num_nodes, req.mode, req.segment_size)
+        free_of = {c.clique_id: c.free for c in view.index.entries.values()}
+        min_cliques = policies.min_cliques_needed(free_of.values(), demand)
+        chosen_key = tuple((s.clique_id, len(s.node_names)) for s in decision.segments)
+        found: dict[tuple[tuple[str, int], ...], Alternative] = {}
+
+        def add(outcome: Plan, description: str) -> None:
+            if outcome.parts in found:
+                return
+            segments = policies.pick_nodes(outcome, {c: view.names(c) for c in outcome.cliques})
+            found[outcome.parts] = Alternative(
+                segments=segments,
+                score=policies.score(outcome, free_of, min_cliques),
+                description=description,
+                chosen=outcome.parts == chosen_key,
+            )
+
+        if decision.feasible:
+            add(Plan(chosen_key), f"chosen by {req.policy.value}")
+        for policy in PolicyName:
+            outcome = policies.plan(
+                demand, view.index, policy, largest_clique=view.largest, rng=random.Random(req.seed or 1)
+            )
+            if isinstance(outcome, Plan):
+                add(outcome, f"what {policy.value} would choose")
+        for outcome, _ in policies.single_clique_candidates(demand, view.index, limit):
+            add(outcome, f"single clique {outcome.parts[0][0]}")
+        ranked = sorted(found.values(), key=lambda a: (not a.chosen, -a.score))
+        return Explanation(decision, tuple(ranked[: max(limit, 1)]))
+
+
+def _attribute_check(inv: Inventory, key: str, value: str) -> Callable[[str], bool]:
+    def check(name: str) -> bool:
+        return inv.node_attribute(name, key) == value
+
+    return check
+
+
+def _info(written: Written) -> ReservationInfo:
+    record = written.record
+    return ReservationInfo(
+        id=record.id,
+        node_names=tuple(record.node_names),
+        clique_ids=tuple(dict.fromkeys(record.clique_ids)),
+        domain_uid=record.domain_uid,
+        holder=record.holder,
+        ttl_s=int(record.ttl_seconds),
+        expires_unix_ms=record.created_unix_ms + int(record.ttl_seconds) * 1000,
+    )

@@ -1,0 +1,190 @@
+"""Keeping the pods of one ComputeDomain inside the NVLink clique chosen for it (extender logic).
+
+The first pod of a domain that reaches the scheduler reserves nodes for the
+whole domain: spec.numNodes if set, else the size hint annotation of the pod,
+else one node at a time (in the clique with the most room, so the domain can
+grow there). Later pods of the domain may only go to nodes reserved for or
+bound to it; when none of those is left among the scheduler's candidates, one
+more node is reserved in the domain's clique(s). Reservations use fixed ids
+(`cd-<uid>-<n>`), so two advisor replicas cannot both make the first one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+import structlog
+
+from services.advisor.advisor import Advisor, ReservationContention
+from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName
+from services.advisor.reservations import ReservationExists
+
+log = structlog.get_logger(__name__)
+
+SIZE_ANNOTATION = "resource.nvidia.com/computeDomainSize"
+MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """Where a pod of the domain may go; `message` explains the others."""
+
+    allowed: frozenset[str]
+    cliques: tuple[str, ...]
+    message: str
+    # True when more capacity (or preemption) could change the answer.
+    resolvable: bool = True
+
+
+def reservation_id(domain_uid: str, sequence: int) -> str:
+    return f"cd-{domain_uid}-{sequence}"
+
+
+def next_sequence(domain_uid: str, existing_ids: Iterable[str]) -> int:
+    pattern = re.compile(rf"cd-{re.escape(domain_uid)}-(\d+)")
+    numbers = [int(m.group(1)) for rid in existing_ids if (m := pattern.fullmatch(rid))]
+    return max(numbers, default=-1) + 1
+
+
+class DomainPlacer:
+    def __init__(self, advisor: Advisor, ttl_s: int = 300, holder: str = "kube-scheduler-extender") -> None:
+        self.advisor = advisor
+        self.ttl_s = ttl_s
+        self.holder = holder
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, domain_uid: str) -> asyncio.Lock:
+        lock = self._locks.get(domain_uid)
+        if lock is None:
+            if len(self._locks) > 10_000:
+                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+            lock = self._locks[domain_uid] = asyncio.Lock()
+        return lock
+
+    def _cliques_of(self, nodes: Iterable[str]) -> tuple[str, ...]:
+        inv = self.advisor.inventory
+        found = {inv.nodes[n].clique for n in nodes if n in inv.nodes and inv.nodes[n].clique}
+        return tuple(sorted(found))
+
+    async def allowed_nodes(
+        self, domain_uid: str, size: int | None, candidates: Collection[str]
+    ) -> Allowance:
+        """The candidates a pod of the domain may use, reserving for the domain when needed."""
+        async with self._lock(domain_uid):
+            for _ in range(3):
+                try:
+                    return await self._allowed_nodes(domain_uid, size, candidates)
+                except ReservationExists as exc:
+                    # Another advisor replica made this reservation just now: wait for our watch to show it.
+                    await self._wait_for_reservation(exc.reservation_id)
+            return Allowance(frozenset(), (), f"ComputeDomain {domain_uid}: reservation keeps racing; retry")
+
+    async def _wait_for_reservation(self, rid: str) -> None:
+        inv = self.advisor.inventory
+
+        def seen() -> bool:
+            return rid in inv.reservations
+
+        await inv.wait_for(seen, 2.0)
+
+    async def _allowed_nodes(
+        self, domain_uid: str, size: int | None, candidates: Collection[str]
+    ) -> Allowance:
+        inv = self.advisor.inventory
+        candidate_set = frozenset(candidates)
+        held = inv.domain_nodes(domain_uid)
+        cliques = self._cliques_of(held)
+        usable = held & candidate_set
+        if usable:
+            return Allowance(frozenset(usable), cliques, self._outside_message(domain_uid, cliques), False)
+        sequence = next_sequence(domain_uid, (r.id for r in inv.domain_reservations(domain_uid)))
+        if not held:
+            wanted = size or 1
+            request = PlacementRequest(
+                num_nodes=wanted,
+                mode=Mode.REQUIRE_SINGLE_CLIQUE
+                if wanted <= inv.largest_clique()
+                else Mode.PREFER_SINGLE_CLIQUE,
+                candidate_nodes=candidate_set,
+                # Unknown size: start where the domain has the most room to grow.
+                policy=PolicyName.BEST_FIT if size else PolicyName.SPREAD,
+                domain_uid=domain_uid,
+                reserve=True,
+                reservation_ttl_s=self.ttl_s,
+                holder=self.holder,
+                reservation_id=reservation_id(domain_uid, sequence),
+            )
+            what = f"{wanted} node(s) for ComputeDomain {domain_uid}"
+        else:
+            in_cliques = frozenset(
+                n for n in candidate_set if n in inv.nodes and inv.nodes[n].clique in cliques
+            )
+            if not in_cliques:
+                return Allowance(
+                    frozenset(),
+                    cliques,
+                    f"ComputeDomain {domain_uid} lives in clique(s) {', '.join(cliques)}, "
+                    f"and none of their nodes is available to this pod",
+                )
+            request = PlacementRequest(
+                num_nodes=1,
+                mode=Mode.REQUIRE_SINGLE_CLIQUE,
+                candidate_nodes=in_cliques,
+                domain_uid=domain_uid,
+                reserve=True,
+                reservation_ttl_s=self.ttl_s,
+                holder=self.holder,
+                reservation_id=reservation_id(domain_uid, sequence),
+            )
+            what = f"one more node for ComputeDomain {domain_uid} in clique(s) {', '.join(cliques)}"
+        try:
+            decision = await self.advisor.place(request)
+        except InvalidRequest as exc:
+            return Allowance(frozenset(), cliques, f"cannot place {what}: {exc}", resolvable=False)
+        except ReservationContention as exc:
+            return Allowance(frozenset(), cliques, f"cannot place {what}: {exc}")
+        if not decision.feasible:
+            reason = decision.reason.value if decision.reason else "?"
+            return Allowance(frozenset(), cliques, f"cannot place {what}: {reason}: {decision.message}")
+        reserved = frozenset(decision.node_names)
+        new_cliques = self._cliques_of(held | reserved)
+        log.info(
+            "reserved for domain",
+            cd_uid=domain_uid,
+            nodes=len(reserved),
+            clique=",".join(new_cliques),
+            reservation=decision.reservation.id if decision.reservation else None,
+        )
+        return Allowance(
+            reserved & candidate_set, new_cliques, self._outside_message(domain_uid, new_cliques), False
+        )
+
+    @staticmethod
+    def _outside_message(domain_uid: str, cliques: tuple[str, ...]) -> str:
+        return (
+            f"not among the nodes reserved for ComputeDomain {domain_uid} in clique(s) {', '.join(cliques)}"
+        )
+
+    def scores(self, domain_uid: str, size: int | None, candidates: Collection[str]) -> dict[str, int]:
+        """0..10 per candidate: held by the domain 10, same clique 5; else the clique's best-fit score."""
+        inv = self.advisor.inventory
+        held = inv.domain_nodes(domain_uid)
+        cliques = set(self._cliques_of(held))
+        out: dict[str, int] = {}
+        wanted = size or 1
+        for name in candidates:
+            entry = inv.nodes.get(name)
+            if name in held:
+                out[name] = MAX_PRIORITY
+            elif entry is None or not entry.clique:
+                out[name] = 0
+            elif cliques:
+                out[name] = MAX_PRIORITY // 2 if entry.clique in cliques else 0
+            else:
+                free = len(inv.cliques[entry.clique].free)
+                # The same fill ratio the best-fit score uses: tight fits first.
+                out[name] = round(MAX_PRIORITY * wanted / free) if free >= wanted else 0
+        return out

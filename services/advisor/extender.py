@@ -1,0 +1,291 @@
+"""kube-scheduler extender endpoint (HTTP JSON): `filter` and `prioritize` verbs.
+
+Wire format is k8s.io/kube-scheduler/extender/v1: the Go structs have no JSON
+tags, so kube-scheduler sends and expects the Go field names:
+  ExtenderArgs          {"Pod": <v1.Pod>, "Nodes": <v1.NodeList>|null, "NodeNames": [..]|null}
+  ExtenderFilterResult  {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+  HostPriorityList      [{"Host": <node>, "Score": <0..10>}]
+With nodeCacheCapable=true kube-scheduler sends NodeNames and reads NodeNames;
+otherwise it sends whole Node objects in Nodes and reads Nodes. Go's decoder
+matches keys case-insensitively, so we accept any case on input too.
+
+A pod is ours when one of its spec.resourceClaims names a ResourceClaimTemplate
+that belongs to a ComputeDomain; its nodes are narrowed to the domain's clique
+(see domain_placement). Every other pod passes through untouched. A malformed
+request is HTTP 400 with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
+from services.advisor.domain_sources import DomainSizeSource, TemplateDomainSource
+from services.advisor.metrics import AdvisorMetrics
+
+log = structlog.get_logger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class BadRequest(ValueError):
+    """The request body does not have the shape kube-scheduler sends; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    # Exactly one of these is set, as kube-scheduler sends it.
+    nodes: list[Mapping[str, Any]] | None
+    node_names: list[str] | None
+
+    @property
+    def candidate_names(self) -> list[str]:
+        if self.node_names is not None:
+            return self.node_names
+        assert self.nodes is not None
+        return [n["metadata"]["name"] for n in self.nodes]
+
+
+def _get(obj: Mapping[str, Any], name: str) -> Any:
+    """A field the way Go's encoding/json finds it: exact key first, then case-insensitive."""
+    if name in obj:
+        return obj[name]
+    lowered = name.lower()
+    for key, value in obj.items():
+        if isinstance(key, str) and key.lower() == lowered:
+            return value
+    return None
+
+
+def parse_args(body: bytes) -> ExtenderArgs:
+    """ExtenderArgs from a request body; BadRequest naming the field otherwise."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"request body must be a JSON object (ExtenderArgs), got {type(data).__name__}")
+    pod = _get(data, "Pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("Pod: missing or not an object")
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        raise BadRequest("Pod.metadata: missing or not an object")
+    for key in ("name", "namespace"):
+        if not isinstance(metadata.get(key, ""), str):
+            raise BadRequest(f"Pod.metadata.{key}: not a string")
+    annotations = metadata.get("annotations")
+    if annotations is not None and not isinstance(annotations, dict):
+        raise BadRequest("Pod.metadata.annotations: not an object")
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise BadRequest("Pod.spec: not an object")
+    claims = (spec or {}).get("resourceClaims")
+    if claims is not None:
+        if not isinstance(claims, list):
+            raise BadRequest("Pod.spec.resourceClaims: not a list")
+        for i, claim in enumerate(claims):
+            if not isinstance(claim, dict):
+                raise BadRequest(f"Pod.spec.resourceClaims[{i}]: not an object")
+
+    node_names = _get(data, "NodeNames")
+    nodes_obj = _get(data, "Nodes")
+    if node_names is not None:
+        if not isinstance(node_names, list):
+            raise BadRequest("NodeNames: not a list")
+        for i, name in enumerate(node_names):
+            if not isinstance(name, str) or not name:
+                raise BadRequest(f"NodeNames[{i}]: not a non-empty string")
+        return ExtenderArgs(pod, None, node_names)
+    if nodes_obj is None:
+        raise BadRequest("NodeNames / Nodes: one of them must be given")
+    if not isinstance(nodes_obj, dict):
+        raise BadRequest("Nodes: not an object (v1.NodeList)")
+    items = nodes_obj.get("items")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadRequest("Nodes.items: not a list")
+    for i, node in enumerate(items):
+        name = node.get("metadata", {}).get("name") if isinstance(node, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"Nodes.items[{i}].metadata.name: missing or not a string")
+    return ExtenderArgs(pod, items, None)
+
+
+def claim_template_names(pod: Mapping[str, Any]) -> list[str]:
+    """ResourceClaimTemplate names in pod.spec.resourceClaims (also the pre-1.31 `source` form)."""
+    names = []
+    for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = claim.get("resourceClaimTemplateName")
+        if not name and isinstance(claim.get("source"), dict):
+            name = claim["source"].get("resourceClaimTemplateName")
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def size_hint(pod: Mapping[str, Any]) -> int | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(SIZE_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        size = int(str(raw).strip())
+    except ValueError:
+        raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: not an integer: {raw!r}") from None
+    if size <= 0:
+        raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: must be > 0, got {size}")
+    return size
+
+
+def filter_result(
+    args: ExtenderArgs,
+    allowed: set[str] | frozenset[str] | None,
+    failed: Mapping[str, str] | None = None,
+    unresolvable: Mapping[str, str] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """An ExtenderFilterResult in the form the request came in (Nodes or NodeNames)."""
+    names = args.candidate_names
+    keep = names if allowed is None else [n for n in names if n in allowed]
+    result: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": dict(failed or {}),
+        "FailedAndUnresolvableNodes": dict(unresolvable or {}),
+        "Error": error,
+    }
+    if args.node_names is not None:
+        result["NodeNames"] = keep
+    else:
+        assert args.nodes is not None
+        kept = set(keep)
+        result["Nodes"] = {
+            "metadata": {},
+            "items": [n for n in args.nodes if n["metadata"]["name"] in kept],
+        }
+    return result
+
+
+class Extender:
+    """The verbs, independent of HTTP: pod in, filter result / priorities out."""
+
+    def __init__(
+        self,
+        placer: DomainPlacer,
+        templates: TemplateDomainSource,
+        sizes: DomainSizeSource,
+        metrics: AdvisorMetrics | None = None,
+    ) -> None:
+        self.placer = placer
+        self.templates = templates
+        self.sizes = sizes
+        self.metrics = metrics or placer.advisor.metrics
+
+    async def domain_of(self, pod: Mapping[str, Any]) -> str | None:
+        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        for template in claim_template_names(pod):
+            uid = await self.templates.domain_of_template(namespace, template)
+            if uid:
+                return uid
+        return None
+
+    async def _size(self, domain_uid: str, pod: Mapping[str, Any]) -> int | None:
+        hint = size_hint(pod)  # validated even when spec.numNodes wins
+        return await self.sizes.num_nodes(domain_uid) or hint
+
+    async def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        domain_uid = await self.domain_of(args.pod)
+        if domain_uid is None:
+            self.metrics.extender_requests.labels("filter", "passthrough").inc()
+            return filter_result(args, None)
+        if not self.placer.advisor.inventory.ready:
+            self.metrics.extender_requests.labels("filter", "error").inc()
+            return filter_result(args, set(), error="placement advisor inventory not synced yet")
+        size = await self._size(domain_uid, args.pod)
+        candidates = args.candidate_names
+        allowance = await self.placer.allowed_nodes(domain_uid, size, candidates)
+        rejected = {n: allowance.message for n in candidates if n not in allowance.allowed}
+        self.metrics.extender_requests.labels("filter", "ours").inc()
+        pod_meta = args.pod.get("metadata") or {}
+        log.info(
+            "filtered nodes for domain pod",
+            cd_uid=domain_uid,
+            namespace=pod_meta.get("namespace"),
+            pod=pod_meta.get("name"),
+            candidates=len(candidates),
+            allowed=len(allowance.allowed),
+            clique=",".join(allowance.cliques),
+        )
+        if allowance.resolvable:
+            return filter_result(args, allowance.allowed, failed=rejected)
+        return filter_result(args, allowance.allowed, unresolvable=rejected)
+
+    async def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        candidates = args.candidate_names
+        domain_uid = await self.domain_of(args.pod)
+        if domain_uid is None:
+            self.metrics.extender_requests.labels("prioritize", "passthrough").inc()
+            return [{"Host": n, "Score": 0} for n in candidates]
+        size = await self._size(domain_uid, args.pod)
+        scores = self.placer.scores(domain_uid, size, candidates)
+        self.metrics.extender_requests.labels("prioritize", "ours").inc()
+        return [{"Host": n, "Score": scores.get(n, 0)} for n in candidates]
+
+
+def _join(prefix: str, verb: str) -> str:
+    return "/" + "/".join(p for p in (prefix.strip("/"), verb.strip("/")) if p)
+
+
+def build_extender_app(
+    extender: Extender, prefix: str = "/", filter_verb: str = "filter", prioritize_verb: str = "prioritize"
+) -> web.Application:
+    """aiohttp app serving POST <prefix>/<filter_verb> and POST <prefix>/<prioritize_verb>."""
+
+    async def read_args(request: web.Request, verb: str) -> ExtenderArgs:
+        body = await request.read()
+        try:
+            return parse_args(body)
+        except BadRequest as exc:
+            extender.metrics.extender_requests.labels(verb, "bad_request").inc()
+            log.warning("bad extender request", verb=verb, error=str(exc))
+            raise web.HTTPBadRequest(text=str(exc)) from None
+
+    async def handle_filter(request: web.Request) -> web.Response:
+        args = await read_args(request, "filter")
+        try:
+            result = await extender.filter(args)
+        except BadRequest as exc:
+            extender.metrics.extender_requests.labels("filter", "bad_request").inc()
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        except Exception as exc:
+            extender.metrics.extender_requests.labels("filter", "error").inc()
+            log.exception("extender filter failed")
+            result = filter_result(args, set(), error=f"placement advisor: {type(exc).__name__}: {exc}")
+        return web.json_response(result)
+
+    async def handle_prioritize(request: web.Request) -> web.Response:
+        args = await read_args(request, "prioritize")
+        try:
+            priorities = await extender.prioritize(args)
+        except BadRequest as exc:
+            extender.metrics.extender_requests.labels("prioritize", "bad_request").inc()
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        except Exception:
+            # kube-scheduler cannot do anything with a failed priority: neutral scores keep it going.
+            extender.metrics.extender_requests.labels("prioritize", "error").inc()
+            log.exception("extender prioritize failed")
+            priorities = [{"Host": n, "Score": 0} for n in args.candidate_names]
+        return web.json_response(priorities)
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post(_join(prefix, filter_verb), handle_filter)
+    app.router.add_post(_join(prefix, prioritize_verb), handle_prioritize)
+    return app

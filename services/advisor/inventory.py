@@ -1,0 +1,580 @@
+"""The advisor's in-memory index of nodes, bindings and reservations, fed by store watches.
+
+Per clique it keeps the set of free nodes (usable, neither bound to a domain nor
+reserved nor held by an in-flight reservation), so a decision reads counts
+instead of scanning 10,000 nodes. Fragmentation sums and a histogram of free
+counts per clique are kept incrementally for the same reason.
+
+Sources (each a resumable prefix watch that starts with a full listing):
+- nodes/<name>         Node records on node-agent leases: clique, health, GPUs
+- nodebindings/<name>  NodeBinding: the node is in a domain (the one-domain guard)
+- reservations/<id>    Reservation records on TTL leases (ours and other advisors')
+
+A node is usable when its record says HEALTHY, it has a clique and every GPU has
+completed fabric registration and is not degraded/unhealthy (with
+`healthy_only=False`, DEGRADED nodes are usable too). Usable-but-taken and
+unusable-but-untaken nodes are tracked as well: the latter tell "it would fit if
+the fabric were healthy" (UNHEALTHY_FABRIC) from "it does not fit".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.keys import Keys
+from libs.state.store import Store, Versioned
+from libs.state.watch import Resync, WatchEvent, watch_prefix
+from services.advisor.clique_index import CliqueFree, CliqueIndex
+from services.advisor.model import natural_key
+from services.advisor.policies import fragmentation, fragmentation_terms
+
+log = structlog.get_logger(__name__)
+
+_BAD_GPU_HEALTH = (pb.Health.DEGRADED, pb.Health.UNHEALTHY)
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    name: str
+    clique: str
+    cluster: str
+    usable: bool
+    # Has a clique but fails the health check (counts for UNHEALTHY_FABRIC).
+    sick: bool
+    healthy_gpus: int
+    record: pb.Node
+    key: tuple[object, ...]
+
+
+@dataclass(slots=True)
+class CliqueEntry:
+    clique_id: str
+    cluster: str
+    nodes: set[str] = field(default_factory=set)
+    free: set[str] = field(default_factory=set)
+    sick_free: set[str] = field(default_factory=set)
+    rank: tuple[object, ...] = ()
+    # Last fragmentation terms added to the inventory's sums for this clique.
+    terms: tuple[int, float] = (0, 0.0)
+
+
+def judge_node(record: pb.Node, healthy_only: bool = True) -> tuple[bool, bool, int]:
+    """(usable, sick, healthy GPU count) of a node record."""
+    gpus_ok = [
+        g
+        for g in record.gpus
+        if g.fabric_state == pb.FabricState.COMPLETED and g.health not in _BAD_GPU_HEALTH
+    ]
+    node_ok = record.health == pb.Health.HEALTHY or (not healthy_only and record.health == pb.Health.DEGRADED)
+    all_gpus_ok = len(gpus_ok) == len(record.gpus)
+    usable = bool(record.clique_id) and node_ok and all_gpus_ok
+    sick = bool(record.clique_id) and not usable
+    return usable, sick, len(gpus_ok)
+
+
+class Inventory:
+    """In-memory index; mutate through `apply_*` / `resync_*` (the store feed does), read anywhere."""
+
+    def __init__(self, healthy_only: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.healthy_only = healthy_only
+        self.clock = clock
+        self.nodes: dict[str, NodeEntry] = {}
+        self.cliques: dict[str, CliqueEntry] = {}
+        self.cliques_by_cluster: dict[str, set[str]] = {}
+        # node -> domain uid it is bound to
+        self.bound: dict[str, str] = {}
+        self.bound_by_domain: dict[str, set[str]] = {}
+        # reservation id -> record; node -> reservation id
+        self.reservations: dict[str, pb.Reservation] = {}
+        self.reserved_by: dict[str, str] = {}
+        self.reservations_by_domain: dict[str, set[str]] = {}
+        self._reservation_rev: dict[str, int] = {}
+        self._reservation_tombstones: dict[str, int] = {}
+        # In-flight reservations of this process: node -> hold token.
+        self._holds: dict[str, int] = {}
+        self._hold_nodes: dict[int, list[str]] = {}
+        self._next_token = 1
+        # Nodes another writer took that our watch has not shown yet: node -> expiry.
+        self._hints: dict[str, float] = {}
+        self._hint_heap: list[tuple[float, str]] = []
+        # Free capacity per clique as policy input, kept current.
+        self.index = CliqueIndex()
+        self._free_histogram: Counter[int] = Counter()
+        self._sum_free = 0
+        self._sum_sq = 0.0
+        self._usable_gpus: Counter[int] = Counter()
+        self._gpu_counts: Counter[int] = Counter()
+        self._largest_clique_cache: int | None = None
+        self.generation = 0
+        self.reservation_watch_revision = 0
+        self._changed = asyncio.Event()
+        self._waiting = False
+        self.synced: set[str] = set()
+
+    # ---- change notification ---------------------------------------------------------
+
+    def _bump(self) -> None:
+        self.generation += 1
+        if self._waiting:
+            event, self._changed = self._changed, asyncio.Event()
+            self._waiting = False
+            event.set()
+
+    async def wait_changed(self, since_generation: int, within_s: float | None = None) -> bool:
+        """Wait until the generation moves past `since_generation`; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = None if within_s is None else loop.time() + within_s
+        while self.generation <= since_generation:
+            self._waiting = True
+            event = self._changed
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return self.generation > since_generation
+        return True
+
+    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> bool:
+        """Wait until `predicate()` holds (re-checked after every change); False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while not predicate():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await self.wait_changed(self.generation, remaining)
+        return True
+
+    # ---- availability bookkeeping ----------------------------------------------------
+
+    def _available(self, name: str) -> bool:
+        return (
+            name not in self.bound
+            and name not in self.reserved_by
+            and name not in self._holds
+            and name not in self._hints
+        )
+
+    def _refresh(self, name: str) -> None:
+        entry = self.nodes.get(name)
+        if entry is None:
+            return
+        clique = self.cliques.get(entry.clique)
+        if clique is None:
+            return
+        available = self._available(name)
+        if entry.usable and available:
+            clique.free.add(name)
+        else:
+            clique.free.discard(name)
+        if entry.sick and available:
+            clique.sick_free.add(name)
+        else:
+            clique.sick_free.discard(name)
+        self._retally(clique)
+
+    def _retally(self, clique: CliqueEntry) -> None:
+        old_free, old_sq = clique.terms
+        free = len(clique.free)
+        new = fragmentation_terms(free, len(clique.nodes))
+        if new != clique.terms:
+            self._sum_free += new[0] - old_free
+            self._sum_sq += new[1] - old_sq
+            clique.terms = new
+        if old_free != free:
+            if old_free:
+                self._free_histogram[old_free] -= 1
+                if self._free_histogram[old_free] <= 0:
+                    del self._free_histogram[old_free]
+            if free:
+                self._free_histogram[free] += 1
+        current = self.index.entries.get(clique.clique_id)
+        if free == 0:
+            self.index.remove(clique.clique_id)
+        elif (
+            current is None
+            or current.free != free
+            or current.size != len(clique.nodes)
+            or current.rank != clique.rank
+        ):
+            self.index.put(CliqueFree(clique.clique_id, free, len(clique.nodes), clique.rank))
+
+    # ---- nodes -------------------------------------------------------------------------
+
+    def _remove_node(self, name: str) -> None:
+        entry = self.nodes.pop(name, None)
+        if entry is None:
+            return
+        self._gpu_counts[len(entry.record.gpus)] -= 1
+        if self._gpu_counts[len(entry.record.gpus)] <= 0:
+            del self._gpu_counts[len(entry.record.gpus)]
+        if entry.usable:
+            self._usable_gpus[entry.healthy_gpus] -= 1
+            if self._usable_gpus[entry.healthy_gpus] <= 0:
+                del self._usable_gpus[entry.healthy_gpus]
+        clique = self.cliques.get(entry.clique)
+        if clique is None:
+            return
+        clique.nodes.discard(name)
+        clique.free.discard(name)
+        clique.sick_free.discard(name)
+        self._largest_clique_cache = None
+        if not clique.nodes:
+            self._retally(clique)
+            del self.cliques[entry.clique]
+            members = self.cliques_by_cluster.get(clique.cluster)
+            if members is not None:
+                members.discard(entry.clique)
+                if not members:
+                    del self.cliques_by_cluster[clique.cluster]
+            self.index.remove(entry.clique)
+        else:
+            clique.rank = min((self.nodes[n].key for n in clique.nodes), default=())
+            self._retally(clique)
+
+    def apply_node(self, name: str, record: pb.Node | None) -> None:
+        """A node record appeared, changed (None: vanished, e.g. its agent's lease expired)."""
+        if record is None:
+            if name in self.nodes:
+                self._remove_node(name)
+                self._bump()
+            return
+        old = self.nodes.get(name)
+        usable, sick, healthy_gpus = judge_node(record, self.healthy_only)
+        if (
+            old is not None
+            and len(old.record.gpus) == len(record.gpus)
+            and old.clique == record.clique_id
+            and old.usable == usable
+            and old.sick == sick
+            and old.healthy_gpus == healthy_gpus
+        ):
+            old.record = record
+            return
+        if old is not None:
+            self._remove_node(name)
+        entry = NodeEntry(
+            name=name,
+            clique=record.clique_id,
+            cluster=record.cluster_uuid,
+            usable=usable,
+            sick=sick,
+            healthy_gpus=healthy_gpus,
+            record=record,
+            key=natural_key(name),
+        )
+        self.nodes[name] = entry
+        self._gpu_counts[len(record.gpus)] += 1
+        if usable:
+            self._usable_gpus[healthy_gpus] += 1
+        if entry.clique:
+            clique = self.cliques.get(entry.clique)
+            if clique is None:
+                clique = CliqueEntry(entry.clique, entry.cluster, rank=entry.key)
+                self.cliques[entry.clique] = clique
+                self.cliques_by_cluster.setdefault(entry.cluster, set()).add(entry.clique)
+            clique.nodes.add(name)
+            if entry.key < clique.rank:
+                clique.rank = entry.key
+            self._largest_clique_cache = None
+            self._refresh(name)
+        self._bump()
+
+    def resync_nodes(self, items: Iterable[tuple[str, pb.Node]]) -> None:
+        fresh = dict(items)
+        for name in [n for n in self.nodes if n not in fresh]:
+            self._remove_node(name)
+        for name, record in fresh.items():
+            self.apply_node(name, record)
+        self._bump()
+
+    # ---- bindings ----------------------------------------------------------------------
+
+    def apply_binding(self, node: str, domain_uid: str | None) -> None:
+        old = self.bound.get(node)
+        if old == domain_uid:
+            return
+        if old is not None:
+            members = self.bound_by_domain.get(old)
+            if members is not None:
+                members.discard(node)
+                if not members:
+                    del self.bound_by_domain[old]
+            del self.bound[node]
+        if domain_uid is not None:
+            self.bound[node] = domain_uid
+            self.bound_by_domain.setdefault(domain_uid, set()).add(node)
+            self._drop_hint(node)
+        self._refresh(node)
+        self._bump()
+
+    def resync_bindings(self, items: Iterable[tuple[str, str]]) -> None:
+        fresh = dict(items)
+        for node in [n for n in self.bound if n not in fresh]:
+            self.apply_binding(node, None)
+        for node, uid in fresh.items():
+            self.apply_binding(node, uid)
+        self._bump()
+
+    # ---- reservations ------------------------------------------------------------------
+
+    def apply_reservation(self, reservation_id: str, record: pb.Reservation | None, revision: int) -> None:
+        """A reservation appeared or vanished at `revision`; older news than what we hold is ignored.
+
+        The advisor applies its own reservations right after the write succeeds,
+        before the watch reports them; the revision check keeps a late watch event
+        about an earlier reservation of the same id from undoing that.
+        """
+        known = max(
+            self._reservation_rev.get(reservation_id, 0), self._reservation_tombstones.get(reservation_id, 0)
+        )
+        if revision and revision < known:
+            return
+        old = self.reservations.pop(reservation_id, None)
+        touched: set[str] = set()
+        if old is not None:
+            for node in old.node_names:
+                if self.reserved_by.get(node) == reservation_id:
+                    del self.reserved_by[node]
+                    touched.add(node)
+            ids = self.reservations_by_domain.get(old.domain_uid)
+            if ids is not None:
+                ids.discard(reservation_id)
+                if not ids:
+                    del self.reservations_by_domain[old.domain_uid]
+        if record is None:
+            self._reservation_rev.pop(reservation_id, None)
+            self._reservation_tombstones[reservation_id] = revision
+        else:
+            self.reservations[reservation_id] = record
+            self._reservation_rev[reservation_id] = revision
+            self._reservation_tombstones.pop(reservation_id, None)
+            for node in record.node_names:
+                self.reserved_by[node] = reservation_id
+                self._drop_hint(node)
+                touched.add(node)
+            self.reservations_by_domain.setdefault(record.domain_uid, set()).add(reservation_id)
+        for node in touched:
+            self._refresh(node)
+        if old is not None or record is not None:
+            self._bump()
+
+    def resync_reservations(self, items: Iterable[tuple[str, pb.Reservation, int]], revision: int) -> None:
+        fresh = {rid: (record, rev) for rid, record, rev in items}
+        for rid in [r for r in self.reservations if r not in fresh]:
+            if self._reservation_rev.get(rid, 0) <= revision:
+                self.apply_reservation(rid, None, revision)
+        for rid, (record, rev) in fresh.items():
+            self.apply_reservation(rid, record, rev)
+        self._prune_tombstones(revision)
+        self._bump()
+
+    def _prune_tombstones(self, watch_revision: int) -> None:
+        """Tombstones only guard against a watch that lags behind a local apply."""
+        self.reservation_watch_revision = max(self.reservation_watch_revision, watch_revision)
+        stale = [
+            rid for rid, rev in self._reservation_tombstones.items() if rev <= self.reservation_watch_revision
+        ]
+        for rid in stale:
+            del self._reservation_tombstones[rid]
+
+    # ---- local holds and hints -----------------------------------------------------------
+
+    def hold(self, nodes: Iterable[str]) -> int:
+        """Take nodes out of the free sets while this process writes their reservation."""
+        token = self._next_token
+        self._next_token += 1
+        names = list(nodes)
+        self._hold_nodes[token] = names
+        for name in names:
+            self._holds[name] = token
+            self._refresh(name)
+        self._bump()
+        return token
+
+    def release_hold(self, token: int) -> None:
+        for name in self._hold_nodes.pop(token, []):
+            if self._holds.get(name) == token:
+                del self._holds[name]
+                self._refresh(name)
+        self._bump()
+
+    def hint_taken(self, nodes: Iterable[str], seconds: float) -> None:
+        """Another writer took these nodes; hide them until our watch shows it (or `seconds` pass)."""
+        expiry = self.clock() + seconds
+        for name in nodes:
+            self._hints[name] = expiry
+            heapq.heappush(self._hint_heap, (expiry, name))
+            self._refresh(name)
+        self._bump()
+
+    def _drop_hint(self, name: str) -> None:
+        self._hints.pop(name, None)
+
+    def expire_hints(self) -> None:
+        if not self._hint_heap:
+            return
+        now = self.clock()
+        changed = False
+        while self._hint_heap and self._hint_heap[0][0] <= now:
+            expiry, name = heapq.heappop(self._hint_heap)
+            if self._hints.get(name) == expiry:
+                del self._hints[name]
+                self._refresh(name)
+                changed = True
+        if changed:
+            self._bump()
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def largest_clique(self) -> int:
+        if self._largest_clique_cache is None:
+            self._largest_clique_cache = max((len(c.nodes) for c in self.cliques.values()), default=0)
+        return self._largest_clique_cache
+
+    def largest_free_block(self) -> int:
+        return max(self._free_histogram, default=0)
+
+    def fragmentation(self) -> float:
+        return fragmentation(self._sum_free, self._sum_sq)
+
+    def after_taking(self, taken: Mapping[str, int]) -> tuple[float, int]:
+        """(fragmentation, largest free block) if `taken[clique]` free nodes were taken from each clique."""
+        s1, s2 = float(self._sum_free), self._sum_sq
+        histogram = dict(self._free_histogram)
+        for clique_id, count in taken.items():
+            clique = self.cliques[clique_id]
+            old_free = len(clique.free)
+            new_free = max(old_free - count, 0)
+            old_terms = clique.terms
+            new_terms = fragmentation_terms(new_free, len(clique.nodes))
+            s1 += new_terms[0] - old_terms[0]
+            s2 += new_terms[1] - old_terms[1]
+            if old_free:
+                histogram[old_free] = histogram.get(old_free, 0) - 1
+            if new_free:
+                histogram[new_free] = histogram.get(new_free, 0) + 1
+        largest = max((k for k, v in histogram.items() if v > 0), default=0)
+        return fragmentation(s1, s2), largest
+
+    @property
+    def free_count(self) -> int:
+        return self._sum_free
+
+    def min_usable_gpus(self) -> int:
+        return min(self._usable_gpus, default=0)
+
+    def max_gpus(self) -> int:
+        return max(self._gpu_counts, default=0)
+
+    def sorted_free(self, clique_id: str) -> list[str]:
+        clique = self.cliques[clique_id]
+        nodes = self.nodes
+        return sorted(clique.free, key=lambda n: nodes[n].key)
+
+    def is_free(self, name: str) -> bool:
+        entry = self.nodes.get(name)
+        return entry is not None and entry.usable and self._available(name)
+
+    def domain_nodes(self, domain_uid: str) -> set[str]:
+        """Nodes reserved for or bound to the domain."""
+        out = set(self.bound_by_domain.get(domain_uid, ()))
+        for rid in self.reservations_by_domain.get(domain_uid, ()):
+            out.update(self.reservations[rid].node_names)
+        return out
+
+    def domain_reservations(self, domain_uid: str) -> list[pb.Reservation]:
+        return [self.reservations[rid] for rid in sorted(self.reservations_by_domain.get(domain_uid, ()))]
+
+    def node_attribute(self, name: str, key: str) -> str:
+        entry = self.nodes[name]
+        record = entry.record
+        if key == "name":
+            return name
+        if key == "clique":
+            return entry.clique
+        if key in ("cluster", "rack"):
+            return entry.cluster
+        if key == "driver_version":
+            return record.driver_version
+        if key == "agent_version":
+            return record.agent_version
+        raise KeyError(key)
+
+    @property
+    def ready(self) -> bool:
+        return {"nodes", "bindings", "reservations"} <= self.synced
+
+    # ---- the store feed -------------------------------------------------------------------
+
+    async def follow(self, store: Store, on_ready: Callable[[], None] | None = None) -> None:
+        """Keep the index current from the store until cancelled."""
+        keys: Keys = store.keys
+
+        def mark(source: str) -> None:
+            was_ready = self.ready
+            self.synced.add(source)
+            if self.ready and not was_ready:
+                log.info(
+                    "inventory synced",
+                    nodes=len(self.nodes),
+                    cliques=len(self.cliques),
+                    bound=len(self.bound),
+                    reservations=len(self.reservations),
+                )
+                if on_ready is not None:
+                    on_ready()
+
+        async def nodes() -> None:
+            async for item in watch_prefix(store, keys.nodes(), pb.Node):
+                if isinstance(item, Resync):
+                    self.resync_nodes((Keys.last_segment(v.key), v.value) for v in item.items)
+                    mark("nodes")
+                else:
+                    self._on_node_event(item)
+
+        async def bindings() -> None:
+            async for item in watch_prefix(store, keys.node_bindings(), pb.NodeBinding):
+                if isinstance(item, Resync):
+                    self.resync_bindings((Keys.last_segment(v.key), v.value.domain_uid) for v in item.items)
+                    mark("bindings")
+                else:
+                    node = Keys.last_segment(item.key)
+                    self.apply_binding(node, item.value.domain_uid if item.value is not None else None)
+
+        async def reservations() -> None:
+            async for item in watch_prefix(store, keys.reservations(), pb.Reservation):
+                if isinstance(item, Resync):
+                    self.resync_reservations(_reservation_items(item.items), item.revision)
+                    mark("reservations")
+                else:
+                    self.apply_reservation(Keys.last_segment(item.key), item.value, item.revision)
+                    if len(self._reservation_tombstones) > 256:
+                        self._prune_tombstones(item.revision)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(nodes(), name="inventory-nodes")
+            tg.create_task(bindings(), name="inventory-bindings")
+            tg.create_task(reservations(), name="inventory-reservations")
+
+    def _on_node_event(self, event: WatchEvent[pb.Node]) -> None:
+        self.apply_node(Keys.last_segment(event.key), event.value)
+
+
+def _reservation_items(items: Iterable[Versioned[pb.Reservation]]) -> list[tuple[str, pb.Reservation, int]]:
+    return [(Keys.last_segment(v.key), v.value, v.mod_revision) for v in items]
+
+
+def free_names_view(inventory: Inventory, cliques: Iterable[str]) -> Mapping[str, list[str]]:
+    """Sorted free node names of the given cliques (policy `pick_nodes` input)."""
+    return {c: inventory.sorted_free(c) for c in cliques}

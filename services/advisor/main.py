@@ -1,0 +1,226 @@
+"""`cd-placement-advisor`: the PlacementAdvisor gRPC service and the kube-scheduler extender.
+
+One process: the store-fed inventory, gRPC on TCP (and/or a unix socket), the
+extender over HTTP, and the /healthz, /readyz, /metrics side server. Ready once
+the inventory has listed the store. SIGTERM/SIGINT stop the listeners, let
+in-flight calls finish (bounded), then stop the watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from aiohttp import web
+from grpclib.server import Server
+
+from libs.runtime.health import Health, start_health_server
+from libs.runtime.logging import configure_logging
+from libs.runtime.settings import load_settings_or_exit
+from libs.state.store import Store, with_retries
+from services.advisor.advisor import Advisor, AdvisorConfig
+from services.advisor.domain_placement import DomainPlacer
+from services.advisor.domain_sources import (
+    CachedTemplateSource,
+    KubeTemplateSource,
+    StoreDomainSizes,
+    StoreTemplateSource,
+    TemplateDomainSource,
+)
+from services.advisor.extender import Extender, build_extender_app
+from services.advisor.grpc_service import PlacementService
+from services.advisor.inventory import Inventory
+from services.advisor.metrics import AdvisorMetrics
+from services.advisor.settings import AdvisorSettings
+from services.advisor.transport import CorkedServer
+
+log = structlog.get_logger(__name__)
+
+_STOP_TIMEOUT_S = 5.0
+_GAUGE_PERIOD_S = 1.0
+
+
+def _bound_port(server: Any) -> int:
+    sockets = getattr(server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else 0
+
+
+class AdvisorService:
+    def __init__(self, settings: AdvisorSettings, metrics: AdvisorMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or AdvisorMetrics()
+        self.health = Health()
+        self.store = Store(settings.etcd_config())
+        self.inventory = Inventory(healthy_only=settings.healthy_only)
+        self.advisor = Advisor(
+            self.inventory,
+            self.store,
+            AdvisorConfig(
+                default_ttl_s=settings.default_reservation_ttl_s,
+                max_ttl_s=settings.max_reservation_ttl_s,
+                holder=settings.holder,
+            ),
+            self.metrics,
+        )
+        self.grpc_port: int | None = None
+        self.extender_port: int | None = None
+        self.health_port: int | None = None
+        self.started = asyncio.Event()
+        self._kube_client: Any = None
+
+    async def _template_source(self) -> TemplateDomainSource:
+        if self.settings.template_source == "kubernetes":
+            # Imported here: the store source needs no Kubernetes client at all.
+            from kubernetes_asyncio import client, config
+
+            if self.settings.kubeconfig:
+                await config.load_kube_config(config_file=self.settings.kubeconfig)
+            else:
+                config.load_incluster_config()
+            self._kube_client = client.ApiClient()
+            return CachedTemplateSource(
+                KubeTemplateSource(self._kube_client, self.settings.resource_api_version)
+            )
+        return StoreTemplateSource(self.store)
+
+    async def _update_gauges(self) -> None:
+        while True:
+            self.metrics.free_nodes.set(self.inventory.free_count)
+            self.metrics.inventory_nodes.set(len(self.inventory.nodes))
+            self.metrics.fragmentation.set(self.inventory.fragmentation())
+            await asyncio.sleep(_GAUGE_PERIOD_S)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        self.health.set_ready("inventory-synced", False)
+        await with_retries(self.store.connect, "connect to etcd", deadline_s=60.0)
+        health_runner, self.health_port = await start_health_server(
+            self.health, s.health_host, s.health_port, self.metrics.registry
+        )
+        tasks: list[asyncio.Task[None]] = []
+        grpc_servers: list[Server] = []
+        extender_runner: web.AppRunner | None = None
+        try:
+            follow = asyncio.create_task(
+                self.inventory.follow(
+                    self.store, on_ready=lambda: self.health.set_ready("inventory-synced", True)
+                ),
+                name="inventory",
+            )
+            self.health.watch_task("inventory", follow)
+            tasks.append(follow)
+            tasks.append(asyncio.create_task(self._update_gauges(), name="gauges"))
+
+            service = PlacementService(self.advisor)
+            if s.grpc_host:
+                server = CorkedServer([service])
+                await server.start(s.grpc_host, s.grpc_port)
+                grpc_servers.append(server)
+                self.grpc_port = _bound_port(server._server)
+                log.info("gRPC listening", host=s.grpc_host, port=self.grpc_port)
+            if s.grpc_unix_socket:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(s.grpc_unix_socket)
+                unix_server = CorkedServer([service])
+                await unix_server.start(path=s.grpc_unix_socket)
+                os.chmod(s.grpc_unix_socket, 0o660)
+                grpc_servers.append(unix_server)
+                log.info("gRPC listening", socket=s.grpc_unix_socket)
+
+            if s.extender_enabled:
+                extender = Extender(
+                    DomainPlacer(
+                        self.advisor, ttl_s=s.extender_reservation_ttl_s, holder=f"extender/{s.holder}"
+                    ),
+                    await self._template_source(),
+                    StoreDomainSizes(self.store),
+                    self.metrics,
+                )
+                app = build_extender_app(
+                    extender, s.extender_prefix, s.extender_filter_verb, s.extender_prioritize_verb
+                )
+                extender_runner = web.AppRunner(app, access_log=None)
+                await extender_runner.setup()
+                site = web.TCPSite(extender_runner, s.extender_host, s.extender_port)
+                await site.start()
+                self.extender_port = _bound_port(site._server)
+                log.info(
+                    "extender listening",
+                    host=s.extender_host,
+                    port=self.extender_port,
+                    prefix=s.extender_prefix,
+                )
+
+            self.started.set()
+            await stop.wait()
+            log.info("stopping")
+        finally:
+            await self._shutdown(grpc_servers, extender_runner, tasks)
+            await health_runner.cleanup()
+
+    async def _shutdown(
+        self,
+        grpc_servers: list[Server],
+        extender_runner: web.AppRunner | None,
+        tasks: list[asyncio.Task[None]],
+    ) -> None:
+        # Stop taking calls first; in-flight ones get a bounded grace period.
+        for server in grpc_servers:
+            server.close()
+        for server in grpc_servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), timeout=_STOP_TIMEOUT_S)
+        if extender_runner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(extender_runner.cleanup(), timeout=_STOP_TIMEOUT_S)
+        if self.settings.grpc_unix_socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.settings.grpc_unix_socket)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=_STOP_TIMEOUT_S)
+        if self._kube_client is not None:
+            with contextlib.suppress(Exception):
+                await self._kube_client.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.store.close(), timeout=_STOP_TIMEOUT_S)
+
+
+async def _amain(settings: AdvisorSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await AdvisorService(settings).run(stop)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load_settings_or_exit(
+        AdvisorSettings,
+        argv,
+        env_prefix="CD_ADVISOR_",
+        prog="cd-placement-advisor",
+        description="Clique-aware placement advisor (gRPC) and kube-scheduler extender",
+    )
+    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+    log.info(
+        "cd-placement-advisor starting",
+        identity=settings.holder,
+        etcd=settings.etcd_endpoint,
+        prefix=settings.etcd_prefix,
+        grpc=f"{settings.grpc_host}:{settings.grpc_port}" if settings.grpc_host else None,
+        grpc_socket=settings.grpc_unix_socket or None,
+        extender=f"{settings.extender_host}:{settings.extender_port}" if settings.extender_enabled else None,
+    )
+    asyncio.run(_amain(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Settings of `cd-placement-advisor` (flags `--name`, environment `CD_ADVISOR_NAME`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from libs.runtime.settings import non_negative, positive, setting
+from libs.state.config import EtcdConfig
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class AdvisorSettings:
+    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd endpoint host:port")
+    etcd_prefix: str = setting("/cd/v1/", "key prefix of this deployment in etcd")
+    etcd_ca_file: str = setting("", "CA bundle; enables TLS to etcd")
+    etcd_cert_file: str = setting("", "client certificate for etcd (with --etcd-key-file)")
+    etcd_key_file: str = setting("", "client key for etcd")
+    etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
+    etcd_password: str = setting("", "etcd password", secret=True)
+    etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)
+    grpc_host: str = setting("0.0.0.0", "address of the PlacementAdvisor gRPC server ('' = no TCP listener)")
+    grpc_port: int = setting(50061, "port of the gRPC server (0 = any free port)", validate=non_negative)
+    grpc_unix_socket: str = setting("", "also serve gRPC on this unix socket path")
+    extender_enabled: bool = setting(True, "serve the kube-scheduler extender")
+    extender_host: str = setting("0.0.0.0", "address of the kube-scheduler extender HTTP server")
+    extender_port: int = setting(8888, "port of the extender (0 = any free port)", validate=non_negative)
+    extender_prefix: str = setting("/", "URL prefix of the extender (kube-scheduler's urlPrefix path)")
+    extender_filter_verb: str = setting("filter", "filterVerb of the extender")
+    extender_prioritize_verb: str = setting("prioritize", "prioritizeVerb of the extender")
+    extender_reservation_ttl_s: int = setting(
+        300, "how long nodes reserved for a domain's pods are held before they bind", validate=positive
+    )
+    template_source: str = setting(
+        "store",
+        "where the extender learns a claim template's domain: the mirrored domains in the store, "
+        "or a GET of the ResourceClaimTemplate from Kubernetes",
+        choices=("store", "kubernetes"),
+    )
+    kubeconfig: str = setting("", "kubeconfig file (template-source=kubernetes; empty = in-cluster config)")
+    resource_api_version: str = setting("v1", "version of resource.k8s.io to read templates from")
+    default_reservation_ttl_s: int = setting(60, "TTL of a reservation that names none", validate=positive)
+    max_reservation_ttl_s: int = setting(3600, "largest TTL a client may ask for", validate=positive)
+    healthy_only: bool = setting(True, "offer only healthy nodes (false: DEGRADED nodes too)")
+    health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
+    health_port: int = setting(8082, "port of the health server (0 = any free port)", validate=non_negative)
+    identity: str = setting("", "this replica's name as reservation holder (default host-pid)")
+    log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))
+    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
+
+    @property
+    def holder(self) -> str:
+        return self.identity or _default_identity()
+
+    def etcd_config(self) -> EtcdConfig:
+        return EtcdConfig(
+            endpoint=self.etcd_endpoint,
+            prefix=self.etcd_prefix,
+            ca_file=self.etcd_ca_file or None,
+            cert_file=self.etcd_cert_file or None,
+            key_file=self.etcd_key_file or None,
+            username=self.etcd_username or None,
+            password=self.etcd_password or None,
+            timeout_s=self.etcd_timeout_s,
+        )

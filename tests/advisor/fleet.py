@@ -1,0 +1,60 @@
+"""Node records of a simulated cluster, for the inventory and the store (test helper)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription
+from libs.state.store import Store
+from services.advisor.inventory import Inventory
+
+
+def node_record(
+    name: str,
+    clique: str,
+    cluster_uuid: str,
+    health: pb.Health = pb.Health.HEALTHY,
+    gpus: int = 4,
+    fabric: pb.FabricState = pb.FabricState.COMPLETED,
+) -> pb.Node:
+    return pb.Node(
+        name=name,
+        clique_id=clique,
+        cluster_uuid=cluster_uuid,
+        health=health,
+        gpus=[
+            pb.Gpu(
+                uuid=f"GPU-{name}-{i}",
+                index=i,
+                clique_id=clique,
+                fabric_state=fabric,
+                health=pb.Health.HEALTHY,
+            )
+            for i in range(gpus)
+        ],
+    )
+
+
+def cluster_records(cluster: ClusterDescription) -> list[pb.Node]:
+    return [node_record(n.name, n.clique, n.cluster_uuid) for n in cluster.nodes()]
+
+
+def filled_inventory(records: Iterable[pb.Node]) -> Inventory:
+    inventory = Inventory()
+    inventory.synced.update({"nodes", "bindings", "reservations"})
+    for record in records:
+        inventory.apply_node(record.name, record)
+    return inventory
+
+
+async def put_nodes(store: Store, records: Sequence[pb.Node], lease: int = 0, concurrency: int = 32) -> None:
+    """Write node records one put each, as node agents do (`concurrency` at a time)."""
+    for i in range(0, len(records), concurrency):
+        chunk = records[i : i + concurrency]
+        await asyncio.gather(*(store.put(store.keys.node(r.name), r, lease) for r in chunk))
+
+
+async def bind(store: Store, node: str, domain_uid: str) -> None:
+    await store.put(store.keys.node_binding(node), pb.NodeBinding(node_name=node, domain_uid=domain_uid))
