@@ -42,7 +42,9 @@ def cdsim(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.Com
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     return result.stdout
 
 
@@ -67,7 +69,16 @@ def cluster() -> Iterator[Path]:
     # Short, so the nodes' unix socket paths stay under 108 bytes.
     state_dir = Path(tempfile.mkdtemp(prefix="cdsim-t"))
     try:
-        result = cdsim(state_dir, "up", "--racks", str(RACKS), "--trays", str(TRAYS), "--address-block", str(ADDRESS_BLOCK))
+        result = cdsim(
+            state_dir,
+            "up",
+            "--racks",
+            str(RACKS),
+            "--trays",
+            str(TRAYS),
+            "--address-block",
+            str(ADDRESS_BLOCK),
+        )
         ok(result)
         yield state_dir
     finally:
@@ -87,12 +98,18 @@ def test_up_starts_every_node_with_its_own_directories(cluster: Path) -> None:
     assert {n["address"].split(".")[1] for n in nodes} == {str(ADDRESS_BLOCK)}
     # One clique per rack.
     cliques = {n["rack"]: {m["clique"] for m in nodes if m["rack"] == n["rack"]} for n in nodes}
-    assert all(len(c) == 1 for c in cliques.values()) and len({next(iter(c)) for c in cliques.values()}) == RACKS
+    assert (
+        all(len(c) == 1 for c in cliques.values()) and len({next(iter(c)) for c in cliques.values()}) == RACKS
+    )
     for node in nodes:
         assert (Path(node["kubelet_dir"]) / "plugins" / "compute-domain.nvidia.com" / "dra.sock").is_socket()
         assert Path(node["cdi_dir"]).is_dir()
     kinds = sorted(p["kind"] for p in doc["processes"])
-    assert kinds.count("controller") == 2 and kinds.count("advisor") == 1 and kinds.count("agent") == RACKS * TRAYS
+    assert (
+        kinds.count("controller") == 2
+        and kinds.count("advisor") == 1
+        and kinds.count("agent") == RACKS * TRAYS
+    )
     assert all(p["healthy"] for p in doc["processes"])
 
 
@@ -133,7 +150,9 @@ def test_submit_prepares_every_claim_and_the_domain_becomes_ready(cluster: Path)
     nodes = {n["name"]: n for n in doc["nodes"]}
     for claim in job["claims"]:
         cdi = Path(nodes[claim["node"]]["cdi_dir"])
-        assert list(cdi.glob(f"*claim_{claim['uid']}.*")), f"no CDI spec for {claim['uid']} on {claim['node']}"
+        assert list(cdi.glob(f"*claim_{claim['uid']}.*")), (
+            f"no CDI spec for {claim['uid']} on {claim['node']}"
+        )
         assert nodes[claim["node"]]["domain"] == domain["uid"]
     # All in one rack (one clique).
     assert len({nodes[c["node"]]["rack"] for c in job["claims"]}) == 1

@@ -16,6 +16,7 @@ import pytest
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
+from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
 from services.nodeagent.channelconfig import parse_parameters_json
 from services.nodeagent.settings import AgentSettings
@@ -25,7 +26,7 @@ from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.lifecycle import CommandError, UpOptions, up
 from tools.cdsim.progress import Progress, render_bar
 from tools.cdsim.runstate import SimConfig
-from tools.cdsim.services import Ports, agent_spec, all_specs, controller_spec
+from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec
 from tools.cdsim.timeline import SubmitTimeline
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=3, address_block=77)
@@ -51,6 +52,13 @@ def test_controller_flags_are_understood_by_the_controller() -> None:
     assert settings.identity == "controller-1"
     assert settings.health_port == 4567
     assert settings.mode == "simulation"
+
+
+def test_advisor_flags_are_understood_by_the_advisor() -> None:
+    spec = advisor_spec(4000, 4001, SimConfig(), "127.0.0.1:2379")
+    settings = load_settings(AdvisorSettings, spec.argv, env={})
+    assert (settings.grpc_host, settings.grpc_port, settings.health_port) == ("127.0.0.1", 4000, 4001)
+    assert settings.extender_enabled is False
 
 
 def test_one_agent_per_node_and_two_controllers(tmp_path: Path) -> None:
@@ -133,17 +141,19 @@ def test_timeline_lists_milestones_in_ms_after_submit() -> None:
     t = SubmitTimeline(started_ms=10_000)
     t.placed_ms, t.placement_note = 10_004, "2 nodes"
     t.created_ms, t.created_note = 10_010, "domain"
-    t.joined = {"n1": (10_050, 0), "n2": (10_080, 1)}
+    t.joined = {"n1": (10_050, 0), "n2": (10_280, 1)}
     t.daemon_ready = {"n1": 10_200, "n2": 10_300}
     t.prepared = {"n1": (10_310, 1), "n2": (10_320, 3)}
     t.domain_ready_ms = 10_400
     text = "\n".join(t.lines(2))
     assert "4 ms  placed: 2 nodes" in text
     assert "50 ms  first node joined the domain: n1 (index 0)" in text
-    assert "80 ms  2/2 nodes joined" in text
+    assert "280 ms  2/2 nodes joined" in text
     assert "300 ms  2/2 IMEX daemons READY" in text
     assert "320 ms  2/2 channel claims prepared (1 needed kubelet retries)" in text
     assert text.splitlines()[-1].strip() == "400 ms  ComputeDomain status: Ready"
+    offsets = [int(line.split()[0]) for line in text.splitlines()]
+    assert offsets == sorted(offsets)
 
 
 def test_progress_bar_without_a_terminal_prints_whole_lines(tmp_path: Path) -> None:

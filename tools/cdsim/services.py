@@ -114,8 +114,11 @@ def controller_spec(replica: int, port: int, config: SimConfig, etcd_endpoint: s
 
 def advisor_spec(grpc_port: int, health_port: int, config: SimConfig, etcd_endpoint: str) -> ServiceSpec:
     argv = [
+        "--identity", ADVISOR_NAME,
         "--grpc-host", "127.0.0.1",
         "--grpc-port", str(grpc_port),
+        # Simulation has no kube-scheduler to call the extender.
+        "--extender-enabled", "false",
         "--health-host", "127.0.0.1",
         "--health-port", str(health_port),
         "--log-format", "json",

@@ -68,7 +68,7 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
             }
         )
     domain_docs = []
-    for domain in sorted(domains, key=lambda d: (d.namespace, d.name)):
+    for domain in sorted(domains, key=lambda d: (d.created_unix_ms, d.namespace, d.name)):
         condition = ready_condition(domain)
         status_nodes = {n.name: n for n in domain.status.nodes}
         node_docs = []

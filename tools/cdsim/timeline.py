@@ -26,30 +26,32 @@ class SubmitTimeline:
         return f"{max(0, ms - self.started_ms):>7d} ms"
 
     def lines(self, total_nodes: int) -> list[str]:
-        out: list[str] = []
+        """The milestones in time order."""
+        events: list[tuple[int, str]] = []
         if self.placed_ms:
-            out.append(f"{self._at(self.placed_ms)}  placed: {self.placement_note}")
+            events.append((self.placed_ms, f"placed: {self.placement_note}"))
         if self.created_ms:
-            out.append(f"{self._at(self.created_ms)}  created: {self.created_note}")
+            events.append((self.created_ms, f"created: {self.created_note}"))
         if self.joined:
             first_node, (first_ms, first_index) = min(self.joined.items(), key=lambda kv: kv[1][0])
             last_ms = max(ms for ms, _ in self.joined.values())
-            out.append(
-                f"{self._at(first_ms)}  first node joined the domain: {first_node} (index {first_index})"
-            )
-            out.append(f"{self._at(last_ms)}  {len(self.joined)}/{total_nodes} nodes joined")
+            events.append((first_ms, f"first node joined the domain: {first_node} (index {first_index})"))
+            events.append((last_ms, f"{len(self.joined)}/{total_nodes} nodes joined"))
         if self.daemon_ready:
             first_node, first_ms = min(self.daemon_ready.items(), key=lambda kv: kv[1])
-            last_ms = max(self.daemon_ready.values())
-            out.append(f"{self._at(first_ms)}  first IMEX daemon READY: {first_node}")
-            out.append(f"{self._at(last_ms)}  {len(self.daemon_ready)}/{total_nodes} IMEX daemons READY")
+            events.append((first_ms, f"first IMEX daemon READY: {first_node}"))
+            events.append(
+                (
+                    max(self.daemon_ready.values()),
+                    f"{len(self.daemon_ready)}/{total_nodes} IMEX daemons READY",
+                )
+            )
         if self.prepared:
             last_ms = max(ms for ms, _ in self.prepared.values())
             retried = sum(1 for _, attempts in self.prepared.values() if attempts > 1)
             extra = f" ({retried} needed kubelet retries)" if retried else " (no retries)"
-            out.append(
-                f"{self._at(last_ms)}  {len(self.prepared)}/{total_nodes} channel claims prepared{extra}"
-            )
+            events.append((last_ms, f"{len(self.prepared)}/{total_nodes} channel claims prepared{extra}"))
         if self.domain_ready_ms:
-            out.append(f"{self._at(self.domain_ready_ms)}  ComputeDomain status: Ready")
-        return out
+            events.append((self.domain_ready_ms, "ComputeDomain status: Ready"))
+        # Stable sort: equal times keep the causal order they were listed in.
+        return [f"{self._at(ms)}  {text}" for ms, text in sorted(events, key=lambda e: e[0])]
