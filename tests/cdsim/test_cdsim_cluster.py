@@ -8,7 +8,9 @@ fault command, each followed by the invariants and the job Ready again -> delete
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -121,6 +123,18 @@ def test_up_twice_is_refused_and_changes_nothing(cluster: Path) -> None:
     after = status(cluster)
     assert [p["pid"] for p in after["processes"]] == [p["pid"] for p in before["processes"]]
     assert len(after["nodes"]) == RACKS * TRAYS
+
+
+def test_a_second_cluster_on_the_same_addresses_is_refused(cluster: Path) -> None:
+    other = Path(tempfile.mkdtemp(prefix="cdsim-t"))
+    try:
+        result = cdsim(other, "up", "--racks", "1", "--trays", "2", "--address-block", str(ADDRESS_BLOCK))
+        assert result.returncode == 1
+        assert f"address block {ADDRESS_BLOCK}" in result.stderr
+        assert cluster_processes(StateLayout.at(other)) == []
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+    assert status(cluster)["phase"] == "ready"
 
 
 def test_a_job_larger_than_free_capacity_is_refused_with_the_advisors_reason(cluster: Path) -> None:
@@ -260,3 +274,30 @@ def test_down_stops_everything_and_is_idempotent(cluster: Path) -> None:
     assert "nothing to stop" in out
     result = cdsim(cluster, "status")
     assert result.returncode == 1 and "cdsim up" in result.stderr
+
+
+def test_down_cleans_up_after_a_crashed_supervisor() -> None:
+    state_dir = Path(tempfile.mkdtemp(prefix="cdsim-t"))
+    layout = StateLayout.at(state_dir)
+    try:
+        ok(cdsim(state_dir, "up", "--racks", "1", "--trays", "2", "--address-block", str(ADDRESS_BLOCK + 1)))
+        supervisor = json.loads(layout.run_file.read_text())["supervisor_pid"]
+        os.kill(supervisor, signal.SIGKILL)
+        out = ok(cdsim(state_dir, "down", timeout=90))
+        assert "nothing to stop" in out or "leftover" in out
+        deadline = time.monotonic() + 10
+        while cluster_processes(layout) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster_processes(layout) == []
+        # The state dir is usable again.
+        ok(cdsim(state_dir, "up", "--racks", "1", "--trays", "2", "--address-block", str(ADDRESS_BLOCK + 1)))
+        ok(cdsim(state_dir, "down", timeout=90))
+        assert cluster_processes(layout) == []
+    finally:
+        cdsim(state_dir, "down", timeout=90)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_down_with_nothing_running_succeeds(tmp_path: Path) -> None:
+    out = ok(cdsim(tmp_path, "down"))
+    assert "No cdsim cluster is running" in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from libs.hardware.simulated import prepare_node_dirs
 from tools.cdsim import control, procscan
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
+from tools.cdsim.services import AGENT_HEALTH_PORT
 
 UP_TIMEOUT_S = 150.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,17 @@ class UpOptions:
     partitions_per_rack: int = 1
     address_block: int = 1
     log_level: str = "info"
+
+
+def _address_in_use(host: str, port: int) -> str:
+    """Why `host:port` cannot be bound (empty when it can): the node agents' health servers need it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return ""
 
 
 def _wipe_previous_run(layout: StateLayout) -> None:
@@ -77,6 +90,12 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             raise CommandError(
                 f"processes of an earlier run in {layout.root} still run (pids "
                 f"{', '.join(str(p.pid) for p in stray[:10])}); run `cdsim down` first"
+            )
+        busy = _address_in_use(cluster.node_at(0).address, AGENT_HEALTH_PORT)
+        if busy:
+            raise CommandError(
+                f"{cluster.node_at(0).address}:{AGENT_HEALTH_PORT} is in use ({busy}): another simulated "
+                f"cluster uses address block {options.address_block}; stop it or pass another --address-block"
             )
         _wipe_previous_run(layout)
         layout.logs_dir.mkdir(parents=True)
