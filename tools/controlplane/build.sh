@@ -6,7 +6,8 @@
 # Usage: tools/controlplane/build.sh
 # Env:   CD_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/computedomains)
 # Prints the binaries directory on the last line of stdout; build output goes to stderr.
-# Idempotent: returns at once when the binaries are already there.
+# Idempotent: returns at once when the binaries are already there (and were built
+# from the current go.mod/go.sum/cmd sources).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,11 +23,17 @@ cache_root="${CD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/computedomains}"
 parent="$cache_root/controlplane"
 dest="$parent/$k8s_version"
 
+# Our own sources (go.mod, go.sum, the mains) are stamped into the result, so an edit
+# to them rebuilds even though the folder is named by the Kubernetes version only.
+source_hash="$(cd "$here" && cat go.mod go.sum $(find cmd -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+stamp=".source-sha256"
+
 complete() {
     local b
     for b in "${binaries[@]}"; do
         [[ -x "$dest/$b" ]] || return 1
     done
+    [[ "$(cat "$dest/$stamp" 2>/dev/null)" == "$source_hash" ]]
 }
 
 if complete; then
@@ -79,6 +86,7 @@ done
 
 # A leftover incomplete folder cannot exist (we only ever rename a finished one in),
 # but clear anything in the way so the rename is the single commit point.
+echo "$source_hash" > "$tmp/$stamp"
 chmod 755 "$tmp"
 rm -rf "$dest"
 mv "$tmp" "$dest"

@@ -5,7 +5,7 @@ go 1.25.0
 require (
 	k8s.io/client-go v0.35.4
 	k8s.io/component-base v0.35.4
-	k8s.io/kubectl v0.0.0
+	k8s.io/kubectl v0.35.4
 	k8s.io/kubernetes v1.35.4
 )
 

@@ -1,0 +1,1 @@
+"""Real Kubernetes control plane (etcd, apiserver, controller manager, scheduler) for tests."""
