@@ -196,6 +196,8 @@ class ControlPlane:
 
     def start(self) -> None:
         """Start all processes and return once every one is healthy (or raise ControlPlaneError)."""
+        if self._procs:
+            raise ControlPlaneError("control plane already started")
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
