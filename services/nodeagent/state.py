@@ -45,6 +45,7 @@ from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavai
 from services.nodeagent.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
 from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef, ClaimSource, ResolvedClaim
+from services.nodeagent.domainheader import DomainHeader, get_domain_header
 from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
 from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics
@@ -242,7 +243,8 @@ class DeviceState:
             bound.info("prepare: node joined domain")
 
         if fabric:
-            self.daemons.nudge(config.domain_id)
+            if not membership_held:
+                self.daemons.nudge(config.domain_id)  # act on the join without waiting for the watch
             remaining = max(deadline - self._clock(), 0.0)
             if not await self.daemons.wait_ready(config.domain_id, remaining):
                 raise RetryableError(await self._not_ready_message(config.domain_id, node.name))
@@ -263,8 +265,8 @@ class DeviceState:
         # between, the reconcile at start settles it: a completed record whose spec exists is
         # taken as completed, one without its spec as started.
         put = asyncio.ensure_future(self.store.put(record_key, completed))
-        await asyncio.sleep(0)  # let the request leave before the synchronous file writes
         try:
+            await asyncio.sleep(0)  # let the request leave before the synchronous file writes
             self.cdi.write(ref.uid, channels=channels, major=major)
             entry = self.checkpoint.mark_prepare_completed(
                 ref.uid,
@@ -311,9 +313,8 @@ class DeviceState:
             for e in self.checkpoint.entries.values()
         )
 
-    async def _get_domain(self, domain_uid: str) -> pb.ComputeDomain | None:
-        got = await self.store.get(self.store.keys.domain(domain_uid), pb.ComputeDomain)
-        return got.value if got is not None else None
+    async def _get_domain(self, domain_uid: str) -> DomainHeader | None:
+        return await get_domain_header(self.store, domain_uid)
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
         decoded: ChannelConfig | None = None
@@ -575,7 +576,7 @@ class DeviceState:
                 log.warning("membership check failed", error=str(exc) or type(exc).__name__)
 
 
-def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: pb.ComputeDomain | None) -> None:
+def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:
     """The claim may use the domain: it exists, is in the claim's namespace, is not going away."""
     if domain is None:
         raise PermanentError(
