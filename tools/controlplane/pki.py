@@ -227,3 +227,36 @@ def generate_pki(directory: Path, service_ip: str) -> ControlPlanePKI:
         service_account_key=sa_key_path,
         service_account_pub=sa_pub_path,
     )
+
+
+def issue_from_ca(
+    ca: CertKeyPair,
+    directory: Path,
+    stem: str,
+    common_name: str,
+    *,
+    ip_addresses: tuple[str, ...] = (),
+    server: bool = False,
+    client: bool = True,
+) -> CertKeyPair:
+    """Issue a certificate signed by an existing CA on disk (e.g. etcd's, which serves and is its own client)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem())
+    ca_key = serialization.load_pem_private_key(ca.key_pem(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _new_key()
+    usages = [u for u, on in ((ExtendedKeyUsageOID.SERVER_AUTH, server), (ExtendedKeyUsageOID.CLIENT_AUTH, client)) if on]
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    cert = _issue(ca_cert, ca_key, _name(common_name), key, usages[0], sans or None)
+    if len(usages) > 1:
+        # _issue sets one extended usage; re-sign with all of them.
+        builder = x509.CertificateBuilder(
+            issuer_name=cert.issuer,
+            subject_name=cert.subject,
+            public_key=cert.public_key(),
+            serial_number=cert.serial_number,
+            not_valid_before=cert.not_valid_before_utc,
+            not_valid_after=cert.not_valid_after_utc,
+            extensions=[e for e in cert.extensions if e.oid != x509.oid.ExtensionOID.EXTENDED_KEY_USAGE],
+        ).add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+    return _save_pair(directory, stem, cert, key)

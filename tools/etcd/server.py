@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -114,18 +115,22 @@ class EtcdServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise EtcdError(f"etcd exited with {self.process.returncode} during start:\n{self.log_tail()}")
-            if self._port_open():
-                if not self.cert_file:
-                    try:
-                        with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1.0) as resp:
-                            if b'"health":"true"' in resp.read():
-                                return
-                    except OSError:
-                        pass
-                else:
-                    return
+            if self._port_open() and self._healthy():
+                return
             time.sleep(0.05)
         raise EtcdError(f"etcd did not become ready within {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        """etcd's /health answers true (over TLS with its own certificate as client, when TLS is on)."""
+        context = None
+        if self.cert_file:
+            context = ssl.create_default_context(cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None)
+            context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        try:
+            with urllib.request.urlopen(f"{self.scheme}://{self.endpoint}/health", timeout=1.0, context=context) as resp:
+                return b'"health":"true"' in resp.read()
+        except OSError:
+            return False
 
     def _port_open(self) -> bool:
         try:
