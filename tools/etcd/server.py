@@ -105,7 +105,7 @@ class EtcdServer:
             raise EtcdError(f"etcd already running (pid {self.process.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         assert self.log_path is not None
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.wait_ready(timeout_s)
