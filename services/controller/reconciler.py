@@ -1,0 +1,331 @@
+"""The controller's async shell: watches feed the view, a work queue feeds reconciles.
+
+Five watches (domains, members, daemon statuses, node records, prepared
+claims) keep a `StoreView` current in every replica. While leader, each
+affected domain uid is queued (deduplicated) and workers reconcile it: the
+pure core (`plan.py`) decides the status and actions, and every write is one
+etcd transaction carrying the leader fence, so a deposed leader's writes fail.
+A node-record delete event queues its domains at once: node loss shows as
+soon as etcd expires the agent's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import betterproto
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.election import Leadership
+from libs.state.membership import mark_member_lost
+from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
+from libs.state.watch import Resync, WatchEvent, watch_prefix
+from services.controller.actions import (
+    Action,
+    DeleteDaemonStatus,
+    DeleteDomain,
+    DeletePreparation,
+    MarkMemberLost,
+    ReleaseMember,
+)
+from services.controller.metrics import ControllerMetrics
+from services.controller.plan import plan_domain
+from services.controller.view import StoreView
+from services.controller.workqueue import QueueShutDown, WorkQueue
+
+log = structlog.get_logger(__name__)
+
+M = TypeVar("M", bound=betterproto.Message)
+
+# Called with a domain uid whenever that domain's record changes in the view (Kubernetes adapter).
+DomainListener = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReconcilerConfig:
+    workers: int = 4
+    # Records of a missing domain (a join racing the teardown) are released after this long.
+    orphan_grace_s: float = 30.0
+    # Every domain is queued again this often (level-triggered safety net).
+    resync_period_s: float = 300.0
+    # Deadline of one reconcile (all its store calls).
+    reconcile_timeout_s: float = 30.0
+
+
+class FenceLost(RuntimeError):
+    """A fenced write failed on the fence: this replica is no longer the leader."""
+
+
+class DomainReconciler:
+    def __init__(
+        self,
+        store: Store,
+        metrics: ControllerMetrics | None = None,
+        config: ReconcilerConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.metrics = metrics or ControllerMetrics()
+        self.config = config or ReconcilerConfig()
+        self.clock = clock
+        self.view = StoreView(store.keys)
+        self.queue: WorkQueue[str] = WorkQueue()
+        self.synced = asyncio.Event()
+        self.listeners: list[DomainListener] = []
+        self._leadership: Leadership | None = None
+        self._synced_resources: set[str] = set()
+        self.metrics.track_domains(self.domain_counts)
+        self.metrics.track_queue(lambda: len(self.queue))
+
+    # ---- observation ------------------------------------------------------------------
+
+    def domain_counts(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for entry in self.view.domains.values():
+            if entry.value.deleting:
+                counts["Terminating"] += 1
+            elif entry.value.status.status == pb.Readiness.READY:
+                counts["Ready"] += 1
+            else:
+                counts["NotReady"] += 1
+        return dict(counts)
+
+    @property
+    def leading(self) -> bool:
+        return self._leadership is not None
+
+    async def watch(self) -> None:
+        """Keep the view current; runs for the life of the process (leader or not)."""
+        k = self.keys
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._consume("domains", k.domains(), pb.ComputeDomain, self._apply_domains))
+            tg.create_task(self._consume("members", k.all_members(), pb.Member, self.view.apply_members))
+            tg.create_task(
+                self._consume("daemons", k.all_daemons(), pb.DaemonStatus, self.view.apply_daemons)
+            )
+            tg.create_task(self._consume("nodes", k.nodes(), pb.Node, self.view.apply_nodes))
+            tg.create_task(
+                self._consume(
+                    "preparations", k.all_preparations(), pb.PreparedClaim, self.view.apply_preparations
+                )
+            )
+
+    def _apply_domains(self, event: WatchEvent[pb.ComputeDomain] | Resync[pb.ComputeDomain]) -> set[str]:
+        affected = self.view.apply_domains(event)
+        for uid in affected:
+            for listener in self.listeners:
+                listener(uid)
+        return affected
+
+    async def _consume(
+        self,
+        resource: str,
+        prefix: str,
+        cls: type[M],
+        apply: Callable[[WatchEvent[M] | Resync[M]], set[str]],
+    ) -> None:
+        counter = self.metrics.store_events.labels(resource=resource)
+        async for event in watch_prefix(self.store, prefix, cls):
+            affected = apply(event)
+            if isinstance(event, Resync):
+                log.info("view resynced", resource=resource, items=len(event.items), revision=event.revision)
+                self._synced_resources.add(resource)
+                if len(self._synced_resources) == 5:
+                    self.synced.set()
+            else:
+                counter.inc()
+            if self._leadership is not None:
+                for uid in affected:
+                    self.queue.add(uid)
+
+    # ---- leading ------------------------------------------------------------------------
+
+    async def lead(self, leadership: Leadership) -> None:
+        """Reconcile while leader; cancelled when leadership is lost."""
+        await self.synced.wait()
+        self._leadership = leadership
+        self.queue.clear()
+        try:
+            for uid in self.view.all_uids():
+                self.queue.add(uid)
+            async with asyncio.TaskGroup() as tg:
+                for i in range(self.config.workers):
+                    tg.create_task(self._worker(leadership), name=f"reconcile-worker-{i}")
+                tg.create_task(self._periodic_resync())
+        finally:
+            self._leadership = None
+            self.queue.clear()
+
+    async def _periodic_resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_period_s)
+            for uid in self.view.all_uids():
+                self.queue.add(uid)
+
+    async def _worker(self, leadership: Leadership) -> None:
+        while True:
+            try:
+                uid = await self.queue.get()
+            except QueueShutDown:
+                return
+            started = time.perf_counter()
+            try:
+                recheck_s = await asyncio.wait_for(
+                    self.reconcile(uid, leadership), timeout=self.config.reconcile_timeout_s
+                )
+            except FenceLost:
+                self.queue.done(uid)
+                raise
+            except asyncio.CancelledError:
+                self.queue.done(uid)
+                raise
+            except Exception as exc:
+                self.metrics.reconcile_errors.inc()
+                delay = self.queue.backoff.when(uid)
+                log.warning(
+                    "reconcile failed; requeued",
+                    cd_uid=uid,
+                    error=str(exc) or type(exc).__name__,
+                    retry_in_s=round(delay, 3),
+                )
+                self.queue.done(uid)
+                self.queue.add_after(uid, delay)
+            else:
+                self.queue.forget(uid)
+                self.queue.done(uid)
+                if recheck_s is not None:
+                    self.queue.add_after(uid, recheck_s)
+            finally:
+                self.metrics.reconciles.inc()
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    # ---- one reconcile ------------------------------------------------------------------
+
+    async def reconcile(self, uid: str, leadership: Leadership) -> float | None:
+        """Bring one domain's status and records in line; returns seconds until a recheck is due."""
+        now_ms = int(self.clock() * 1000)
+        obs = self.view.observe(uid)
+        plan = plan_domain(obs, now_ms, int(self.config.orphan_grace_s * 1000))
+        for action in plan.actions:
+            applied = await self._apply(uid, action, leadership)
+            self.metrics.actions.labels(
+                action=type(action).__name__, result="applied" if applied else "skipped"
+            ).inc()
+        if plan.status is not None and obs.domain is not None:
+            await self._write_status(uid, obs.domain, obs.domain_revision, plan.status, leadership)
+        return plan.recheck_after_ms / 1000 if plan.recheck_after_ms is not None else None
+
+    async def _fenced_txn(
+        self, compares: list[Compare], ops: list[Op], leadership: Leadership
+    ) -> tuple[bool, int]:
+        result = await self.store.txn([leadership.fence, *compares], ops)
+        if not result.succeeded:
+            # Tell a lost fence apart from a lost race: the former ends this term.
+            await self._check_fence(leadership)
+        return result.succeeded, result.revision
+
+    async def _write_status(
+        self,
+        uid: str,
+        domain: pb.ComputeDomain,
+        revision: int,
+        status: pb.ComputeDomainStatus,
+        leadership: Leadership,
+    ) -> None:
+        key = self.keys.domain(uid)
+        updated = pb.ComputeDomain().parse(bytes(domain))
+        updated.status = status
+        ok, new_revision = await self._fenced_txn([Unchanged(key, revision)], [Put(key, updated)], leadership)
+        if not ok:
+            # The record changed since the view saw it; try again once its watch event is in.
+            self.metrics.status_conflicts.inc()
+            self.queue.add_rate_limited(uid)
+            return
+        self.view.put_domain(uid, updated, new_revision)
+        for listener in self.listeners:
+            listener(uid)
+        self.metrics.status_writes.inc()
+        log.info(
+            "domain status",
+            cd_uid=uid,
+            cd=domain.name,
+            namespace=domain.namespace,
+            status=pb.Readiness(status.status).name,
+            reason=status.conditions[0].reason if status.conditions else "",
+            nodes=len(status.nodes),
+        )
+
+    async def _apply(self, uid: str, action: Action, leadership: Leadership) -> bool:
+        k = self.keys
+        if isinstance(action, MarkMemberLost):
+            # The Absent compare makes the decision safe even if the node watch lags the member watch.
+            applied = await mark_member_lost(
+                self.store, uid, action.node, extra_compares=[leadership.fence, Absent(k.node(action.node))]
+            )
+            if not applied:
+                await self._check_fence(leadership)
+            return applied
+        if isinstance(action, ReleaseMember):
+            return await self._release_member(uid, action, leadership)
+        if isinstance(action, DeletePreparation):
+            ok, _ = await self._fenced_txn(
+                [Absent(k.node(action.node))],
+                [Delete(k.preparation(action.node, action.claim_uid))],
+                leadership,
+            )
+            if ok:
+                log.info(
+                    "dropped prepared claim of a lost node",
+                    cd_uid=uid,
+                    node=action.node,
+                    claim_uid=action.claim_uid,
+                )
+            return ok
+        if isinstance(action, DeleteDaemonStatus):
+            ok, _ = await self._fenced_txn(
+                [Absent(k.member(uid, action.node))], [Delete(k.daemon(uid, action.node))], leadership
+            )
+            return ok
+        if isinstance(action, DeleteDomain):
+            ok, _ = await self._fenced_txn(
+                [Unchanged(k.domain(uid), action.domain_revision)],
+                [
+                    Delete(k.domain(uid)),
+                    Delete(k.daemons(uid), prefix=True),
+                    Delete(k.member_indices(uid), prefix=True),
+                ],
+                leadership,
+            )
+            if ok:
+                log.info("domain torn down", cd_uid=uid)
+            return ok
+        raise TypeError(f"unknown action {action!r}")
+
+    async def _check_fence(self, leadership: Leadership) -> None:
+        leader = await self.store.get(leadership.key, pb.LeaderRecord)
+        if leader is None or leader.create_revision != leadership.create_revision:
+            raise FenceLost(f"leadership of {leadership.holder} was lost")
+
+    async def _release_member(self, uid: str, action: ReleaseMember, leadership: Leadership) -> bool:
+        k = self.keys
+        member_key = k.member(uid, action.node)
+        binding_key = k.node_binding(action.node)
+        binding = await self.store.get(binding_key, pb.NodeBinding)
+        compares: list[Compare] = [Unchanged(member_key, action.mod_revision)]
+        ops: list[Op] = [Delete(member_key), Delete(k.daemon(uid, action.node))]
+        if binding is not None and binding.value.domain_uid == uid:
+            compares.append(Unchanged(binding_key, binding.mod_revision))
+            ops.append(Delete(binding_key))
+        if action.index >= 0 and action.clique_id:
+            ops.append(Delete(k.member_index(uid, action.clique_id, action.index)))
+        ok, _ = await self._fenced_txn(compares, ops, leadership)
+        if ok:
+            log.info("member released", cd_uid=uid, node=action.node, clique=action.clique_id, why=action.why)
+        return ok

@@ -1,0 +1,61 @@
+"""Settings of `cd-controller` (flags `--name`, environment `CD_NAME`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from libs.runtime.settings import non_negative, positive, setting
+from libs.state.config import EtcdConfig
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd endpoint host:port")
+    etcd_prefix: str = setting("/cd/v1/", "key prefix of this deployment in etcd")
+    etcd_ca_file: str = setting("", "CA bundle; enables TLS to etcd")
+    etcd_cert_file: str = setting("", "client certificate for etcd (with --etcd-key-file)")
+    etcd_key_file: str = setting("", "client key for etcd")
+    etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
+    etcd_password: str = setting("", "etcd password", secret=True)
+    etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)
+    leader_lease_ttl_s: int = setting(
+        5, "leader lease TTL, seconds: a standby takes over within it", validate=positive
+    )
+    leader_election_name: str = setting("cd-controller", "name of the leader election key")
+    identity: str = setting("", "this replica's name in the leader record (default host-pid)")
+    workers: int = setting(4, "concurrent reconcile workers", validate=positive)
+    orphan_grace_s: float = setting(
+        30.0, "age after which records of a missing domain are released", validate=non_negative
+    )
+    resync_period_s: float = setting(300.0, "every domain is reconciled again this often", validate=positive)
+    health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
+    health_port: int = setting(8081, "port of the health server (0 = any free port)", validate=non_negative)
+    log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))
+    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
+    mode: str = setting("simulation", "where ComputeDomains come from", choices=("simulation", "kubernetes"))
+    kubeconfig: str = setting("", "kubeconfig file (kubernetes mode; empty = in-cluster config)")
+    sweep_interval_s: float = setting(
+        300.0, "kubernetes mode: period of the sweep of objects whose CD is gone", validate=positive
+    )
+
+    @property
+    def holder(self) -> str:
+        return self.identity or _default_identity()
+
+    def etcd_config(self) -> EtcdConfig:
+        return EtcdConfig(
+            endpoint=self.etcd_endpoint,
+            prefix=self.etcd_prefix,
+            ca_file=self.etcd_ca_file or None,
+            cert_file=self.etcd_cert_file or None,
+            key_file=self.etcd_key_file or None,
+            username=self.etcd_username or None,
+            password=self.etcd_password or None,
+            timeout_s=self.etcd_timeout_s,
+        )

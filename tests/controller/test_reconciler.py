@@ -1,0 +1,259 @@
+"""The controller against a real etcd: status, node loss, teardown, orphans, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.config import EtcdConfig
+from libs.state.election import Leadership
+from libs.state.store import Store
+from services.controller.reconciler import FenceLost
+from tests.controller.harness import (
+    AgentDouble,
+    create_domain,
+    domain_status,
+    eventually,
+    ready_reason,
+    request_deletion,
+    running_controller,
+)
+from tests.invariants import check_domain_gone, check_store_invariants
+
+CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
+# Invariant 5 also looks for processes whose command line names the uid: use uids nothing else names.
+GONE = f"gone-{uuid.uuid4().hex}"
+
+
+async def agents(
+    store: Store, n: int, clique: str = CLIQUE, ttl_s: int = 2, first: int = 1
+) -> list[AgentDouble]:
+    out = [
+        AgentDouble(store, f"node{i}", clique, f"127.0.10.{i}", ttl_s=ttl_s) for i in range(first, first + n)
+    ]
+    await asyncio.gather(*(a.start() for a in out))
+    return out
+
+
+async def wait_reason(store: Store, uid: str, status: str, reason: str, timeout_s: float = 10.0) -> tuple:
+    async def probe() -> tuple | None:
+        got = ready_reason(await domain_status(store, uid))
+        return got if got is not None and got[:2] == (status, reason) else None
+
+    return await eventually(probe, f"{uid} to be {status}/{reason}", timeout_s)
+
+
+async def test_domain_goes_from_waiting_to_ready_as_daemons_come_up(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "d1", num_nodes=3)
+        await wait_reason(store, "d1", "NOT_READY", "WaitingForNodes")
+        nodes = await agents(store, 3)
+        for a in nodes:
+            await a.prepare("d1", "ns")
+        _, _, message = await wait_reason(store, "d1", "NOT_READY", "ImexDaemonsNotReady")
+        assert "0 of 3" in message
+        for a in nodes[:2]:
+            await a.report_daemon("d1", pb.DaemonState.READY)
+        await nodes[2].report_daemon("d1", pb.DaemonState.FAILED, "bind: address already in use")
+        _, _, message = await wait_reason(store, "d1", "NOT_READY", "ImexDaemonFailed")
+        assert "node3" in message and "address already in use" in message
+        await nodes[2].report_daemon("d1", pb.DaemonState.READY)
+        await wait_reason(store, "d1", "READY", "AllNodesReady")
+        status = await domain_status(store, "d1")
+        assert status is not None
+        assert [(n.name, n.index, n.status) for n in status.nodes] == [
+            ("node1", 0, pb.Readiness.READY),
+            ("node2", 1, pb.Readiness.READY),
+            ("node3", 2, pb.Readiness.READY),
+        ]
+        # Once converged, nothing more is written: status writes happen only on change.
+        await asyncio.sleep(0.3)
+        writes = controller.metrics.status_writes._value.get()
+        for a in nodes:
+            await a.report_daemon("d1", pb.DaemonState.READY)  # same state again: events, no change
+        await asyncio.sleep(0.3)
+        assert controller.metrics.status_writes._value.get() == writes
+        assert await check_store_invariants(store) == []
+        for a in nodes:
+            await a.stop()
+
+
+async def test_node_loss_shows_within_ttl_plus_one_second(store: Store, etcd_config: EtcdConfig) -> None:
+    ttl_s = 2
+    async with running_controller(etcd_config):
+        await create_domain(store, "d1", num_nodes=4)
+        nodes = await agents(store, 4, ttl_s=ttl_s)
+        for a in nodes:
+            await a.prepare("d1", "ns")
+        for a in nodes:
+            await a.report_daemon("d1", pb.DaemonState.READY)
+        await wait_reason(store, "d1", "READY", "AllNodesReady")
+        victim = nodes[2]
+        lost_index = (await store.get(store.keys.member("d1", victim.name), pb.Member)).value.index  # type: ignore[union-attr]
+
+        await victim.kill()
+        killed_at = time.monotonic()
+        _, _, message = await wait_reason(store, "d1", "NOT_READY", "NodeLost", timeout_s=ttl_s + 3)
+        seen_after = time.monotonic() - killed_at
+        assert victim.name in message
+
+        async def member_lost() -> pb.Member | None:
+            got = await store.get(store.keys.member("d1", victim.name), pb.Member)
+            return got.value if got and got.value.state == pb.MemberState.LOST else None
+
+        member = await eventually(member_lost, "the member to be marked LOST", timeout_s=ttl_s + 3)
+        marked_after = time.monotonic() - killed_at
+        print(
+            f"\nnode loss: NodeLost in status after {seen_after:.2f} s, member LOST after {marked_after:.2f} s (TTL {ttl_s} s)"
+        )
+        assert seen_after <= ttl_s + 1.0 and marked_after <= ttl_s + 1.0
+        assert member.index == -1
+        # Its index is free: no index claim left for it, and a newcomer gets exactly that index.
+        assert await store.get(store.keys.member_index("d1", CLIQUE, lost_index), pb.IndexClaim) is None
+        # The binding stays: the lost node cannot join another domain meanwhile.
+        binding = await store.get(store.keys.node_binding(victim.name), pb.NodeBinding)
+        assert binding is not None and binding.value.domain_uid == "d1"
+        status = await domain_status(store, "d1")
+        assert status is not None
+        lost_entry = next(n for n in status.nodes if n.name == victim.name)
+        assert (lost_entry.status, lost_entry.index) == (pb.Readiness.NOT_READY, -1)
+        assert all(n.status == pb.Readiness.READY for n in status.nodes if n.name != victim.name)
+        # The survivors' nodes config (peers) is now three lines, without the lost node.
+        assert len(await nodes[0].peers("d1")) == 3
+        newcomer = (await agents(store, 1, first=9))[0]
+        joined = await newcomer.prepare("d1", "ns")
+        assert joined.member.index == lost_index
+        assert await check_store_invariants(store, quiescent=False) == []
+        for a in [*nodes, newcomer]:
+            await a.stop()
+
+
+async def test_lost_node_coming_back_without_claims_is_released(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    async with running_controller(etcd_config):
+        await create_domain(store, "d1")
+        (a, b) = await agents(store, 2)
+        claim = "claim-a"
+        await a.prepare("d1", "ns", claim)
+        await b.prepare("d1", "ns")
+        await a.kill()
+        await wait_reason(store, "d1", "NOT_READY", "NodeLost", timeout_s=5)
+        # Its workload went away meanwhile (kubelet unprepared elsewhere / pod deleted).
+        await a.store.delete(a.store.keys.preparation(a.name, claim))
+        await a.start()
+
+        async def released() -> bool:
+            return await store.get(store.keys.member("d1", a.name), pb.Member) is None
+
+        await eventually(released, "the lost member to be released", timeout_s=5)
+        assert await store.get(store.keys.node_binding(a.name), pb.NodeBinding) is None
+        await b.report_daemon("d1", pb.DaemonState.READY)
+        await wait_reason(store, "d1", "READY", "AllNodesReady")
+        await a.stop()
+        await b.stop()
+
+
+async def test_teardown_leaves_no_record(store: Store, etcd_config: EtcdConfig) -> None:
+    uid = f"td-{uuid.uuid4().hex}"
+    async with running_controller(etcd_config):
+        await create_domain(store, uid)
+        nodes = await agents(store, 3)
+        for a in nodes:
+            await a.prepare(uid, "ns")
+            await a.report_daemon(uid, pb.DaemonState.READY)
+        await wait_reason(store, uid, "READY", "AllNodesReady")
+        await request_deletion(store, uid)
+        _, _, message = await wait_reason(store, uid, "NOT_READY", "Terminating")
+        assert "3 member" in message
+        # While pods still run the domain stays (terminating) and keeps its members.
+        await asyncio.sleep(0.3)
+        assert await store.get(store.keys.domain(uid), pb.ComputeDomain) is not None
+        for a in nodes:
+            await a.unprepare_all()
+
+        async def gone() -> bool:
+            return not await check_domain_gone(store, uid)
+
+        await eventually(gone, "the domain to be torn down", timeout_s=10)
+        assert await check_domain_gone(store, uid) == []
+        for a in nodes:
+            await a.stop()
+
+
+async def test_teardown_completes_when_a_member_node_is_dead(store: Store, etcd_config: EtcdConfig) -> None:
+    uid = f"td-{uuid.uuid4().hex}"
+    async with running_controller(etcd_config):
+        await create_domain(store, uid)
+        alive, dead = await agents(store, 2)
+        await alive.prepare(uid, "ns")
+        await dead.prepare(uid, "ns")  # prepared, then its node dies: nobody will unprepare it
+        await dead.kill()
+        await wait_reason(store, uid, "NOT_READY", "NodeLost", timeout_s=5)
+        await request_deletion(store, uid)
+        await alive.unprepare_all()
+
+        async def gone() -> bool:
+            return not await check_domain_gone(store, uid)
+
+        await eventually(gone, "teardown despite the dead node", timeout_s=10)
+        await alive.stop()
+
+
+async def test_join_that_raced_teardown_is_released_after_grace(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    async with running_controller(etcd_config, orphan_grace_s=0.5):
+        (a,) = await agents(store, 1)
+        # An agent read the domain, the domain was torn down, then the join landed.
+        await a.prepare(GONE, "ns")
+
+        await asyncio.sleep(0.2)
+        assert await store.get(store.keys.member(GONE, a.name), pb.Member) is not None, (
+            "released before grace"
+        )
+        # The agent's prepare then fails (no such domain): it drops its claim record, and a
+        # crash right after leaves the membership behind for the controller to clean up.
+        for claim in list(a.claims):
+            await store.delete(store.keys.preparation(a.name, claim))
+
+        async def released() -> bool:
+            return not await check_domain_gone(store, GONE)
+
+        await eventually(released, "the orphan member to be released", timeout_s=5)
+        assert await store.get(store.keys.node_binding(a.name), pb.NodeBinding) is None
+        await a.stop()
+
+
+async def test_deposed_leader_writes_fail_on_the_fence(store: Store, etcd_config: EtcdConfig) -> None:
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "d1")
+        await wait_reason(store, "d1", "NOT_READY", "WaitingForNodes")
+        key = store.keys.election("cd-controller")
+        record = await store.get(key, pb.LeaderRecord)
+        assert record is not None
+        old = Leadership("cd-controller", "old", key, record.create_revision, record.lease, 0.0)
+        # Leadership moves on: the key is recreated by someone else (new create revision).
+        await store.revoke_lease(record.lease)
+        lease = await store.grant_lease(5)
+        await store.put(key, pb.LeaderRecord(holder="usurper"), lease=lease)
+        before = await store.get(store.keys.domain("d1"), pb.ComputeDomain)
+        (a,) = await agents(store, 1)
+        await a.prepare("d1", "ns")
+        await eventually(lambda: _has_member(controller, "d1"), "the view to see the member")
+        with pytest.raises(FenceLost):
+            await controller.reconcile("d1", old)
+        after = await store.get(store.keys.domain("d1"), pb.ComputeDomain)
+        assert before is not None and after is not None and after.mod_revision == before.mod_revision
+        await store.revoke_lease(lease)
+        await a.stop()
+
+
+async def _has_member(controller, uid: str) -> bool:
+    return bool(controller.view.members.get(uid))
