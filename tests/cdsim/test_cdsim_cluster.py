@@ -262,6 +262,15 @@ def test_delete_leaves_nothing_behind(cluster: Path) -> None:
         assert _imex_pids(cluster, claim["node"]) == []
     result = cdsim(cluster, "job", "delete", JOB)
     assert result.returncode == 1 and "no job default/train" in result.stderr
+    # A leftover file is found.
+    stray = (
+        Path(nodes[job["claims"][0]["node"]]["cdi_dir"])
+        / f"k8s.compute-domain.nvidia.com-claim_{job['claims'][0]['uid']}.json"
+    )
+    stray.write_text("{}")
+    result = cdsim(cluster, "check", "--idle", "--settle", "0")
+    stray.unlink()
+    assert result.returncode == 1 and f"idle: CDI file {stray.name} remains" in result.stderr
 
 
 def test_down_stops_everything_and_is_idempotent(cluster: Path) -> None:

@@ -6,7 +6,7 @@
     cdsim job delete NAME [-n NS] [--wait]
     cdsim status [--json]
     cdsim fault kill-agent NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA | restart-etcd
-    cdsim check [--idle]
+    cdsim check [--idle] [--settle S]
     cdsim down
 
 Every command takes `--state-dir` (default `$CDSIM_STATE_DIR` or `<tmp>/cdsim-<uid>`), before or
@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--idle", action="store_true", help="also require that no domain leaves anything behind"
     )
+    check.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long nodes may take to catch up (invariant 4, leftovers) before it counts as a violation",
+    )
 
     job = sub.add_parser("job", help="submit or delete a job (a ComputeDomain and its claims)")
     job_sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
@@ -129,14 +136,22 @@ async def _status(layout: StateLayout, as_json: bool, out: TextIO) -> None:
     out.write((json.dumps(doc, indent=2) if as_json else render(doc)) + "\n")
 
 
-async def _check(layout: StateLayout, idle: bool, out: TextIO) -> None:
+async def _check(layout: StateLayout, idle: bool, settle_s: float, out: TextIO) -> None:
     state = jobs.running_state(layout)
     cluster = ClusterDescription.load(layout.cluster_file)
     paths = invariants.cluster_node_paths(layout, cluster.node_names())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle_s
     async with jobs.open_store(state) as store:
-        violations = await invariants.check_store_invariants(store, nodes=paths)
-        if idle:
-            violations += await invariants.check_cluster_idle(store, paths)
+        while True:
+            violations = await invariants.check_store_invariants(store, nodes=paths)
+            if idle:
+                violations += await invariants.check_cluster_idle(store, paths)
+            # 1-3 must hold at every instant; 4 and "nothing left" only once the nodes have caught up.
+            converging = all(v.startswith(("inv4:", "idle:")) for v in violations)
+            if not violations or not converging or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.25)
     if violations:
         raise CommandError("invariants violated:\n" + "\n".join(f"  {v}" for v in violations))
     what = "invariants 1-4 hold" + (" and nothing of any domain is left" if idle else "")
@@ -163,7 +178,7 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
     elif args.command == "status":
         _run(lambda: _status(layout, args.json, out))
     elif args.command == "check":
-        _run(lambda: _check(layout, args.idle, out))
+        _run(lambda: _check(layout, args.idle, args.settle, out))
     elif args.command == "job" and args.job_command == "submit":
         submit_options = jobs.SubmitOptions(
             name=args.name,
