@@ -22,8 +22,11 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
+import aetcd.exceptions
+
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.logging import configure_logging
+from libs.state.store import TRANSIENT_ERRORS
 from tools.cdsim import faults, invariants, jobs, lifecycle
 from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
@@ -223,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as exc:
         sys.stdout.flush()
         print(f"cdsim: {exc}", file=sys.stderr)
+        return 1
+    except (*TRANSIENT_ERRORS, aetcd.exceptions.ClientError) as exc:
+        sys.stdout.flush()
+        reason = str(exc) or type(exc).__name__
+        print(
+            f"cdsim: the cluster's etcd did not answer ({reason}); is it restarting? Try again.",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("cdsim: interrupted", file=sys.stderr)
