@@ -9,8 +9,9 @@ carrying `ComputeDomainChannelConfig` (CD uid, allocation mode).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import structlog
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
@@ -87,17 +88,33 @@ class EnsureResult:
     other_owner: str | None = None
 
 
+async def _create_compact(api: ApiClient, namespace: str, body: dict[str, Any]) -> None:
+    """POST the RCT as compact JSON (with the YAML content type, as JSON is YAML).
+
+    The API server keeps opaque parameters byte for byte (a RawExtension) and compares them
+    byte for byte on every update of the object, which re-encodes them compactly. The
+    client's own encoding puts spaces after ':' and ',', and an RCT created that way can
+    never be updated again, not even to remove its finalizer ("spec: field is immutable").
+    """
+    await api.call_api(
+        "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        "POST",
+        path_params={"namespace": namespace},
+        header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        response_types_map={},
+        auth_settings=["BearerToken"],
+        _request_timeout=_CALL_TIMEOUT_S,
+    )
+
+
 async def ensure_template(
     api: ApiClient, cd_uid: str, namespace: str, name: str, allocation_mode: str
 ) -> EnsureResult:
     resource = ResourceV1Api(api)
     body = build_rct(cd_uid, namespace, name, allocation_mode)
     try:
-        await resource.create_namespaced_resource_claim_template(
-            namespace,
-            cast(Any, body),  # the client serialises plain dicts as they are
-            _request_timeout=_CALL_TIMEOUT_S,
-        )
+        await _create_compact(api, namespace, body)
         log.info("resource claim template created", cd_uid=cd_uid, namespace=namespace, rct=name)
         return EnsureResult("created")
     except ApiException as exc:
