@@ -117,6 +117,7 @@ def test_store_status_maps_to_cr_status_fields() -> None:
     )
     assert cr_status(status) == {
         "status": "Ready",
+        "nodeCount": 2,
         "nodes": [
             {"name": "n1", "ipAddress": "10.0.0.1", "cliqueID": "uuid.1", "index": 0, "status": "Ready"},
             {"name": "cpu", "ipAddress": "10.0.0.9", "cliqueID": "", "index": -1, "status": "NotReady"},

@@ -78,9 +78,11 @@ def domain_from_cr(cr: dict[str, Any]) -> pb.ComputeDomain:
 
 
 def cr_status(status: pb.ComputeDomainStatus) -> dict[str, Any]:
-    """status.status, status.nodes and status.conditions as the CRD declares them."""
+    """status.status, status.nodes (and nodeCount, the Nodes printer column) and status.conditions
+    as the CRD declares them."""
     return {
         "status": "Ready" if status.status == pb.Readiness.READY else "NotReady",
+        "nodeCount": len(status.nodes),
         "nodes": [
             {
                 "name": n.name,
@@ -106,7 +108,7 @@ def cr_status(status: pb.ComputeDomainStatus) -> dict[str, Any]:
 
 def cr_status_differs(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
     current = current or {}
-    return any(current.get(k) != desired.get(k) for k in ("status", "nodes", "conditions"))
+    return any(current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions"))
 
 
 def has_finalizer(cr: dict[str, Any]) -> bool:
