@@ -1,0 +1,98 @@
+"""Fixtures of the end-to-end tests: one environment (control plane, etcd, shim, 36 node agents,
+advisor with the scheduler extender, controller) for the whole session, started on first use.
+
+The Kubernetes binaries are built (or found in the cache) right after collection, outside any
+per-test timeout; a failed build fails the tests that need it, it never skips them. Set
+CD_E2E_KEEP=1 to keep the environment's directory (logs, node state) after the session.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1ObjectMeta
+
+from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from tests.e2e.harness import E2EEnvironment
+from tools.controlplane.binaries import Binaries, BuildError, ensure_binaries
+
+_binaries: Binaries | None = None
+_build_error: str | None = None
+
+
+def _build() -> None:
+    global _binaries, _build_error
+    if _binaries is not None or _build_error is not None:
+        return
+    try:
+        _binaries = ensure_binaries()
+    except BuildError as exc:
+        _build_error = str(exc)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any("e2e_env" in getattr(item, "fixturenames", ()) for item in session.items):
+        _build()
+
+
+@pytest.fixture(scope="session")
+def e2e_env() -> Iterator[E2EEnvironment]:
+    """The running environment; see tests.e2e.harness."""
+    _build()
+    if _build_error is not None:
+        pytest.fail(f"building the Kubernetes control plane failed:\n{_build_error}", pytrace=False)
+    assert _binaries is not None
+    env = E2EEnvironment(_binaries)
+    env.start()
+    try:
+        yield env
+    finally:
+        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
+
+
+@pytest.fixture
+async def api(e2e_env: E2EEnvironment) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient for the environment's API server."""
+    api = await k8s_config.new_client_from_config(config_file=str(e2e_env.cp.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def e2e_store(e2e_env: E2EEnvironment) -> AsyncIterator[Store]:
+    """The services' store (default prefix) on the environment's etcd."""
+    store = Store(EtcdConfig(endpoint=e2e_env.etcd.endpoint, timeout_s=5.0))
+    await store.connect()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _new_namespace(api: ApiClient, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    await CoreV1Api(api).create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name)))
+    return name
+
+
+@pytest.fixture
+async def namespace(api: ApiClient) -> AsyncIterator[str]:
+    """A fresh namespace for the test (deleted afterwards, without waiting)."""
+    name = await _new_namespace(api, "e2e")
+    yield name
+    await CoreV1Api(api).delete_namespace(name)
+
+
+@pytest.fixture
+async def other_namespace(api: ApiClient) -> AsyncIterator[str]:
+    """A second fresh namespace (another tenant)."""
+    name = await _new_namespace(api, "tenant")
+    yield name
+    await CoreV1Api(api).delete_namespace(name)

@@ -1,0 +1,509 @@
+"""The end-to-end environment: a real control plane plus our services as real processes.
+
+`E2EEnvironment.start()` brings up, in order:
+
+1. the loopback Kubernetes control plane (tools.controlplane) with our CRD and DeviceClass applied
+   from the rendered kustomize base;
+2. our etcd (tools.etcd);
+3. the kubelet shim (tools.kubeletshim, one process for every node): Node objects, leases;
+4. one node agent per node (Kubernetes claim source, simulated hardware), forked from the cdsim
+   fork server so that 36 of them start in seconds on two cores;
+5. the placement advisor with its extender, and kube-scheduler restarted with that extender;
+6. the controller in Kubernetes mode.
+
+All state lives under one short temporary directory (unix socket paths stay under 108 bytes);
+every process logs into `<root>/logs/`. `stop()` ends everything it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from libs.hardware.cluster import ClusterDescription
+from libs.hardware.simulated import prepare_node_dirs
+from tests.invariants import NodeLocalPaths
+from tests.manifests.kustomize import build as kustomize_build
+from tools.cdsim.layout import StateLayout
+from tools.controlplane.binaries import Binaries
+from tools.controlplane.cluster import ControlPlane
+from tools.etcd.server import EtcdServer, free_port
+from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"
+EXAMPLES_DIR = REPO_ROOT / "tests" / "manifests" / "examples"
+
+DRIVER = "compute-domain.nvidia.com"
+DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
+CRD_NAME = "computedomains.resource.nvidia.com"
+DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+
+AGENT_TARGET = "services.nodeagent.main:main"
+CONTROLLER_TARGET = "services.controller.main:main"
+ADVISOR_TARGET = "services.advisor.main:main"
+SHIM_TARGET = "tools.kubeletshim.main:main"
+PRELOAD = (
+    "services.nodeagent.main",
+    "services.controller.main",
+    "services.advisor.main",
+    "tools.kubeletshim.main",
+)
+
+AGENT_HEALTH_PORT = 9400
+CONTROLLER_LEASE_TTL_S = 3
+AGENT_LEASE_TTL_S = 5
+IMEX_PORT = 50000
+_SPAWN_TIMEOUT_S = 30.0
+_STOP_GRACE_S = 10.0
+
+
+class EnvironmentError_(RuntimeError):
+    """Something in the environment did not come up; the message carries the relevant log tail."""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, explain: Callable[[], str] = str
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while not check():
+        if time.monotonic() > deadline:
+            raise EnvironmentError_(f"timed out after {timeout_s:.0f} s waiting for {what}\n{explain()}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _address_block_free(cluster: ClusterDescription) -> bool:
+    """Whether no other simulated cluster on this machine uses our racks' IMEX port."""
+    for rack in range(cluster.racks):
+        for tray in (0, cluster.trays_per_rack - 1):
+            address = cluster.node_address(rack, tray)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((address, IMEX_PORT))
+                except OSError:
+                    return False
+    return True
+
+
+def pick_cluster(racks: int, trays: int) -> ClusterDescription:
+    """A cluster on an address block no other simulated cluster here is using right now."""
+    blocks = [b for b in range(2, 100) if b != 77]
+    random.shuffle(blocks)
+    for block in blocks:
+        cluster = ClusterDescription(
+            racks=racks, trays_per_rack=trays, seed=f"e2e-{os.getpid()}-{block}", address_block=block
+        )
+        if _address_block_free(cluster):
+            return cluster
+    raise EnvironmentError_("no free loopback address block for the simulated cluster")
+
+
+class ForkServer:
+    """Synchronous client of tools.cdsim.zygote: spawn pre-imported service processes."""
+
+    def __init__(self, log_path: Path, cwd: Path) -> None:
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tools.cdsim.zygote", "--preload", ",".join(PRELOAD)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=str(REPO_ROOT),
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                start_new_session=True,
+            )
+        self._next_id = 0
+        self.exits: dict[int, tuple[int | None, int]] = {}
+        self._cwd = cwd
+
+    def spawn(self, name: str, target: str, argv: list[str], log: Path) -> int:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._next_id += 1
+        request = {
+            "id": self._next_id,
+            "op": "spawn",
+            "name": name,
+            "target": target,
+            "argv": argv,
+            "log": str(log),
+        }
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        self.process.stdin.flush()
+        deadline = time.monotonic() + _SPAWN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                raise EnvironmentError_("the fork server exited")
+            message = json.loads(line)
+            if message.get("event") == "exit":
+                self.exits[int(message["pid"])] = (message.get("code"), int(message.get("signal") or 0))
+                continue
+            if message.get("id") == self._next_id:
+                if "pid" not in message:
+                    raise EnvironmentError_(f"fork server refused {name}: {message.get('error')}")
+                return int(message["pid"])
+        raise EnvironmentError_(f"fork server did not answer for {name}")
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # the fork server then terminates its children
+        try:
+            self.process.wait(timeout=_STOP_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by the fork server) is not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def terminate(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class E2EEnvironment:
+    binaries: Binaries
+    racks: int = 2
+    trays: int = 18
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cde2e-")))
+    cp: ControlPlane = field(init=False)
+    etcd: EtcdServer = field(init=False)
+    cluster: ClusterDescription = field(init=False)
+    layout: StateLayout = field(init=False)
+    forks: ForkServer | None = None
+    agents: dict[str, int] = field(default_factory=dict)
+    shim_pid: int = 0
+    advisor_pid: int = 0
+    controller_pid: int = 0
+    controller_starts: int = 0
+    ports: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.layout = StateLayout.at(self.root)
+        self.layout.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.cp = ControlPlane(self.binaries, self.root / "controlplane")
+        self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
+        self.cluster = pick_cluster(self.racks, self.trays)
+
+    # ---- paths -------------------------------------------------------------------------------
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self.cluster.node_names())
+
+    def node_paths(self, node: str) -> NodeLocalPaths:
+        dirs = self.layout.node(node)
+        return NodeLocalPaths(node, dirs.cdi_root, dirs.imex_dir, dirs.checkpoint_file)
+
+    def all_node_paths(self) -> list[NodeLocalPaths]:
+        return [self.node_paths(n) for n in self.node_names]
+
+    def log(self, process: str) -> Path:
+        return self.layout.log_file(process)
+
+    def explain(self, *processes: str, lines: int = 25) -> str:
+        names = processes or ("controller", "advisor", "kubeletshim")
+        parts = [f"--- {name} ---\n{log_tail(self.log(name), lines)}" for name in names]
+        parts.append(f"--- kube-scheduler ---\n{log_tail(self.cp.log_path('kube-scheduler'), lines)}")
+        return "\n".join(parts)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._timed("control plane", self.cp.start)
+            self._timed("crd", self.apply_base_manifests)
+            self._timed("etcd", self.etcd.start)
+            self.forks = ForkServer(self.log("forkserver"), self.root)
+            self._timed("shim", self.start_shim)
+            self._timed("agents", self.start_agents)
+            self._timed("advisor", self.start_advisor)
+            self._timed("scheduler with extender", self.configure_scheduler)
+            self._timed("controller", self.start_controller)
+            self._timed("resource slices", self.wait_resource_slices)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _timed(self, what: str, step: Callable[[], None]) -> None:
+        started = time.monotonic()
+        step()
+        self.timings[what] = round(time.monotonic() - started, 2)
+
+    def stop(self, keep_root: bool = False) -> None:
+        for pid in (self.controller_pid, self.advisor_pid, self.shim_pid):
+            if pid:
+                terminate(pid)
+        if self.forks is not None:
+            self.forks.close()  # SIGTERMs the agents; they stop their IMEX daemons
+            self.forks = None
+        self.etcd.stop()
+        self.cp.stop()
+        if not keep_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def kubectl_apply(self, objects: list[dict[str, Any]]) -> None:
+        self.cp.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
+
+    def apply_base_manifests(self) -> None:
+        wanted = {"CustomResourceDefinition", "DeviceClass"}
+        objects = [o for o in kustomize_build(MANIFESTS_BASE) if o.get("kind") in wanted]
+        assert {o["kind"] for o in objects} == wanted, "the kustomize base lost the CRD or the DeviceClass"
+        self.kubectl_apply(objects)
+        self.cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+    def _spawn(self, name: str, target: str, argv: list[str]) -> int:
+        assert self.forks is not None
+        return self.forks.spawn(name, target, argv, self.log(name))
+
+    def start_shim(self) -> None:
+        nodes = nodes_of_cluster(self.cluster, self.layout.nodes_dir)
+        nodes_file = self.root / "shim-nodes.json"
+        nodes_file.write_text(json.dumps(nodes_document(nodes)))
+        self.shim_pid = self._spawn(
+            "kubeletshim",
+            SHIM_TARGET,
+            [
+                "--kubeconfig", str(self.cp.kubeconfig),
+                "--nodes-file", str(nodes_file),
+                "--retry-initial-s", "0.25",
+                "--retry-cap-s", "4",
+                "--log-format", "json",
+            ],
+        )  # fmt: skip
+        wait_until(
+            lambda: self._ready_node_count() >= len(nodes),
+            60.0,
+            f"{len(nodes)} Ready Nodes registered by the kubelet shim",
+            lambda: log_tail(self.log("kubeletshim")),
+        )
+
+    def _ready_node_count(self) -> int:
+        out = self.cp.kubectl(
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+            check=False,
+        ).stdout
+        return sum(1 for line in out.splitlines() if line.strip() == "True")
+
+    def agent_argv(self, node: str) -> list[str]:
+        dirs = self.layout.node(node)
+        address = self.cluster.node(node).address
+        return [
+            "--node-name", node,
+            "--node-ip", address,
+            "--kubelet-dir", str(dirs.kubelet_dir),
+            "--cdi-root", str(dirs.cdi_root),
+            "--imex-work-dir", str(dirs.imex_dir),
+            "--hardware", "simulated",
+            "--sim-cluster", str(self.layout.cluster_file),
+            "--sim-state-dir", str(self.layout.nodes_dir),
+            "--claim-source", "kubernetes",
+            "--kubeconfig", str(self.cp.kubeconfig),
+            "--publish-clique-label", "true",
+            "--lease-ttl-s", str(AGENT_LEASE_TTL_S),
+            "--health-host", address,
+            "--health-port", str(AGENT_HEALTH_PORT),
+            "--etcd-endpoint", self.etcd.endpoint,
+            "--log-format", "json",
+        ]  # fmt: skip
+
+    def start_agents(self) -> None:
+        self.cluster.save(self.layout.cluster_file)
+        for node in self.node_names:
+            prepare_node_dirs(self.cluster, node, self.layout.nodes_dir)
+            dirs = self.layout.node(node)
+            for d in (dirs.kubelet_dir, dirs.cdi_root, dirs.imex_dir):
+                d.mkdir(parents=True, exist_ok=True)
+        for node in self.node_names:
+            self.agents[node] = self._spawn(f"agent-{node}", AGENT_TARGET, self.agent_argv(node))
+        urls = {
+            n: f"http://{self.cluster.node(n).address}:{AGENT_HEALTH_PORT}/readyz" for n in self.node_names
+        }
+        wait_until(
+            lambda: all(http_ok(u) for u in urls.values()),
+            90.0,
+            "every node agent to be ready",
+            lambda: "\n".join(
+                f"--- agent-{n} ---\n{log_tail(self.log(f'agent-{n}'), 10)}"
+                for n, u in urls.items()
+                if not http_ok(u)
+            ),
+        )
+
+    def start_advisor(self) -> None:
+        self.ports.update(advisor_grpc=free_port(), extender=free_port(), advisor_health=free_port())
+        self.advisor_pid = self._spawn(
+            "advisor",
+            ADVISOR_TARGET,
+            [
+                "--identity", "advisor",
+                "--etcd-endpoint", self.etcd.endpoint,
+                "--grpc-host", "127.0.0.1",
+                "--grpc-port", str(self.ports["advisor_grpc"]),
+                "--extender-enabled", "true",
+                "--extender-host", "127.0.0.1",
+                "--extender-port", str(self.ports["extender"]),
+                "--template-source", "kubernetes",
+                "--kubeconfig", str(self.cp.kubeconfig),
+                "--health-host", "127.0.0.1",
+                "--health-port", str(self.ports["advisor_health"]),
+                "--log-format", "json",
+            ],
+        )  # fmt: skip
+        wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{self.ports['advisor_health']}/readyz"),
+            60.0,
+            "the placement advisor to be ready",
+            lambda: log_tail(self.log("advisor")),
+        )
+
+    def configure_scheduler(self) -> None:
+        extender = {
+            "urlPrefix": f"http://127.0.0.1:{self.ports['extender']}/",
+            "filterVerb": "filter",
+            "prioritizeVerb": "prioritize",
+            "weight": 1,
+            "enableHTTPS": False,
+            "nodeCacheCapable": False,
+            "ignorable": False,
+            "httpTimeout": "10s",
+        }
+        path = self.root / "kube-scheduler-extender.yaml"
+        path.write_text(yaml.safe_dump(self.cp.scheduler_config(extenders=[extender])))
+        self.cp.restart_scheduler(path)
+
+    def start_controller(self) -> None:
+        if "controller_health" not in self.ports:
+            self.ports["controller_health"] = free_port()
+        self.controller_starts += 1
+        self.controller_pid = self._spawn(
+            "controller",
+            CONTROLLER_TARGET,
+            [
+                "--identity", f"controller-{self.controller_starts}",
+                "--mode", "kubernetes",
+                "--kubeconfig", str(self.cp.kubeconfig),
+                "--etcd-endpoint", self.etcd.endpoint,
+                "--leader-lease-ttl-s", str(CONTROLLER_LEASE_TTL_S),
+                "--health-host", "127.0.0.1",
+                "--health-port", str(self.ports["controller_health"]),
+                "--log-format", "json",
+            ],
+        )  # fmt: skip
+        wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{self.ports['controller_health']}/healthz"),
+            60.0,
+            "the controller to serve /healthz",
+            lambda: log_tail(self.log("controller")),
+        )
+
+    def kill_controller(self) -> None:
+        """SIGKILL the controller: no lease revoked, no cleanup."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.controller_pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(self.controller_pid), 10.0, "the killed controller to exit")
+
+    def wait_resource_slices(self) -> None:
+        expected = len(self.node_names)
+
+        def count() -> int:
+            out = self.cp.kubectl(
+                "get",
+                "resourceslices",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.driver}{'\\n'}{end}",
+                check=False,
+            ).stdout
+            return sum(1 for line in out.splitlines() if line.strip() == DRIVER)
+
+        wait_until(lambda: count() >= expected, 60.0, f"{expected} ResourceSlices of {DRIVER}")
+
+
+def example_objects(file_name: str) -> list[dict[str, Any]]:
+    """The documents of one NVIDIA example, unchanged."""
+    with open(EXAMPLES_DIR / file_name) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def example_compute_domain(file_name: str, name: str, template: str, namespace: str) -> dict[str, Any]:
+    """The ComputeDomain of an NVIDIA example with only its names changed."""
+    docs = [d for d in example_objects(file_name) if d.get("kind") == "ComputeDomain"]
+    assert len(docs) == 1, f"{file_name} should hold one ComputeDomain"
+    cd = docs[0]
+    cd["metadata"]["name"] = name
+    cd["metadata"]["namespace"] = namespace
+    cd["spec"]["channel"]["resourceClaimTemplate"]["name"] = template
+    return cd
+
+
+def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """JSON log lines of a service log (other lines skipped)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                yield obj

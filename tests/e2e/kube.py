@@ -1,0 +1,243 @@
+"""Async helpers of the end-to-end tests: objects as plain JSON, polling with bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi, ResourceV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.e2e.harness import DEVICE_CLASS
+
+T = TypeVar("T")
+
+GROUP, VERSION, PLURAL = "resource.nvidia.com", "v1beta1", "computedomains"
+# Generous: other test sessions share the two cores; every wait is still bounded.
+WAIT_S = 90.0
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]],
+    what: str,
+    timeout_s: float = WAIT_S,
+    explain: Callable[[], str] = str,
+) -> T:
+    """Poll `probe` until it returns something other than None (or fail naming `what`)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    last_error = ""
+    while True:
+        try:
+            value = await probe()
+        except ApiException as exc:
+            value, last_error = None, f"HTTP {exc.status}: {exc.reason}"
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            detail = f" (last API error: {last_error})" if last_error else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{detail}\n{explain()}")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+async def raw_get(api: ApiClient, path: str) -> dict[str, Any] | None:
+    """GET an API path as JSON; None on 404."""
+    try:
+        response = await api.call_api(
+            path,
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=15,
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    resp = response[0] if isinstance(response, tuple) else response
+    try:
+        status, body = resp.status, await resp.read()
+    finally:
+        resp.release()
+    if status == 404:
+        return None
+    if status != 200:
+        raise ApiException(status=status, reason=body.decode(errors="replace")[:300])
+    result: dict[str, Any] = json.loads(body)
+    return result
+
+
+async def get_cd(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    return await raw_get(api, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
+
+
+async def create_cd(api: ApiClient, cd: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = await CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, cd["metadata"]["namespace"], PLURAL, cd
+    )
+    return created
+
+
+async def delete_cd(api: ApiClient, namespace: str, name: str) -> None:
+    try:
+        await CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+async def list_pods(api: ApiClient, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+    query = f"?labelSelector={selector}" if selector else ""
+    listing = await raw_get(api, f"/api/v1/namespaces/{namespace}/pods{query}")
+    return list((listing or {}).get("items") or [])
+
+
+async def list_claims(api: ApiClient, namespace: str) -> list[dict[str, Any]]:
+    listing = await raw_get(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
+    return list((listing or {}).get("items") or [])
+
+
+async def get_claim(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    return await raw_get(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+
+
+async def get_template(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    return await raw_get(
+        api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}"
+    )
+
+
+async def node_labels(api: ApiClient) -> dict[str, dict[str, str]]:
+    listing = await raw_get(api, "/api/v1/nodes")
+    return {
+        n["metadata"]["name"]: dict(n["metadata"].get("labels") or {})
+        for n in (listing or {}).get("items", [])
+    }
+
+
+async def pod_events(api: ApiClient, namespace: str, pod: str) -> list[dict[str, Any]]:
+    listing = await raw_get(
+        api,
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind=Pod,involvedObject.name={pod}",
+    )
+    return list((listing or {}).get("items") or [])
+
+
+def is_running(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    return status.get("phase") == "Running" and ready
+
+
+def indexed_job(
+    name: str, namespace: str, template: str, pods: int, size_hint: int | None = None
+) -> dict[str, Any]:
+    """An Indexed Job of `pods` pods, each claiming the CD's channel through the CD's template."""
+    annotations = {"resource.nvidia.com/computeDomainSize": str(size_hint)} if size_hint else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"e2e-job": name}, "annotations": annotations},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "ubuntu:22.04",
+                            "command": [
+                                "bash",
+                                "-c",
+                                "ls -la /dev/nvidia-caps-imex-channels; sleep infinity",
+                            ],
+                            "resources": {"claims": [{"name": "imex-channel"}]},
+                        }
+                    ],
+                    "resourceClaims": [{"name": "imex-channel", "resourceClaimTemplateName": template}],
+                },
+            },
+        },
+    }
+
+
+async def create_job(api: ApiClient, job: dict[str, Any]) -> None:
+    await BatchV1Api(api).create_namespaced_job(job["metadata"]["namespace"], job)
+
+
+async def delete_job(api: ApiClient, namespace: str, name: str) -> None:
+    await BatchV1Api(api).delete_namespaced_job(name, namespace, propagation_policy="Background")
+
+
+def channel_claim(name: str, namespace: str, domain_uid: str) -> dict[str, Any]:
+    """A ResourceClaim for our channel whose opaque config names the domain `domain_uid` directly."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "channel", "exactly": {"deviceClassName": DEVICE_CLASS}}],
+                "config": [
+                    {
+                        "requests": ["channel"],
+                        "opaque": {
+                            "driver": "compute-domain.nvidia.com",
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "ComputeDomainChannelConfig",
+                                "domainID": domain_uid,
+                                "allocationMode": "Single",
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+
+
+def pod_with_claim(name: str, namespace: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "ubuntu:22.04",
+                    "resources": {"claims": [{"name": "imex-channel"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "imex-channel", "resourceClaimName": claim}],
+        },
+    }
+
+
+async def delete_pod(api: ApiClient, namespace: str, name: str) -> None:
+    try:
+        await CoreV1Api(api).delete_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+async def delete_claim(api: ApiClient, namespace: str, name: str) -> None:
+    try:
+        await ResourceV1Api(api).delete_namespaced_resource_claim(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
