@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -174,7 +174,8 @@ def indexed_job(
 
 
 async def create_job(api: ApiClient, job: dict[str, Any]) -> None:
-    await BatchV1Api(api).create_namespaced_job(job["metadata"]["namespace"], job)
+    # The client sends plain dicts as they are.
+    await BatchV1Api(api).create_namespaced_job(job["metadata"]["namespace"], cast(Any, job))
 
 
 async def delete_job(api: ApiClient, namespace: str, name: str) -> None:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End-to-end tests against a real Kubernetes control plane (what `make e2e` runs):
+# tests/e2e (the ComputeDomain scenario on 36 simulated nodes, isolation, controller
+# restart, CRD validation, kubelet shim) and tests/k8s (the control plane itself).
+#
+# Usage: tools/e2e.sh [pytest arguments]      e.g. tools/e2e.sh -x -k isolation
+# Env:   PYTHON        interpreter with the project installed (default .venv/bin/python)
+#        CD_CACHE_DIR  where the Go-built binaries are cached (see tools/controlplane/build.sh)
+#        CD_E2E_KEEP=1 keep the environment's directory (logs, node state) after the run
+#
+# The binaries are built (first run: many minutes) or found in the cache before pytest
+# starts, so the build's progress is visible and no test timeout covers it.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="${PYTHON:-$root/.venv/bin/python}"
+if [[ ! -x "$py" ]]; then
+    echo "e2e.sh: $py not found; run 'make setup' first" >&2
+    exit 1
+fi
+
+started=$SECONDS
+bash tools/etcd/build.sh >/dev/null
+bash tools/controlplane/build.sh >/dev/null
+built=$SECONDS
+echo "e2e: binaries ready in $((built - started)) s" >&2
+
+status=0
+"$py" -m pytest -q tests/e2e tests/k8s "$@" || status=$?
+echo "e2e: tests took $((SECONDS - built)) s (total $((SECONDS - started)) s)" >&2
+exit "$status"
