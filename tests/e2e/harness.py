@@ -122,7 +122,8 @@ def _address_block_free(cluster: ClusterDescription) -> bool:
 
 def pick_cluster(racks: int, trays: int) -> ClusterDescription:
     """A cluster on an address block no other simulated cluster here is using right now."""
-    blocks = [b for b in range(2, 100) if b != 77]
+    # 1 is cdsim's default (make demo), 77-78 the cdsim tests', 100+ the node agent tests'.
+    blocks = [b for b in range(2, 100) if b not in (77, 78)]
     random.shuffle(blocks)
     for block in blocks:
         cluster = ClusterDescription(
@@ -456,6 +457,12 @@ class E2EEnvironment:
             "the controller to serve /healthz",
             lambda: log_tail(self.log("controller")),
         )
+
+    def kill_shim(self) -> None:
+        """SIGKILL the kubelet shim (all nodes' kubelets at once)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.shim_pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(self.shim_pid), 10.0, "the killed kubelet shim to exit")
 
     def kill_controller(self) -> None:
         """SIGKILL the controller: no lease revoked, no cleanup."""

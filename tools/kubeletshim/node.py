@@ -44,6 +44,7 @@ from tools.kubeletshim.pods import (
     ClaimRef,
     NotReadyYet,
     PodKey,
+    allocated_to_driver,
     claim_for_driver,
     claim_names,
     is_finished,
@@ -96,6 +97,7 @@ class NodeKubelet:
         return self.settings.api_timeout_s
 
     async def run(self) -> None:
+        self.workers.clear()  # a restart after a failure: the old workers went with their task group
         await self._until_done("register node", self.ensure_node)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._heartbeat(), name=f"heartbeat-{self.node.name}")
@@ -390,8 +392,19 @@ class PodWorker:
         self.changed.set()
 
     async def run(self) -> None:
+        backoff = Backoff(
+            initial=self.kubelet.settings.retry_initial_s, cap=self.kubelet.settings.retry_cap_s
+        )
         try:
-            await self._run()
+            while True:
+                try:
+                    await self._run()
+                    return
+                except Exception:
+                    # A bug must cost this pod a retry, not the node's other pods.
+                    delay = backoff.next_delay()
+                    self.log.exception("pod sync crashed; retrying", retry_in_s=round(delay, 2))
+                    await asyncio.sleep(delay)
         finally:
             if self.kubelet.workers.get(self.key.uid) is self:
                 del self.kubelet.workers[self.key.uid]
@@ -483,9 +496,44 @@ class PodWorker:
             self.log.info("pod running")
         self.started = True
 
+    async def _claims_to_release(self) -> list[ClaimRef]:
+        """Claims of our driver in a pod this process never prepared (the shim restarted while the
+        pod ran): kubelet finds them in its checkpoint, we in the API. Unprepare is idempotent."""
+        try:
+            names = claim_names(self.pod)
+        except NotReadyYet:
+            return []
+        refs = []
+        for name in names:
+            try:
+                claim = await read_json(
+                    self.kubelet.resource.read_namespaced_resource_claim(
+                        name,
+                        self.key.namespace,
+                        _preload_content=False,
+                        _request_timeout=self.kubelet.timeout,
+                    )
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            ref = allocated_to_driver(claim, self.kubelet.settings.driver)
+            if ref is not None:
+                refs.append(ref)
+        return refs
+
     async def _terminate(self) -> None:
         k = self.kubelet
         refs = list(self.attempted.values())
+        if not refs and not self.deleted:
+            found: list[ClaimRef] = []
+
+            async def find() -> None:
+                found[:] = await self._claims_to_release()
+
+            await k._until_done("reading the claims of a terminating pod", find)
+            refs = found
         backoff = Backoff(initial=k.settings.retry_initial_s, cap=k.settings.retry_cap_s)
         while refs:
             errors = await k.unprepare(refs)

@@ -88,6 +88,18 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
     return names
 
 
+def allocated_to_driver(claim: Mapping[str, Any], driver: str) -> ClaimRef | None:
+    """The claim as our driver is told about it if a device of `driver` is allocated in it."""
+    meta = claim.get("metadata") or {}
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not isinstance(allocation, Mapping):
+        return None
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    if not any(isinstance(r, Mapping) and r.get("driver") == driver for r in results):
+        return None
+    return ClaimRef(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")))
+
+
 def claim_for_driver(claim: Mapping[str, Any], pod_uid: str, driver: str) -> ClaimRef | None:
     """The claim as our driver is told about it, None if no device of `driver` is allocated in it.
 
@@ -103,7 +115,4 @@ def claim_for_driver(claim: Mapping[str, Any], pod_uid: str, driver: str) -> Cla
     reserved = {str(r.get("uid", "")) for r in status.get("reservedFor") or [] if isinstance(r, Mapping)}
     if pod_uid not in reserved:
         raise NotReadyYet(f"ResourceClaim {ref.namespace}/{ref.name} is not reserved for the pod yet")
-    results = ((allocation.get("devices") or {}).get("results")) or []
-    if any(isinstance(r, Mapping) and r.get("driver") == driver for r in results):
-        return ref
-    return None
+    return allocated_to_driver(claim, driver)
