@@ -70,6 +70,8 @@ PRELOAD = (
 
 AGENT_HEALTH_PORT = 9400
 CONTROLLER_LEASE_TTL_S = 3
+# Short, so a test sees leftovers swept within seconds (production default: 5 minutes).
+CONTROLLER_SWEEP_S = 3
 AGENT_LEASE_TTL_S = 5
 IMEX_PORT = 50000
 _SPAWN_TIMEOUT_S = 30.0
@@ -446,6 +448,7 @@ class E2EEnvironment:
                 "--kubeconfig", str(self.cp.kubeconfig),
                 "--etcd-endpoint", self.etcd.endpoint,
                 "--leader-lease-ttl-s", str(CONTROLLER_LEASE_TTL_S),
+                "--sweep-interval-s", str(CONTROLLER_SWEEP_S),
                 "--health-host", "127.0.0.1",
                 "--health-port", str(self.ports["controller_health"]),
                 "--log-format", "json",
