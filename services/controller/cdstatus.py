@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from libs.gen.computedomain.state import v1 as pb
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
+from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
 
 CONDITION_READY = "Ready"
 
@@ -69,23 +70,23 @@ def node_ready(member: MemberRecord, daemon: DaemonRecord | None, node: NodeReco
     return daemon is not None and daemon.state == pb.DaemonState.READY
 
 
-def node_statuses(obs: DomainObservation) -> list[pb.NodeStatus]:
+def node_statuses(obs: DomainObservation) -> tuple[NodeEntry, ...]:
     """status.nodes: every member (lost ones NotReady), sorted by name."""
-    out: list[pb.NodeStatus] = []
+    out: list[NodeEntry] = []
     for name in sorted(obs.members):
         member = obs.members[name]
         node = obs.nodes.get(name)
-        ready = node_ready(member, obs.daemons.get(name), node)
+        lost = member_lost(member, node)
         out.append(
-            pb.NodeStatus(
+            NodeEntry(
                 name=name,
                 ip_address=member.ip_address or (node.ip_address if node else ""),
                 clique_id=member.clique_id,
-                index=member.index if member.fabric and not member_lost(member, node) else -1,
-                status=pb.Readiness.READY if ready else pb.Readiness.NOT_READY,
+                index=member.index if member.fabric and not lost else -1,
+                ready=node_ready(member, obs.daemons.get(name), node),
             )
         )
-    return out
+    return tuple(out)
 
 
 def _names(names: Sequence[str]) -> str:
@@ -144,54 +145,24 @@ def verdict(obs: DomainObservation) -> Verdict:
 
 
 def merge_conditions(
-    previous: Sequence[pb.Condition], desired: Sequence[pb.Condition], now_ms: int
-) -> list[pb.Condition]:
+    previous: Sequence[ConditionEntry], desired: Sequence[ConditionEntry], now_ms: int
+) -> tuple[ConditionEntry, ...]:
     """Desired conditions, keeping each one's lastTransitionTime while its status is unchanged."""
     before = {c.type: c for c in previous}
-    out: list[pb.Condition] = []
+    out: list[ConditionEntry] = []
     for cond in desired:
         old = before.get(cond.type)
         since = old.last_transition_unix_ms if old is not None and old.status == cond.status else now_ms
-        out.append(
-            pb.Condition(
-                type=cond.type,
-                status=cond.status,
-                reason=cond.reason,
-                message=cond.message,
-                last_transition_unix_ms=since,
-            )
-        )
-    return out
+        out.append(ConditionEntry(cond.type, cond.status, cond.reason, cond.message, since))
+    return tuple(out)
 
 
-def desired_status(
-    obs: DomainObservation, previous: pb.ComputeDomainStatus | None, now_ms: int
-) -> pb.ComputeDomainStatus:
+def desired_status(obs: DomainObservation, previous: StatusValue | None, now_ms: int) -> StatusValue:
     v = verdict(obs)
-    ready_condition = pb.Condition(
-        type=CONDITION_READY,
-        status="True" if v.ready else "False",
-        reason=v.reason,
-        message=v.message,
-    )
-    old_conditions = list(previous.conditions) if previous is not None else []
-    return pb.ComputeDomainStatus(
-        status=pb.Readiness.READY if v.ready else pb.Readiness.NOT_READY,
+    ready_condition = ConditionEntry(CONDITION_READY, "True" if v.ready else "False", v.reason, v.message, 0)
+    old_conditions = previous.conditions if previous is not None else ()
+    return StatusValue(
+        ready=v.ready,
         nodes=node_statuses(obs),
         conditions=merge_conditions(old_conditions, [ready_condition], now_ms),
     )
-
-
-def status_differs(a: pb.ComputeDomainStatus | None, b: pb.ComputeDomainStatus | None) -> bool:
-    """True when writing `b` over `a` would change what users see."""
-    if a is None or b is None:
-        return (a is None) != (b is None)
-    # Serialised form: field order is fixed and lists are built sorted, so equal content means equal bytes.
-    return bytes(a) != bytes(b)
-
-
-def ready_condition(status: pb.ComputeDomainStatus) -> pb.Condition | None:
-    for cond in status.conditions:
-        if cond.type == CONDITION_READY:
-            return cond
-    return None

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from libs.gen.computedomain.state import v1 as pb
+from services.controller.domainrecord import DomainRecord
+from services.controller.statusmodel import StatusValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,10 @@ class DomainObservation:
 
     uid: str
     # None when the domain record is absent (not created yet, or torn down).
-    domain: pb.ComputeDomain | None
+    domain: DomainRecord | None
     domain_revision: int = 0
+    # The domain's stored status, as plain values.
+    status: StatusValue = field(default_factory=StatusValue)
     members: Mapping[str, MemberRecord] = field(default_factory=dict)
     # Daemon statuses of this domain by node (members or not).
     daemons: Mapping[str, DaemonRecord] = field(default_factory=dict)

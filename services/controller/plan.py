@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from libs.gen.computedomain.state import v1 as pb
 from services.controller import cdstatus, membership, teardown
 from services.controller.actions import Action, DeleteDomain
 from services.controller.observed import DomainObservation
+from services.controller.statusmodel import StatusValue
 
 
 @dataclass(frozen=True)
 class Plan:
     # The status to write, or None when the stored one is already right (or there is no domain).
-    status: pb.ComputeDomainStatus | None
+    status: StatusValue | None
     actions: list[Action] = field(default_factory=list)
     # Look again after this long: a record is waiting out its grace period.
     recheck_after_ms: int | None = None
@@ -30,6 +30,5 @@ def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Pl
         actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
     if any(isinstance(a, DeleteDomain) for a in actions):
         return Plan(None, actions)
-    current = obs.domain.status
-    desired = cdstatus.desired_status(obs, current, now_ms)
-    return Plan(desired if cdstatus.status_differs(current, desired) else None, actions, recheck)
+    desired = cdstatus.desired_status(obs, obs.status, now_ms)
+    return Plan(desired if desired != obs.status else None, actions, recheck)

@@ -12,6 +12,7 @@ soon as etcd expires the agent's lease.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,8 +35,10 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
+from services.controller.domainrecord import DomainRecord
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain
+from services.controller.statusmodel import StatusValue
 from services.controller.view import StoreView
 from services.controller.workqueue import QueueShutDown, WorkQueue
 
@@ -91,7 +94,7 @@ class DomainReconciler:
         for entry in self.view.domains.values():
             if entry.value.deleting:
                 counts["Terminating"] += 1
-            elif entry.value.status.status == pb.Readiness.READY:
+            elif entry.status.ready:
                 counts["Ready"] += 1
             else:
                 counts["NotReady"] += 1
@@ -105,7 +108,7 @@ class DomainReconciler:
         """Keep the view current; runs for the life of the process (leader or not)."""
         k = self.keys
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._consume("domains", k.domains(), pb.ComputeDomain, self._apply_domains))
+            tg.create_task(self._consume("domains", k.domains(), DomainRecord, self._apply_domains))
             tg.create_task(self._consume("members", k.all_members(), pb.Member, self.view.apply_members))
             tg.create_task(
                 self._consume("daemons", k.all_daemons(), pb.DaemonStatus, self.view.apply_daemons)
@@ -117,7 +120,7 @@ class DomainReconciler:
                 )
             )
 
-    def _apply_domains(self, event: WatchEvent[pb.ComputeDomain] | Resync[pb.ComputeDomain]) -> set[str]:
+    def _apply_domains(self, event: WatchEvent[DomainRecord] | Resync[DomainRecord]) -> set[str]:
         affected = self.view.apply_domains(event)
         for uid in affected:
             for listener in self.listeners:
@@ -177,9 +180,10 @@ class DomainReconciler:
                 return
             started = time.perf_counter()
             try:
-                recheck_s = await asyncio.wait_for(
-                    self.reconcile(uid, leadership), timeout=self.config.reconcile_timeout_s
-                )
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races the inner call's completion, and the worker would never stop.
+                async with asyncio.timeout(self.config.reconcile_timeout_s):
+                    recheck_s = await self.reconcile(uid, leadership)
             except FenceLost:
                 self.queue.done(uid)
                 raise
@@ -234,21 +238,20 @@ class DomainReconciler:
     async def _write_status(
         self,
         uid: str,
-        domain: pb.ComputeDomain,
+        domain: DomainRecord,
         revision: int,
-        status: pb.ComputeDomainStatus,
+        status: StatusValue,
         leadership: Leadership,
     ) -> None:
         key = self.keys.domain(uid)
-        updated = pb.ComputeDomain().parse(bytes(domain))
-        updated.status = status
+        updated = dataclasses.replace(domain, status=bytes(status.to_pb()))
         ok, new_revision = await self._fenced_txn([Unchanged(key, revision)], [Put(key, updated)], leadership)
         if not ok:
             # The record changed since the view saw it; try again once its watch event is in.
             self.metrics.status_conflicts.inc()
             self.queue.add_rate_limited(uid)
             return
-        self.view.put_domain(uid, updated, new_revision)
+        self.view.put_domain(uid, updated, new_revision, status)
         for listener in self.listeners:
             listener(uid)
         self.metrics.status_writes.inc()
@@ -257,7 +260,7 @@ class DomainReconciler:
             cd_uid=uid,
             cd=domain.name,
             namespace=domain.namespace,
-            status=pb.Readiness(status.status).name,
+            status="Ready" if status.ready else "NotReady",
             reason=status.conditions[0].reason if status.conditions else "",
             nodes=len(status.nodes),
         )

@@ -15,13 +15,23 @@ from dataclasses import dataclass
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.keys import Keys
 from libs.state.watch import Resync, WatchEvent
+from services.controller.domainrecord import DomainRecord
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
+from services.controller.statusmodel import StatusValue
 
 
 @dataclass(slots=True)
 class DomainEntry:
-    value: pb.ComputeDomain
+    value: DomainRecord
     mod_revision: int
+    # value.status decoded into plain values (again only when those bytes change).
+    status: StatusValue
+
+
+def _status_of(value: DomainRecord, current: DomainEntry | None) -> StatusValue:
+    if current is not None and current.value.status == value.status:
+        return current.status
+    return StatusValue.from_pb(pb.ComputeDomainStatus().parse(value.status))
 
 
 def _tail(key: str, prefix: str, parts: int) -> list[str] | None:
@@ -65,6 +75,7 @@ class StoreView:
             uid=uid,
             domain=entry.value if entry else None,
             domain_revision=entry.mod_revision if entry else 0,
+            status=entry.status if entry else StatusValue(),
             members=members,
             daemons=daemons,
             nodes=nodes,
@@ -77,21 +88,26 @@ class StoreView:
         tail = _tail(key, self.keys.domains(), 1)
         return tail[0] if tail else None
 
-    def put_domain(self, uid: str, value: pb.ComputeDomain, mod_revision: int) -> None:
+    def put_domain(
+        self, uid: str, value: DomainRecord, mod_revision: int, status: StatusValue | None = None
+    ) -> None:
         current = self.domains.get(uid)
         # Our own writes are applied at once; the later echo of an older revision must not undo them.
-        if current is None or mod_revision >= current.mod_revision:
-            self.domains[uid] = DomainEntry(value, mod_revision)
+        if current is None or mod_revision > current.mod_revision:
+            plain = status if status is not None else _status_of(value, current)
+            self.domains[uid] = DomainEntry(value, mod_revision, plain)
 
-    def apply_domains(self, event: WatchEvent[pb.ComputeDomain] | Resync[pb.ComputeDomain]) -> set[str]:
+    def apply_domains(self, event: WatchEvent[DomainRecord] | Resync[DomainRecord]) -> set[str]:
         if isinstance(event, Resync):
-            before = set(self.domains)
+            before = self.domains
             self.domains = {}
             for item in event.items:
                 uid = self._domain_uid(item.key)
                 if uid is not None:
-                    self.domains[uid] = DomainEntry(item.value, item.mod_revision)
-            return before | set(self.domains)
+                    self.domains[uid] = DomainEntry(
+                        item.value, item.mod_revision, _status_of(item.value, before.get(uid))
+                    )
+            return set(before) | set(self.domains)
         uid = self._domain_uid(event.key)
         if uid is None:
             return set()

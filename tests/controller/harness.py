@@ -173,13 +173,12 @@ async def running_controller(
     finally:
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        _, stuck = await asyncio.wait(tasks, timeout=10)
+        assert not stuck, f"controller tasks did not stop when cancelled: {stuck}"
         record = await store.get(store.keys.election("cd-controller"), pb.LeaderRecord)
         if record is not None and record.lease:
             await store.revoke_lease(record.lease)
-        await store.close()
+        await asyncio.wait_for(store.close(), 10)
 
 
 async def _leading(reconciler: DomainReconciler) -> bool:

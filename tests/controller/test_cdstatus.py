@@ -11,6 +11,7 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
+from services.controller.domainrecord import DomainRecord
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.plan import plan_domain
 
@@ -32,8 +33,8 @@ def daemon(state: pb.DaemonState, error: str = "", updated: int = 0) -> DaemonRe
     return DaemonRecord(state, error, updated)
 
 
-def domain(num_nodes: int = 0, deleting: bool = False) -> pb.ComputeDomain:
-    return pb.ComputeDomain(
+def domain(num_nodes: int = 0, deleting: bool = False) -> DomainRecord:
+    return DomainRecord(
         uid="d1", namespace="ns", name="cd", spec=pb.ComputeDomainSpec(num_nodes=num_nodes), deleting=deleting
     )
 
@@ -56,22 +57,28 @@ def test_new_domain_waits_for_nodes() -> None:
     v = cdstatus.verdict(obs())
     assert not v.ready and v.reason == "WaitingForNodes"
     status = cdstatus.desired_status(obs(), None, now_ms=1000)
-    assert status.status == pb.Readiness.NOT_READY and status.nodes == []
-    cond = cdstatus.ready_condition(status)
+    assert not status.ready and status.nodes == ()
+    cond = status.condition("Ready")
     assert cond is not None and (cond.status, cond.reason) == ("False", "WaitingForNodes")
     assert cond.last_transition_unix_ms == 1000
 
 
 def test_all_members_ready_makes_domain_ready_with_node_entries() -> None:
     status = cdstatus.desired_status(obs(**ready_members(3)), None, now_ms=5)
-    assert status.status == pb.Readiness.READY
-    assert [(n.name, n.index, n.clique_id, n.status) for n in status.nodes] == [
-        ("n0", 0, CLIQUE, pb.Readiness.READY),
-        ("n1", 1, CLIQUE, pb.Readiness.READY),
-        ("n2", 2, CLIQUE, pb.Readiness.READY),
+    assert status.ready
+    assert [(n.name, n.index, n.clique_id, n.ready) for n in status.nodes] == [
+        ("n0", 0, CLIQUE, True),
+        ("n1", 1, CLIQUE, True),
+        ("n2", 2, CLIQUE, True),
     ]
     assert status.nodes[1].ip_address == "127.0.0.2"
-    assert cdstatus.ready_condition(status).reason == "AllNodesReady"  # type: ignore[union-attr]
+    assert status.condition("Ready") == cdstatus.ConditionEntry(
+        "Ready", "True", "AllNodesReady", "3 of 3 node(s) ready", 5
+    )
+    # The protobuf form carries the same content.
+    stored = status.to_pb()
+    assert stored.status == pb.Readiness.READY and stored.nodes[2].name == "n2"
+    assert cdstatus.StatusValue.from_pb(stored) == status
 
 
 def test_fewer_members_than_num_nodes_waits() -> None:
@@ -104,11 +111,11 @@ def test_node_record_gone_means_lost_even_before_marked() -> None:
     parts = ready_members(4)
     del parts["nodes"]["n2"]
     status = cdstatus.desired_status(obs(**parts), None, now_ms=1)
-    cond = cdstatus.ready_condition(status)
-    assert status.status == pb.Readiness.NOT_READY
+    cond = status.condition("Ready")
+    assert not status.ready
     assert cond is not None and cond.reason == "NodeLost" and "n2" in cond.message
     n2 = next(n for n in status.nodes if n.name == "n2")
-    assert n2.status == pb.Readiness.NOT_READY and n2.index == -1
+    assert not n2.ready and n2.index == -1
 
 
 def test_lost_member_keeps_domain_not_ready_even_when_enough_nodes() -> None:
@@ -125,7 +132,7 @@ def test_non_fabric_member_ready_when_node_present_and_healthy() -> None:
     unhealthy = present("cpu0", health=pb.Health.UNHEALTHY)
     assert not cdstatus.verdict(obs(members=m, nodes=unhealthy)).ready
     status = cdstatus.desired_status(obs(members=m, nodes=present("cpu0")), None, 0)
-    assert (status.nodes[0].clique_id, status.nodes[0].index) == ("", -1)
+    assert (status.nodes[0].clique_id, status.nodes[0].index, status.nodes[0].ready) == ("", -1, True)
 
 
 def test_deleting_domain_is_terminating() -> None:
@@ -140,24 +147,20 @@ def test_transition_time_changes_only_when_condition_status_changes() -> None:
     # Same status (False) with a different reason and message: time stays.
     parts["daemons"]["n1"] = daemon(pb.DaemonState.FAILED, "boom")
     second = cdstatus.desired_status(obs(**parts), first, now_ms=200)
-    assert cdstatus.ready_condition(second).last_transition_unix_ms == 100  # type: ignore[union-attr]
-    assert cdstatus.ready_condition(second).reason == "ImexDaemonFailed"  # type: ignore[union-attr]
+    assert second.conditions[0].last_transition_unix_ms == 100
+    assert second.conditions[0].reason == "ImexDaemonFailed"
     parts["daemons"]["n1"] = daemon(pb.DaemonState.READY)
     third = cdstatus.desired_status(obs(**parts), second, now_ms=300)
-    assert cdstatus.ready_condition(third).last_transition_unix_ms == 300  # type: ignore[union-attr]
+    assert third.conditions[0].last_transition_unix_ms == 300
     # Recomputing an unchanged situation is not a change.
-    again = cdstatus.desired_status(obs(**parts), third, now_ms=400)
-    assert not cdstatus.status_differs(third, again)
+    assert cdstatus.desired_status(obs(**parts), third, now_ms=400) == third
 
 
 def test_plan_writes_status_only_on_change() -> None:
     o = obs(**ready_members(2))
     plan = plan_domain(o, now_ms=10, orphan_grace_ms=GRACE_MS)
-    assert plan.status is not None and plan.actions == []
-    assert o.domain is not None
-    written = pb.ComputeDomain().parse(bytes(o.domain))
-    written.status = plan.status
-    again = plan_domain(obs(**{**ready_members(2), "domain": written}), now_ms=20, orphan_grace_ms=GRACE_MS)
+    assert plan.status is not None and plan.status.ready and plan.actions == []
+    again = plan_domain(obs(**ready_members(2), status=plan.status), now_ms=20, orphan_grace_ms=GRACE_MS)
     assert again.status is None
 
 

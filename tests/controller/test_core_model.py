@@ -27,8 +27,10 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
+from services.controller.domainrecord import DomainRecord
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.plan import plan_domain
+from services.controller.statusmodel import StatusValue
 
 LIMIT = 3  # max members per clique in one domain; small so that "clique full" happens
 GRACE_MS = 1_000
@@ -59,7 +61,7 @@ class MemberRow:
 class Model:
     now_ms: int = 1
     revision: int = 1
-    domains: dict[str, pb.ComputeDomain] = field(default_factory=dict)
+    domains: dict[str, DomainRecord] = field(default_factory=dict)
     members: dict[tuple[str, str], MemberRow] = field(default_factory=dict)
     bindings: dict[str, str] = field(default_factory=dict)
     index_claims: dict[tuple[str, str, int], str] = field(default_factory=dict)
@@ -68,6 +70,7 @@ class Model:
     daemons: dict[tuple[str, str], pb.DaemonState] = field(default_factory=dict)
     present: set[str] = field(default_factory=lambda: set(NODES))
     claims_made: int = 0
+    statuses: dict[str, StatusValue] = field(default_factory=dict)
 
     def bump(self) -> int:
         self.revision += 1
@@ -128,6 +131,7 @@ class Model:
             uid=uid,
             domain=d,
             domain_revision=d.created_unix_ms if d else 0,
+            status=self.statuses.get(uid, StatusValue()),
             members=members,
             daemons=daemons,
             nodes=nodes,
@@ -160,6 +164,7 @@ class Model:
             assert not any(u == uid for u, _ in self.members)
             assert not any(u == uid for u in self.preparations.values())
             del self.domains[uid]
+            self.statuses.pop(uid, None)
             for daemon_key in [k for k in self.daemons if k[0] == uid]:
                 del self.daemons[daemon_key]
             for claim_key in [k for k in self.index_claims if k[0] == uid]:
@@ -218,7 +223,7 @@ class ControllerCoreMachine(RuleBasedStateMachine):
     @rule(uid=st.sampled_from(DOMAINS), num_nodes=st.integers(0, 4))
     def create_domain(self, uid: str, num_nodes: int) -> None:
         if uid not in self.m.domains and uid not in self.m.all_uids():
-            self.m.domains[uid] = pb.ComputeDomain(
+            self.m.domains[uid] = DomainRecord(
                 uid=uid,
                 namespace="ns",
                 name=uid,
@@ -272,11 +277,11 @@ class ControllerCoreMachine(RuleBasedStateMachine):
             obs = self.m.observe(uid)
             plan = plan_domain(obs, self.m.now_ms, GRACE_MS)
             if uid in self.m.domains and not any(isinstance(a, DeleteDomain) for a in plan.actions):
-                status = plan.status or self.m.domains[uid].status
-                ready = status.status == pb.Readiness.READY
+                status = plan.status if plan.status is not None else self.m.statuses.get(uid, StatusValue())
+                ready = status.ready
                 event(f"domain ready={ready}")
                 assert ready == spec_ready(self.m, uid), (uid, status.conditions, self.m.members)
-                self.m.domains[uid].status = status
+                self.m.statuses[uid] = status
             for action in plan.actions:
                 self.m.apply(uid, action)
 

@@ -17,6 +17,7 @@ from services.controller.kube.computedomain import (
 from services.controller.kube.events import transition_events
 from services.controller.kube.resourceclaimtemplate import build_rct, owner_uid
 from services.controller.kube.sweep import Labelled, leftovers
+from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
 
 UID = "6f1c7d2e-0000-4000-8000-000000000001"
 
@@ -107,13 +108,10 @@ def test_invalid_spec_is_refused_naming_the_field(spec: dict, problem: str) -> N
 
 
 def test_store_status_maps_to_cr_status_fields() -> None:
-    status = pb.ComputeDomainStatus(
-        status=pb.Readiness.READY,
-        nodes=[
-            pb.NodeStatus("n1", "10.0.0.1", "uuid.1", 0, pb.Readiness.READY),
-            pb.NodeStatus("cpu", "10.0.0.9", "", -1, pb.Readiness.NOT_READY),
-        ],
-        conditions=[pb.Condition("Ready", "True", "AllNodesReady", "2 of 2", 1767323045000)],
+    status = StatusValue(
+        ready=True,
+        nodes=(NodeEntry("n1", "10.0.0.1", "uuid.1", 0, True), NodeEntry("cpu", "10.0.0.9", "", -1, False)),
+        conditions=(ConditionEntry("Ready", "True", "AllNodesReady", "2 of 2", 1767323045000),),
     )
     assert cr_status(status) == {
         "status": "Ready",

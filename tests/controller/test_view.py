@@ -6,6 +6,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.keys import Keys
 from libs.state.store import Versioned
 from libs.state.watch import Resync, WatchEvent
+from services.controller.domainrecord import DomainRecord
 from services.controller.view import StoreView
 
 K = Keys("/p/")
@@ -49,8 +50,8 @@ def test_resync_replaces_the_view_and_reports_vanished_domains() -> None:
 
 def test_own_status_write_is_not_undone_by_an_older_echo() -> None:
     view = StoreView(K)
-    view.put_domain("d1", pb.ComputeDomain(uid="d1", name="after"), 20)
-    view.apply_domains(WatchEvent("put", K.domain("d1"), pb.ComputeDomain(uid="d1", name="before"), 15))
+    view.put_domain("d1", DomainRecord(uid="d1", name="after"), 20)
+    view.apply_domains(WatchEvent("put", K.domain("d1"), DomainRecord(uid="d1", name="before"), 15))
     assert view.domains["d1"].value.name == "after"
     assert view.observe("d1").domain_revision == 20
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
+from services.controller.statusmodel import StatusValue
 
 GROUP = "resource.nvidia.com"
 VERSION = "v1beta1"
@@ -77,11 +78,11 @@ def domain_from_cr(cr: dict[str, Any]) -> pb.ComputeDomain:
     )
 
 
-def cr_status(status: pb.ComputeDomainStatus) -> dict[str, Any]:
+def cr_status(status: StatusValue) -> dict[str, Any]:
     """status.status, status.nodes (and nodeCount, the Nodes printer column) and status.conditions
     as the CRD declares them."""
     return {
-        "status": "Ready" if status.status == pb.Readiness.READY else "NotReady",
+        "status": "Ready" if status.ready else "NotReady",
         "nodeCount": len(status.nodes),
         "nodes": [
             {
@@ -89,7 +90,7 @@ def cr_status(status: pb.ComputeDomainStatus) -> dict[str, Any]:
                 "ipAddress": n.ip_address,
                 "cliqueID": n.clique_id,
                 "index": n.index,
-                "status": "Ready" if n.status == pb.Readiness.READY else "NotReady",
+                "status": "Ready" if n.ready else "NotReady",
             }
             for n in status.nodes
         ],

@@ -1,0 +1,87 @@
+"""A domain's status as plain values (status.status, status.nodes, status.conditions).
+
+The controller computes and compares statuses on every reconcile; plain
+frozen dataclasses make that cheap, where building and comparing protobuf
+objects costs milliseconds for a large domain. They are converted to the
+stored protobuf only when a changed status is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libs.gen.computedomain.state import v1 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    """One entry of status.nodes."""
+
+    name: str
+    ip_address: str
+    clique_id: str
+    index: int
+    ready: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionEntry:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    last_transition_unix_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusValue:
+    """A domain's status as plain values: cheap to build and compare (protobuf objects are not)."""
+
+    ready: bool = False
+    nodes: tuple[NodeEntry, ...] = ()
+    conditions: tuple[ConditionEntry, ...] = ()
+
+    def to_pb(self) -> pb.ComputeDomainStatus:
+        return pb.ComputeDomainStatus(
+            status=pb.Readiness.READY if self.ready else pb.Readiness.NOT_READY,
+            nodes=[
+                pb.NodeStatus(
+                    name=n.name,
+                    ip_address=n.ip_address,
+                    clique_id=n.clique_id,
+                    index=n.index,
+                    status=pb.Readiness.READY if n.ready else pb.Readiness.NOT_READY,
+                )
+                for n in self.nodes
+            ],
+            conditions=[
+                pb.Condition(
+                    type=c.type,
+                    status=c.status,
+                    reason=c.reason,
+                    message=c.message,
+                    last_transition_unix_ms=c.last_transition_unix_ms,
+                )
+                for c in self.conditions
+            ],
+        )
+
+    @classmethod
+    def from_pb(cls, status: pb.ComputeDomainStatus) -> StatusValue:
+        return cls(
+            ready=status.status == pb.Readiness.READY,
+            nodes=tuple(
+                NodeEntry(n.name, n.ip_address, n.clique_id, n.index, n.status == pb.Readiness.READY)
+                for n in status.nodes
+            ),
+            conditions=tuple(
+                ConditionEntry(c.type, c.status, c.reason, c.message, c.last_transition_unix_ms)
+                for c in status.conditions
+            ),
+        )
+
+    def condition(self, type_: str) -> ConditionEntry | None:
+        for cond in self.conditions:
+            if cond.type == type_:
+                return cond
+        return None
