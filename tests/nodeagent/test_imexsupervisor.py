@@ -150,6 +150,15 @@ class Rack:
         return item.value if item else None
 
 
+def kill_daemons_under(directory: Path) -> None:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                if str(directory).encode() in cmdline:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
 @pytest.fixture
 async def rack(store: Store, tmp_path: Path) -> AsyncIterator[Rack]:
     r = Rack(store, tmp_path, free_cluster(18), FAST)
@@ -159,13 +168,7 @@ async def rack(store: Store, tmp_path: Path) -> AsyncIterator[Rack]:
         for node in r.nodes:
             if node.task is not None:
                 await r.stop(node)
-        # Safety net: no simulated daemon of this test may outlive it.
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-                    if str(tmp_path).encode() in cmdline:
-                        os.kill(int(entry.name), signal.SIGKILL)
+        kill_daemons_under(tmp_path)  # safety net: no daemon of this test may outlive it
 
 
 class StatusRecorder:
@@ -194,9 +197,16 @@ class StatusRecorder:
 # ---------------------------------------------------------------------------- pure core
 
 
-def _member(name: str, index: int, clique: str = "c.1", state: pb.MemberState = pb.MemberState.ACTIVE) -> pb.Member:
+def _member(
+    name: str, index: int, clique: str = "c.1", state: pb.MemberState = pb.MemberState.ACTIVE
+) -> pb.Member:
     return pb.Member(
-        domain_uid="d", node_name=name, clique_id=clique, index=index, state=state, ip_address=f"10.0.0.{index + 10}"
+        domain_uid="d",
+        node_name=name,
+        clique_id=clique,
+        index=index,
+        state=state,
+        ip_address=f"10.0.0.{index + 10}",
     )
 
 
@@ -336,7 +346,12 @@ async def test_killed_daemon_is_restarted_and_the_outage_is_visible(rack: Rack) 
 
         def back_ready() -> bool:
             statuses = recorder.of(node.name)
-            return bool(statuses) and statuses[-1] is not None and statuses[-1].state == pb.DaemonState.READY and statuses[-1].restarts == 1
+            return (
+                bool(statuses)
+                and statuses[-1] is not None
+                and statuses[-1].state == pb.DaemonState.READY
+                and statuses[-1].restarts == 1
+            )
 
         await eventually(back_ready, timeout_s=10, what="READY again after the restart")
         down = [s for s in recorder.of(node.name) if s is not None and s.state == pb.DaemonState.NOT_READY]
@@ -477,12 +492,12 @@ async def test_eighteen_nodes_form_a_domain(rack: Rack) -> None:
         started = time.perf_counter()
         per_node = await asyncio.gather(*(rack.join(n, uid) for n in nodes))
 
-        async def formed() -> bool:
+        async def formed(uid: str = uid) -> bool:
             # Every daemon READY on the full, identical 18-line nodes config (invariant 4).
             statuses = await asyncio.gather(*(rack.status(uid, n) for n in nodes))
-            return all(
-                s is not None and s.state == pb.DaemonState.READY and len(s.peers) == 18 for s in statuses
-            ) and all(len(set(map(tuple, (s.peers for s in statuses if s)))) == 1 for _ in [0])
+            ready = [s for s in statuses if s is not None and s.state == pb.DaemonState.READY]
+            peer_lists = {tuple(s.peers) for s in ready}
+            return len(ready) == 18 and len(peer_lists) == 1 and len(peer_lists.pop()) == 18
 
         await eventually(formed, timeout_s=15, what="18 READY daemons on one nodes config")
         total = time.perf_counter() - started

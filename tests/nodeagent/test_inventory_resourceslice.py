@@ -1,0 +1,271 @@
+"""The node's ResourceSlice (resource.k8s.io/v1) and clique label, as objects and as API calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from libs.gen.computedomain.state import v1 as pb
+from services.nodeagent.resourceslice import (
+    CLIQUE_LABEL,
+    DRIVER_NAME,
+    ResourceSlicePublisher,
+    ResourceSliceSettings,
+    build_resource_slice,
+    clique_label_patch,
+    live_slice_content,
+    resource_slice_name,
+    slice_content,
+)
+
+CLIQUE = "5d9c6c0e-7f43-5a55-9c39-0a3f3c3f4e21.12345"
+
+
+def test_slice_has_the_exact_v1_shape() -> None:
+    body = build_resource_slice("rack0-tray3", CLIQUE, generation=4, node_uid="uid-1")
+    assert body == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": "rack0-tray3-compute-domain.nvidia.com",
+            "labels": {"app.kubernetes.io/managed-by": "compute-domain-node-agent"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": "rack0-tray3",
+                    "uid": "uid-1",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "driver": "compute-domain.nvidia.com",
+            "nodeName": "rack0-tray3",
+            "pool": {"name": "rack0-tray3", "generation": 4, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "channel-0",
+                    "attributes": {
+                        "type": {"string": "channel"},
+                        "id": {"int": 0},
+                        "cliqueID": {"string": CLIQUE},
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def test_slice_survives_the_typed_v1_model_unchanged() -> None:
+    """Every field name is one resource.k8s.io/v1 knows: the generated model drops unknown ones."""
+    async with ApiClient(Configuration()) as api:
+        body = build_resource_slice("rack0-tray3", CLIQUE, generation=2, node_uid="u", resource_version="77")
+        typed = api._ApiClient__deserialize(body, "V1ResourceSlice")
+        assert api.sanitize_for_serialization(typed) == body
+        assert typed.spec.devices[0].attributes["cliqueID"].string == CLIQUE
+        assert typed.spec.devices[0].attributes["id"].int == 0
+
+
+def test_live_content_matches_what_we_built_after_a_round_trip() -> None:
+    body = build_resource_slice("n1", CLIQUE)
+    # The apiserver echoes the object with server fields and null-valued attribute kinds.
+    echoed = json.loads(json.dumps(body))
+    echoed["metadata"]["resourceVersion"] = "12"
+    echoed["spec"]["devices"][0]["attributes"]["id"].update({"string": None, "bool": None})
+    assert live_slice_content(echoed) == slice_content("n1", CLIQUE)
+    assert live_slice_content(echoed) != slice_content("n1", "other.1")
+
+
+def test_long_node_names_still_give_a_valid_name() -> None:
+    node = "n" * 250
+    name = resource_slice_name(node)
+    assert len(name) <= 253 and name.endswith(DRIVER_NAME)
+    assert name != resource_slice_name("n" * 249 + "m")
+
+
+def test_clique_label_patch_sets_or_removes_the_label() -> None:
+    assert clique_label_patch(CLIQUE) == {"metadata": {"labels": {CLIQUE_LABEL: CLIQUE}}}
+    assert clique_label_patch("") == {"metadata": {"labels": {CLIQUE_LABEL: None}}}
+
+
+# ------------------------------------------------------------------ the publisher's API calls
+
+
+class RecordingApiServer:
+    """The few resource.k8s.io/v1 and core/v1 endpoints the publisher uses, recording calls.
+
+    Not a Kubernetes: it checks resourceVersion on replace like the apiserver does, so the
+    publisher's read-modify-write is exercised; real-apiserver coverage is in the e2e suite.
+    """
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.node_labels: dict[str, str] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.version = 0
+        self.conflict_next_replace = False
+
+    def app(self) -> web.Application:
+        base = "/apis/resource.k8s.io/v1/resourceslices"
+        app = web.Application()
+        app.router.add_get(base + "/{name}", self.read)
+        app.router.add_post(base, self.create)
+        app.router.add_put(base + "/{name}", self.replace)
+        app.router.add_delete(base + "/{name}", self.delete)
+        app.router.add_get("/api/v1/nodes/{name}", self.read_node)
+        app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
+        return app
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return obj
+
+    async def read(self, request: web.Request) -> web.Response:
+        self.calls.append(("GET", request.match_info["name"]))
+        obj = self.slices.get(request.match_info["name"])
+        if obj is None:
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return web.json_response(obj)
+
+    async def create(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(("POST", body["metadata"]["name"]))
+        if body["metadata"]["name"] in self.slices:
+            return web.json_response({"kind": "Status", "code": 409}, status=409)
+        self.slices[body["metadata"]["name"]] = self._bump(body)
+        return web.json_response(body, status=201)
+
+    async def replace(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = await request.json()
+        self.calls.append(("PUT", name))
+        current = self.slices.get(name)
+        if current is None:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        if self.conflict_next_replace:
+            self.conflict_next_replace = False
+            self._bump(current)  # someone else wrote in between
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return web.json_response({"kind": "Status", "code": 409, "reason": "Conflict"}, status=409)
+        self.slices[name] = self._bump(body)
+        return web.json_response(body)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        self.calls.append(("DELETE", request.match_info["name"]))
+        self.slices.pop(request.match_info["name"], None)
+        return web.json_response({"kind": "Status", "status": "Success"})
+
+    async def read_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        return web.json_response(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": f"uid-of-{name}"}}
+        )
+
+    async def patch_node(self, request: web.Request) -> web.Response:
+        assert request.content_type == "application/strategic-merge-patch+json"
+        patch = await request.json()
+        self.calls.append(("PATCH", request.match_info["name"]))
+        for key, value in patch["metadata"]["labels"].items():
+            if value is None:
+                self.node_labels.pop(key, None)
+            else:
+                self.node_labels[key] = value
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[tuple[RecordingApiServer, ApiClient]]:
+    server = RecordingApiServer()
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = Configuration(host=f"http://127.0.0.1:{port}")
+    api = ApiClient(config)
+    try:
+        yield server, api
+    finally:
+        await api.close()
+        await runner.cleanup()
+
+
+def _node(clique: str, message: str = "") -> pb.Node:
+    return pb.Node(name="rack0-tray3", clique_id=clique, fabric_message=message)
+
+
+async def test_publisher_creates_updates_and_labels(apiserver: tuple[RecordingApiServer, ApiClient]) -> None:
+    server, api = apiserver
+    publisher = ResourceSlicePublisher(api, "rack0-tray3", ResourceSliceSettings(publish_clique_label=True))
+    name = "rack0-tray3-compute-domain.nvidia.com"
+
+    await publisher.sync(CLIQUE)
+    created = server.slices[name]
+    assert created["spec"]["pool"] == {"name": "rack0-tray3", "generation": 1, "resourceSliceCount": 1}
+    assert created["metadata"]["ownerReferences"][0]["uid"] == "uid-of-rack0-tray3"
+    assert server.node_labels == {CLIQUE_LABEL: CLIQUE}
+
+    # Same clique again: nothing is written.
+    writes = [c for c in server.calls if c[0] != "GET"]
+    await publisher.sync(CLIQUE)
+    assert [c for c in server.calls if c[0] != "GET"] == writes
+
+    # A restarted agent finds its slice up to date: reads, writes nothing.
+    fresh = ResourceSlicePublisher(api, "rack0-tray3", ResourceSliceSettings())
+    await fresh.sync(CLIQUE)
+    assert [c for c in server.calls if c[0] != "GET"] == writes
+
+    # The clique changes (and a concurrent writer forces one retry): the pool generation moves on.
+    server.conflict_next_replace = True
+    await publisher.sync("5d9c6c0e-7f43-5a55-9c39-0a3f3c3f4e21.999")
+    updated = server.slices[name]
+    assert updated["spec"]["devices"][0]["attributes"]["cliqueID"] == {
+        "string": "5d9c6c0e-7f43-5a55-9c39-0a3f3c3f4e21.999"
+    }
+    assert updated["spec"]["pool"]["generation"] == 2
+    assert updated["metadata"]["ownerReferences"][0]["uid"] == "uid-of-rack0-tray3"
+    assert [c[0] for c in server.calls].count("PUT") == 2  # the conflicted attempt and the retry
+
+    # Non-fabric: the label goes away, the slice stays with an empty clique.
+    await publisher.sync("")
+    assert CLIQUE_LABEL not in server.node_labels
+    assert server.slices[name]["spec"]["devices"][0]["attributes"]["cliqueID"] == {"string": ""}
+
+
+async def test_publisher_follows_the_inventory_and_waits_for_a_settled_clique(
+    apiserver: tuple[RecordingApiServer, ApiClient],
+) -> None:
+    server, api = apiserver
+    records: asyncio.Queue[pb.Node] = asyncio.Queue()
+
+    async def nodes() -> AsyncIterator[pb.Node]:
+        while True:
+            yield await records.get()
+
+    publisher = ResourceSlicePublisher(api, "rack0-tray3", ResourceSliceSettings(delete_on_shutdown=True))
+    task = asyncio.create_task(publisher.run(nodes()))
+    try:
+        await records.put(_node("", "clique Pending: fabric not ready: GPU 1 is IN_PROGRESS"))
+        await asyncio.sleep(0.2)
+        assert server.slices == {}, "no slice while the clique is not known"
+        await records.put(_node(CLIQUE))
+        for _ in range(100):
+            if server.slices:
+                break
+            await asyncio.sleep(0.02)
+        [slice_] = server.slices.values()
+        assert slice_["spec"]["devices"][0]["attributes"]["cliqueID"] == {"string": CLIQUE}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert server.slices == {}, "deleted on shutdown when configured"
