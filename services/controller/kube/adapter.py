@@ -1,0 +1,395 @@
+"""The Kubernetes adapter: ComputeDomain CRs in, store records and CR status out.
+
+Runs only in the leader. An informer (list, then watch from the list's
+resourceVersion; resumed after a stream ends, listed again on 410 Gone)
+keeps the CRs of all namespaces; each CR uid, and each store domain whose
+record changes, is queued, and a worker brings the pair in line:
+
+- live CR: our finalizer on it, its spec mirrored into the store domain
+  (uid = CR uid), its workload ResourceClaimTemplate present, the store's
+  status written back through the status subresource when it differs, with
+  an Event for each transition;
+- CR being deleted: the store domain marked deleting; once the controller
+  has torn it down (record gone), the RCT and then the CR finalizer removed;
+- store domain of source "kubernetes" whose CR is gone: marked deleting.
+
+A periodic sweep removes RCTs and node labels of CDs that no longer exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import structlog
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio import watch as k8s_watch
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.backoff import Backoff
+from libs.state.election import Leadership
+from libs.state.store import TRANSIENT_ERRORS, Store
+from services.controller.kube import mirror
+from services.controller.kube.computedomain import (
+    GROUP,
+    PLURAL,
+    SOURCE_KUBERNETES,
+    VERSION,
+    InvalidComputeDomain,
+    allocation_mode_name,
+    cr_status,
+    cr_status_differs,
+    domain_from_cr,
+    finalizers_patch,
+    has_finalizer,
+    is_deleting,
+    status_patch,
+)
+from services.controller.kube.events import EventRecorder, EventSpec, transition_events
+from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
+from services.controller.kube.sweep import list_labelled, sweep_once
+from services.controller.reconciler import DomainReconciler, FenceLost
+from services.controller.workqueue import QueueShutDown, WorkQueue
+
+log = structlog.get_logger(__name__)
+
+_CALL_TIMEOUT_S = 30.0
+# Server-side end of each watch request; the informer resumes from the last resourceVersion.
+_WATCH_TIMEOUT_S = 300
+_KUBE_ERRORS: tuple[type[BaseException], ...] = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
+
+
+def _newer_or_same(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    """Whether `candidate` is not older than `current` (resourceVersions of one etcd are revisions)."""
+    if current is None:
+        return True
+    a = str(candidate.get("metadata", {}).get("resourceVersion", ""))
+    b = str(current.get("metadata", {}).get("resourceVersion", ""))
+    if a.isdigit() and b.isdigit():
+        return int(a) >= int(b)
+    return True
+
+
+async def load_api_client(kubeconfig: str) -> ApiClient:
+    if kubeconfig:
+        return await k8s_config.new_client_from_config(config_file=kubeconfig)
+    configuration = k8s_client.Configuration()
+    k8s_config.load_incluster_config(client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+class KubeAdapter:
+    def __init__(
+        self,
+        store: Store,
+        reconciler: DomainReconciler,
+        api: ApiClient,
+        sweep_interval_s: float = 300.0,
+        instance: str = "",
+        workers: int = 2,
+    ) -> None:
+        self.store = store
+        self.reconciler = reconciler
+        self.api = api
+        self.custom = CustomObjectsApi(api)
+        self.events = EventRecorder(api, instance)
+        self.sweep_interval_s = sweep_interval_s
+        self.workers = workers
+        self.crs: dict[str, dict[str, Any]] = {}
+        self.listed = asyncio.Event()
+        self.queue: WorkQueue[str] = WorkQueue()
+        # CD uids whose RCT is known to exist, so a reconcile does not ask the API every time.
+        self._templates_ok: set[str] = set()
+        self.resource_version = ""
+        self.relists = 0
+
+    @classmethod
+    async def create(
+        cls, store: Store, reconciler: DomainReconciler, kubeconfig: str, sweep_interval_s: float
+    ) -> KubeAdapter:
+        return cls(store, reconciler, await load_api_client(kubeconfig), sweep_interval_s)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def _on_domain_change(self, uid: str) -> None:
+        entry = self.reconciler.view.domains.get(uid)
+        if uid in self.crs or (entry is not None and entry.value.source == SOURCE_KUBERNETES):
+            self.queue.add(uid)
+
+    async def run(self, leadership: Leadership) -> None:
+        self.reconciler.listeners.append(self._on_domain_change)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._informer())
+                for _ in range(self.workers):
+                    tg.create_task(self._worker(leadership))
+                tg.create_task(self._sweeper())
+        finally:
+            with contextlib.suppress(ValueError):
+                self.reconciler.listeners.remove(self._on_domain_change)
+            self.queue.shutdown()
+            with contextlib.suppress(Exception):
+                await self.api.close()
+
+    async def _list(self) -> None:
+        listing = await self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _request_timeout=_CALL_TIMEOUT_S
+        )
+        items = {item["metadata"]["uid"]: item for item in listing.get("items", [])}
+        previous = set(self.crs)
+        self.crs = items
+        self.resource_version = listing["metadata"]["resourceVersion"]
+        self.relists += 1
+        # CRs that vanished while we were not watching, and store domains whose CR is gone.
+        orphaned = {
+            uid
+            for uid, entry in self.reconciler.view.domains.items()
+            if entry.value.source == SOURCE_KUBERNETES and uid not in items
+        }
+        for uid in set(items) | previous | orphaned:
+            self.queue.add(uid)
+        self.listed.set()
+        log.info("computedomains listed", count=len(items), resource_version=self.resource_version)
+
+    async def _informer(self) -> None:
+        backoff = Backoff(initial=0.2, cap=10.0)
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                await self._watch_once()
+                backoff.reset()
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("computedomain watch expired (410 Gone); listing again")
+                    need_list = True
+                    continue
+                delay = backoff.next_delay()
+                log.warning(
+                    "computedomain watch failed", status=exc.status, error=exc.reason, retry_in_s=delay
+                )
+                need_list = need_list or exc.status in (401, 403, 404)
+                await asyncio.sleep(delay)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "computedomain watch broke", error=str(exc) or type(exc).__name__, retry_in_s=delay
+                )
+                await asyncio.sleep(delay)
+
+    async def _watch_once(self) -> None:
+        """One watch request from the last resourceVersion until the server ends it."""
+        async with k8s_watch.Watch() as w:
+            stream = w.stream(
+                self.custom.list_cluster_custom_object,
+                GROUP,
+                VERSION,
+                PLURAL,
+                resource_version=self.resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=_WATCH_TIMEOUT_S,
+                _request_timeout=_WATCH_TIMEOUT_S + 30,
+            )
+            async for event in stream:
+                raw = event["raw_object"]
+                rv = raw.get("metadata", {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = rv
+                if event["type"] == "BOOKMARK":
+                    continue
+                uid = raw["metadata"]["uid"]
+                if event["type"] == "DELETED":
+                    self.crs.pop(uid, None)
+                elif _newer_or_same(raw, self.crs.get(uid)):
+                    self.crs[uid] = raw
+                self.queue.add(uid)
+
+    async def _worker(self, leadership: Leadership) -> None:
+        await self.listed.wait()
+        while True:
+            try:
+                uid = await self.queue.get()
+            except QueueShutDown:
+                return
+            try:
+                async with asyncio.timeout(_CALL_TIMEOUT_S * 2):  # not wait_for: see DomainReconciler._worker
+                    await self.reconcile(uid, leadership)
+            except (FenceLost, asyncio.CancelledError):
+                self.queue.done(uid)
+                raise
+            except _RETRYABLE as exc:
+                delay = self.queue.backoff.when(uid)
+                log.warning(
+                    "computedomain sync failed; requeued", cd_uid=uid, error=str(exc) or type(exc).__name__
+                )
+                self.queue.done(uid)
+                self.queue.add_after(uid, delay)
+            else:
+                self.queue.forget(uid)
+                self.queue.done(uid)
+
+    async def _sweeper(self) -> None:
+        await self.listed.wait()
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            try:
+                await self.sweep()
+            except _KUBE_ERRORS as exc:
+                log.warning("sweep failed", error=str(exc) or type(exc).__name__)
+
+    async def sweep(self) -> None:
+        objects = await list_labelled(self.api)
+        # Liveness is read after the objects, from the API itself (the informer may lag).
+        listing = await self.custom.list_cluster_custom_object(
+            GROUP, VERSION, PLURAL, _request_timeout=_CALL_TIMEOUT_S
+        )
+        live = {item["metadata"]["uid"] for item in listing.get("items", [])}
+        live |= set(self.reconciler.view.domains)
+        result = await sweep_once(self.api, objects, live)
+        if result.templates_removed or result.node_labels_removed:
+            log.info(
+                "sweep removed leftovers",
+                templates=result.templates_removed,
+                node_labels=result.node_labels_removed,
+            )
+
+    # ---- one CD ------------------------------------------------------------------------------
+
+    async def reconcile(self, uid: str, leadership: Leadership) -> None:
+        cr = self.crs.get(uid)
+        entry = self.reconciler.view.domains.get(uid)
+        if cr is None:
+            if entry is not None and entry.value.source == SOURCE_KUBERNETES and not entry.value.deleting:
+                # The CR went away without our finalizer's consent (or while we were down).
+                if not await mirror.mark_deleting(self.store, entry.value, entry.mod_revision, leadership):
+                    raise _Retry(f"domain {uid} changed while marking it deleting")
+            return
+        if is_deleting(cr):
+            await self._finish_deletion(uid, cr, leadership)
+            return
+        if not has_finalizer(cr):
+            cr = await self._patch_cr(cr, finalizers_patch(cr, present=True))
+        try:
+            desired = domain_from_cr(cr)
+        except InvalidComputeDomain as exc:
+            await self.events.emit(cr, EventSpec("Warning", "InvalidSpec", str(exc)))
+            log.warning("invalid computedomain", cd_uid=uid, error=str(exc))
+            return
+        if entry is None:
+            if not await mirror.create_domain(self.store, desired, leadership):
+                raise _Retry(f"domain {uid} appeared concurrently")
+        elif (
+            bytes(entry.value.spec) != bytes(desired.spec)
+            or entry.value.name != desired.name
+            or entry.value.namespace != desired.namespace
+        ):
+            if not await mirror.update_spec(self.store, entry.value, entry.mod_revision, desired, leadership):
+                raise _Retry(f"domain {uid} changed while mirroring its spec")
+        await self._ensure_template(uid, cr, desired.spec.channel.resource_claim_template_name, desired)
+        if entry is not None and entry.status.conditions:
+            await self._write_status(uid, cr, cr_status(entry.status))
+
+    async def _ensure_template(
+        self, uid: str, cr: dict[str, Any], name: str, desired: pb.ComputeDomain
+    ) -> None:
+        if uid in self._templates_ok:
+            return
+        namespace = cr["metadata"]["namespace"]
+        mode = allocation_mode_name(desired.spec.channel.allocation_mode)
+        result = await ensure_template(self.api, uid, namespace, name, mode)
+        if result.outcome == "conflict":
+            owner = result.other_owner
+            owner_live = owner is not None and (owner in self.crs or owner in self.reconciler.view.domains)
+            if owner is not None and not owner_live:
+                # Left by a deleted CD of the same name (its teardown is over): replace it.
+                await remove_template(self.api, namespace, name, owner)
+                result = await ensure_template(self.api, uid, namespace, name, mode)
+            if result.outcome == "conflict":
+                await self.events.emit(
+                    cr,
+                    EventSpec(
+                        "Warning",
+                        "ResourceClaimTemplateConflict",
+                        f"ResourceClaimTemplate {namespace}/{name} exists and belongs to "
+                        f"{'ComputeDomain ' + owner if owner else 'something else'}",
+                    ),
+                )
+                raise _Retry(f"resource claim template {namespace}/{name} is taken")
+        self._templates_ok.add(uid)
+
+    async def _write_status(self, uid: str, cr: dict[str, Any], desired: dict[str, Any]) -> None:
+        current = cr.get("status")
+        if not cr_status_differs(current, desired):
+            return
+        meta = cr["metadata"]
+        updated = await self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            meta["namespace"],
+            PLURAL,
+            meta["name"],
+            status_patch(desired),
+            _request_timeout=_CALL_TIMEOUT_S,
+        )
+        if isinstance(updated, dict) and _newer_or_same(updated, self.crs.get(uid)):
+            self.crs[uid] = updated
+        log.info(
+            "computedomain status written",
+            cd_uid=uid,
+            cd=meta["name"],
+            namespace=meta["namespace"],
+            status=desired["status"],
+        )
+        for event in transition_events(current, desired):
+            await self.events.emit(cr, event)
+
+    async def _patch_cr(self, cr: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+        meta = cr["metadata"]
+        updated = await self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch, _request_timeout=_CALL_TIMEOUT_S
+        )
+        if not isinstance(updated, dict):
+            raise _Retry(f"unexpected patch response for {meta['namespace']}/{meta['name']}")
+        if _newer_or_same(updated, self.crs.get(meta["uid"])):
+            self.crs[meta["uid"]] = updated
+        return updated
+
+    async def _finish_deletion(self, uid: str, cr: dict[str, Any], leadership: Leadership) -> None:
+        if not has_finalizer(cr):
+            return
+        entry = self.reconciler.view.domains.get(uid)
+        meta = cr["metadata"]
+        if entry is not None:
+            if not entry.value.deleting and not await mirror.mark_deleting(
+                self.store, entry.value, entry.mod_revision, leadership
+            ):
+                raise _Retry(f"domain {uid} changed while marking it deleting")
+            if entry.status.conditions:
+                # Shows Terminating (and who is still in the domain) while the teardown runs.
+                await self._write_status(uid, cr, cr_status(entry.status))
+            # The teardown's last step deletes the record; its watch event queues this CD again.
+            return
+        name = ((cr.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate", {}).get("name")
+        if name:
+            await remove_template(self.api, meta["namespace"], name, uid)
+        self._templates_ok.discard(uid)
+        try:
+            await self._patch_cr(cr, finalizers_patch(cr, present=False))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.info("computedomain released", cd_uid=uid, cd=meta["name"], namespace=meta["namespace"])
+
+
+class _Retry(RuntimeError):
+    """The CD's sync must be retried (a concurrent change or a conflict)."""
+
+
+_RETRYABLE: tuple[type[BaseException], ...] = (*_KUBE_ERRORS, *TRANSIENT_ERRORS, _Retry)
