@@ -265,9 +265,11 @@ class ResourceSlicePublisher:
     async def delete(self) -> None:
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
-                await self.resource.delete_resource_slice(
-                    self.name, _request_timeout=self.settings.request_timeout_s
+                # The answer is not needed (and not always a ResourceSlice): leave it undecoded.
+                response = await self.resource.delete_resource_slice(
+                    self.name, _request_timeout=self.settings.request_timeout_s, _preload_content=False
                 )
+                response.release()
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -9,6 +9,7 @@ import random
 import signal
 import socket
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT, parse_imex_config, parse_nodes_config
 from libs.imex.simulator import client as simclient
+from libs.imex.simulator.launch import RUN_DAEMON_SCRIPT
 from libs.state.membership import join_domain, leave_domain, mark_member_lost
 from libs.state.store import Store
 from libs.state.watch import Resync, watch_prefix
@@ -36,6 +38,8 @@ from services.nodeagent.imexsupervisor import (
     nodes_config_peers,
     tail_lines,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 FAST = ImexSettings(
     stop_grace_s=2.0,
@@ -67,6 +71,11 @@ def free_cluster(nodes: int) -> ClusterDescription:
         if all(_port_free(a, DEFAULT_SERVER_PORT) and _port_free(a, DEFAULT_CMD_PORT) for a in addresses):
             return cluster
     raise RuntimeError("no free loopback block")
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().rstrip("\0").split("\0")
 
 
 def pid_alive(pid: int) -> bool:
@@ -514,3 +523,36 @@ async def test_eighteen_nodes_form_a_domain(rack: Rack) -> None:
         await eventually(lambda: all(not n.supervisor.domain_dirs() for n in nodes), timeout_s=10)
     print(f"18-node formation p50 over {len(timings)} rounds: {statistics.median(timings) * 1000:.0f} ms")
     assert statistics.median(timings) < 5.0
+
+
+async def test_nvidia_backend_runs_nvidia_imex_and_polls_with_the_ctl(rack: Rack, tmp_path: Path) -> None:
+    """The real-hardware path: `nvidia-imex -c <cfg>` and `nvidia-imex-ctl -q -c <cfg>`.
+
+    Stand-ins with those names run the simulator, so the commands, arguments and the parsing of
+    the ctl's answer are the ones used with the real binaries.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "ctl-calls"
+    imex = bin_dir / "nvidia-imex"
+    imex.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S {RUN_DAEMON_SCRIPT} "$@"\n')
+    ctl = bin_dir / "nvidia-imex-ctl"
+    ctl.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\ncd {REPO_ROOT} && exec {sys.executable} -m libs.imex.simulator.ctl "$@"\n'
+    )
+    imex.chmod(0o755)
+    ctl.chmod(0o755)
+    rack.settings = replace(
+        FAST,
+        backend="nvidia",
+        nvidia_imex_binary=str(imex),
+        nvidia_imex_ctl_binary=str(ctl),
+        poll_interval_starting_s=0.05,
+    )
+    node = rack.add(0)
+    uid = str(uuid.uuid4())
+    await rack.join(node, uid, timeout_s=15.0)
+    pid = node.supervisor.daemon_pid(uid)
+    assert pid is not None
+    assert proc_cmdline(pid)[-2:] == ["-c", str(node.domain_dir(uid) / CONFIG_FILE)]
+    assert f"-q -c {node.domain_dir(uid) / CONFIG_FILE}" in calls.read_text().splitlines()

@@ -161,8 +161,10 @@ class RecordingApiServer:
 
     async def delete(self, request: web.Request) -> web.Response:
         self.calls.append(("DELETE", request.match_info["name"]))
-        self.slices.pop(request.match_info["name"], None)
-        return web.json_response({"kind": "Status", "status": "Success"})
+        obj = self.slices.pop(request.match_info["name"], None)
+        if obj is None:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        return web.json_response(obj)  # the apiserver answers a delete with the object
 
     async def read_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -239,6 +241,10 @@ async def test_publisher_creates_updates_and_labels(apiserver: tuple[RecordingAp
     await publisher.sync("")
     assert CLIQUE_LABEL not in server.node_labels
     assert server.slices[name]["spec"]["devices"][0]["attributes"]["cliqueID"] == {"string": ""}
+
+    await publisher.delete()
+    assert server.slices == {}
+    await publisher.delete()  # already gone: not an error
 
 
 async def test_publisher_follows_the_inventory_and_waits_for_a_settled_clique(
