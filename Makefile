@@ -39,5 +39,8 @@ protos: setup
 test: setup setup-k8s lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+demo: setup
+	PYTHON=$(PY) bash tools/demo.sh
+
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
