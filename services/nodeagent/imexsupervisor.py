@@ -1,8 +1,9 @@
 """IMEX daemon supervision on one node (SPEC §5, "IMEX supervision").
 
 Level-triggered: the store says which domain this node is bound to (``nodebindings/<node>``) and
-who the members are (``members/<uid>/``); watches on both only *wake* the reconciler, which then
-reads the current truth and makes the local daemons match it:
+who the members are (``members/<uid>/``). Two watches keep an in-memory view of exactly that
+(each starts with a full listing, and a re-listing replaces the view), and the reconciler makes
+the local daemons match the view, whatever sequence of events led to it:
 
 * this node an ACTIVE, fabric-attached member of D -> D's ``config.cfg`` and nodes config in
   ``<work dir>/<uid>/``, one daemon running on them, readiness polled through the IMEX command
@@ -50,7 +51,7 @@ from libs.imex.simulator import protocol as simproto
 from libs.imex.simulator.launch import simulator_daemon_argv
 from libs.runtime.backoff import Backoff
 from libs.state.keys import Keys
-from libs.state.store import TRANSIENT_ERRORS, Put, Store, Unchanged
+from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import M, Resync, WatchEvent, watch_prefix
 
 log = structlog.get_logger(__name__)
@@ -65,6 +66,7 @@ STATE_UNAVAILABLE = simproto.STATE_UNAVAILABLE
 
 _DOMAIN_DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TAIL_BYTES = 16 * 1024
+_FRESH_S = 2.0  # readiness is polled at the fast interval this long after a change
 
 
 # ============================================================================ settings
@@ -319,7 +321,7 @@ class DaemonProcess:
     def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None, on_exit: Callable[[], None]) -> None:
         self.pid = pid
         self.popen = popen
-        self.started = time.monotonic()
+        self.started = asyncio.get_running_loop().time()
         self.returncode: int | None = None
         self.exited = asyncio.Event()
         self._on_exit = on_exit
@@ -608,10 +610,11 @@ class DomainDaemon:
             self.process.close()
             self.process = None
         self.ready.clear()
-        await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        shutil.rmtree(self.dir, ignore_errors=True)  # a handful of small files
+        key = self.keys.daemon(self.uid, self.node)
         try:
-            await self.store.delete(self.keys.daemon(self.uid, self.node))
-        except TRANSIENT_ERRORS as exc:
+            await with_retries(lambda: self.store.delete(key), what=f"delete {key}", deadline_s=10.0)
+        except StoreUnavailable as exc:
             log.warning("could not delete daemon status", cd_uid=self.uid, node=self.node, error=str(exc))
         log.info("IMEX daemon stopped and domain directory removed", cd_uid=self.uid, node=self.node)
 
@@ -625,15 +628,24 @@ class DomainDaemon:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        failures = Backoff(initial=0.1, cap=5.0)
         while True:
             now = loop.time()
             try:
                 await self._step(now)
+                failures.reset()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.exception("IMEX supervision step failed", cd_uid=self.uid, node=self.node, error=str(exc))
-                await asyncio.sleep(self.settings.restart_backoff_initial_s)
+            except Exception as exc:  # disk full, directory removed under us, ...: retry, never die
+                delay = failures.next_delay()
+                log.exception(
+                    "IMEX supervision step failed",
+                    cd_uid=self.uid,
+                    node=self.node,
+                    error=str(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
             delay = self._next_deadline(loop.time()) - loop.time()
             if delay > 0 and not self._wake.is_set():
                 await _wait_event(self._wake, delay)
@@ -669,8 +681,8 @@ class DomainDaemon:
     def _sync_files(self, now: float) -> None:
         d = self.desired
         if d is not self._files_for:
-            self._files_for = d
             self._sync_config(d)
+            self._files_for = d
         if d.peers == self.written_peers:
             return
         running = self.process is not None and self.process.alive
@@ -695,6 +707,7 @@ class DomainDaemon:
         config = render_domain_config(d, self.dir, self.settings)
         if config == self._written_config:
             return
+        self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / CONFIG_FILE
         try:
             current = path.read_text()
@@ -719,7 +732,11 @@ class DomainDaemon:
 
     def _spawn(self, now: float) -> None:
         argv = self._argv()
-        log_fd = os.open(self.dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            log_fd = os.open(self.dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            self._failed_start(now, f"cannot open the daemon log {self.dir / LOG_FILE}: {exc.strerror}")
+            return
         try:
             popen = subprocess.Popen(
                 argv,
@@ -736,7 +753,10 @@ class DomainDaemon:
             return
         os.close(log_fd)
         self.process = DaemonProcess(popen.pid, popen, self.wake)
-        write_pidfile(self.dir, popen.pid)
+        try:
+            write_pidfile(self.dir, popen.pid)
+        except OSError as exc:  # the next agent still finds it by its command line
+            log.warning("could not write the daemon pidfile", cd_uid=self.uid, node=self.node, error=str(exc))
         if self._attempted:
             self.rt.restarts += 1
         self._attempted = True
@@ -843,7 +863,11 @@ class DomainDaemon:
                 self.ready.set()
                 self._on_ready_changed()
             return
-        self._next_probe = now + (fast if not self._ever_ready or self._not_ready_since is None else fast * 4)
+        # Fast while a change is fresh (a start, a lost peer); then at a calmer pace, since a
+        # daemon that waits for a peer that is not there may wait long.
+        since = self._not_ready_since if self._ever_ready else self.process.started
+        fresh = since is None or now - since < _FRESH_S
+        self._next_probe = now + (fast if fresh else min(slow, fast * 10))
         if (
             self._unanswered_since is not None
             and s.unresponsive_kill_s > 0
@@ -862,8 +886,7 @@ class DomainDaemon:
             # Still coming up: STARTING, with the peers it waits for once that takes long.
             if self.rt.state != pb.DaemonState.FAILED:
                 self.rt.state = pb.DaemonState.STARTING
-            spawned = self.process.started
-            if time.monotonic() - spawned >= s.waiting_detail_after_s:
+            if now - self.process.started >= s.waiting_detail_after_s:
                 self.rt.last_error = result.detail
             return
         if self._not_ready_since is None:
@@ -1210,7 +1233,7 @@ class ImexSupervisor:
                 await process.stop(self.settings.stop_grace_s)
                 process.close()
             log.info("removing stale IMEX domain directory", cd_uid=domain_dir.name, node=self.node_name)
-            await asyncio.to_thread(shutil.rmtree, domain_dir, True)
+            shutil.rmtree(domain_dir, ignore_errors=True)
             with contextlib.suppress(*TRANSIENT_ERRORS):
                 await self.store.delete(self.keys.daemon(domain_dir.name, self.node_name))
 
