@@ -21,9 +21,11 @@ CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.keepalive_time_ms": 10_000,
-    "grpc.keepalive_timeout_ms": 5_000,
-    "grpc.keepalive_permit_without_calls": 1,
+    # Pings only while calls are open: etcd answers pings on idle connections with
+    # GOAWAY "too_many_pings" (its enforcement policy forbids them).
+    "grpc.keepalive_time_ms": 30_000,
+    "grpc.keepalive_timeout_ms": 10_000,
+    "grpc.keepalive_permit_without_calls": 0,
     "grpc.max_receive_message_length": 64 * 1024 * 1024,
 }
 

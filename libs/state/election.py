@@ -80,11 +80,14 @@ class LeaderElection:
                     if event.kind == aetcd.rtypes.EventKind.DELETE:
                         return
 
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(first_delete(), timeout=self.ttl_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ttl_s):
+                    await first_delete()
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(watch.cancel(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await watch.cancel()
 
     async def _hold(self, leadership: Leadership) -> None:
         """Refresh the lease until it is lost; return then."""
@@ -93,9 +96,8 @@ class LeaderElection:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                remaining = await asyncio.wait_for(
-                    self.store.refresh_lease(leadership.lease_id), timeout=self.ttl_s / 2
-                )
+                async with asyncio.timeout(self.ttl_s / 2):
+                    remaining = await self.store.refresh_lease(leadership.lease_id)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

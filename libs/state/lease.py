@@ -71,9 +71,9 @@ class KeptLease:
                 while True:
                     await asyncio.sleep(self.ttl_s / 3)
                     try:
-                        remaining = await asyncio.wait_for(
-                            self.store.refresh_lease(lease_id), timeout=self.ttl_s / 2
-                        )
+                        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+                        async with asyncio.timeout(self.ttl_s / 2):
+                            remaining = await self.store.refresh_lease(lease_id)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:

@@ -131,7 +131,8 @@ class PrefixWatch(Generic[M]):
             finally:
                 if watch is not None:
                     try:
-                        await asyncio.wait_for(watch.cancel(), timeout=1.0)
+                        async with asyncio.timeout(1.0):
+                            await watch.cancel()
                     except Exception:
                         pass
 
