@@ -13,11 +13,14 @@ from libs.state.store import Put, Store
 async def test_one_leader_then_takeover_within_ttl_and_fencing(store: Store) -> None:
     leaders: list[str] = []
     terms: dict[str, Leadership] = {}
+    b_leads = asyncio.Event()
 
     def lead_as(name: str):  # type: ignore[no-untyped-def]
         async def lead(leadership: Leadership) -> None:
             leaders.append(name)
             terms[name] = leadership
+            if name == "b":
+                b_leads.set()
             await asyncio.Event().wait()
 
         return lead
@@ -35,8 +38,7 @@ async def test_one_leader_then_takeover_within_ttl_and_fencing(store: Store) -> 
     # "a" dies without resigning (no revoke): its lease must expire first.
     task_a.cancel()
     died = time.monotonic()
-    while "b" not in leaders and time.monotonic() - died < ttl + 3:
-        await asyncio.sleep(0.05)
+    await asyncio.wait_for(b_leads.wait(), timeout=ttl + 3)
     takeover = time.monotonic() - died
     assert leaders == ["a", "b"]
     assert takeover <= ttl + 1.5, takeover
