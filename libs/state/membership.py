@@ -18,7 +18,19 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
-from libs.state.store import Absent, Compare, ConflictError, Delete, Op, Put, Store, Unchanged
+from libs.state.store import (
+    Absent,
+    Compare,
+    ConflictError,
+    Delete,
+    Op,
+    Put,
+    RawKV,
+    Read,
+    Store,
+    Unchanged,
+    Versioned,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -56,25 +68,59 @@ class JoinResult:
     attempts: int
 
 
+@dataclass(frozen=True)
+class _JoinView:
+    binding: Versioned[pb.NodeBinding] | None
+    member: Versioned[pb.Member] | None
+    used_indices: list[int]
+
+
+def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
+    keys = store.keys
+    reads: list[Op] = [Read(keys.node_binding(node.name)), Read(keys.member(domain_uid, node.name))]
+    if node.clique_id:
+        reads.append(Read(keys.member_indices(domain_uid, node.clique_id), prefix=True))
+    return reads
+
+
+def _join_view(store: Store, reads: tuple[list[RawKV], ...]) -> _JoinView:
+    binding = store.decode_kv(reads[0][0], pb.NodeBinding) if reads[0] else None
+    member = store.decode_kv(reads[1][0], pb.Member) if reads[1] else None
+    used: list[int] = []
+    if len(reads) > 2:
+        for kv in reads[2]:
+            claim = store.decode_kv(kv, pb.IndexClaim)
+            if claim is not None:
+                used.append(claim.value.index)
+    return _JoinView(binding, member, used)
+
+
 async def join_domain(
     store: Store,
     domain_uid: str,
     namespace: str,
     node: pb.Node,
     max_nodes_per_clique: int = MAX_NODES_PER_IMEX_DOMAIN,
-    max_attempts: int = 200,
+    max_attempts: int = 400,
 ) -> JoinResult:
-    """Make `node` an active member of the domain, assigning the lowest free index of its clique."""
+    """Make `node` an active member of the domain, assigning the lowest free index of its clique.
+
+    Each attempt is one round trip: the transaction's failure branch reads back
+    the binding, the member and the clique's index claims, so a joiner that lost
+    a race retries at once on fresh state. Concurrent joiners of one clique
+    serialise on its lowest free index; only the winners' writes cost a commit.
+    """
     keys = store.keys
     member_key = keys.member(domain_uid, node.name)
     binding_key = keys.node_binding(node.name)
     fabric = bool(node.clique_id)
+    reads = _join_reads(store, domain_uid, node)
+    view = _join_view(store, (await store.txn([], reads)).reads)
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
     for attempt in range(1, max_attempts + 1):
-        binding = await store.get(binding_key, pb.NodeBinding)
+        binding, member = view.binding, view.member
         if binding is not None and binding.value.domain_uid != domain_uid:
             raise NodeBusy(node.name, binding.value.domain_uid)
-        member = await store.get(member_key, pb.Member)
         if member is not None and member.value.state == pb.MemberState.ACTIVE:
             return JoinResult(member.value, False, attempt)
 
@@ -85,8 +131,7 @@ async def join_domain(
         index = NON_FABRIC_INDEX
         ops: list[Op] = []
         if fabric:
-            claims, _ = await store.list(keys.member_indices(domain_uid, node.clique_id), pb.IndexClaim)
-            free = lowest_free_index((c.value.index for c in claims), max_nodes_per_clique)
+            free = lowest_free_index(view.used_indices, max_nodes_per_clique)
             if free is None:
                 raise CliqueFull(
                     f"clique {node.clique_id} of domain {domain_uid} already has "
@@ -108,7 +153,7 @@ async def join_domain(
         )
         ops.append(Put(member_key, new_member))
         ops.append(Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid)))
-        result = await store.txn(compares, ops)
+        result = await store.txn(compares, ops, failure=reads)
         if result.succeeded:
             log.info(
                 "node joined domain",
@@ -119,7 +164,11 @@ async def join_domain(
                 attempts=attempt,
             )
             return JoinResult(new_member, True, attempt)
-        await asyncio.sleep(backoff.next_delay())
+        # Retry at once on the state the failed transaction read back: waiting
+        # would only make that state stale again.
+        view = _join_view(store, result.reads)
+        if attempt % 8 == 0:
+            await asyncio.sleep(backoff.next_delay())
     raise ConflictError(f"join of {node.name} to domain {domain_uid} lost {max_attempts} races")
 
 

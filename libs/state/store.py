@@ -95,14 +95,33 @@ class Delete:
     prefix: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A read inside a transaction (a key, or every key under a prefix); results in `TxnResult.reads`."""
+
+    key: str
+    prefix: bool = False
+
+
 Compare = Absent | Unchanged | CreatedAt
-Op = Put | Delete
+Op = Put | Delete | Read
+
+
+@dataclass(frozen=True, slots=True)
+class RawKV:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int
 
 
 @dataclass(frozen=True, slots=True)
 class TxnResult:
     succeeded: bool
     revision: int
+    # One list per Read op of the branch that ran, in order.
+    reads: tuple[list[RawKV], ...] = ()
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -200,6 +219,9 @@ class Store:
             for op in items:
                 if isinstance(op, Put):
                     out.append(t.put(op.key.encode(), encode(op.value), lease=op.lease or None))
+                elif isinstance(op, Read):
+                    end = _prefix_end(op.key.encode()) if op.prefix else None
+                    out.append(t.get(op.key.encode(), range_end=end))
                 elif op.prefix:
                     out.append(t.delete(op.key.encode(), range_end=_prefix_end(op.key.encode())))
                 else:
@@ -220,7 +242,21 @@ class Store:
         except rpc.AioRpcError as exc:
             aetcd.exceptions._handle_exception(exc)
             raise
-        return TxnResult(bool(response.succeeded), int(response.header.revision))
+        reads: list[list[RawKV]] = []
+        for item in response.responses:
+            if item.WhichOneof("response") == "response_range":
+                reads.append(
+                    [
+                        RawKV(kv.key.decode(), kv.value, int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
+                        for kv in item.response_range.kvs
+                    ]
+                )
+        return TxnResult(bool(response.succeeded), int(response.header.revision), tuple(reads))
+
+    def decode_kv(self, kv: RawKV, cls: type[M]) -> Versioned[M] | None:
+        """Decode a value read in a transaction (None, logged, if undecodable)."""
+        value = self._decode(kv.key, kv.value, cls)
+        return None if value is None else Versioned(kv.key, value, kv.mod_revision, kv.create_revision, kv.lease)
 
     async def create(self, key: str, value: betterproto.Message, lease: int = 0) -> bool:
         """Write only if the key does not exist yet."""
