@@ -517,8 +517,10 @@ class Inventory:
 
     # ---- the store feed -------------------------------------------------------------------
 
-    async def follow(self, store: Store, on_ready: Callable[[], None] | None = None) -> None:
-        """Keep the index current from the store until cancelled."""
+    def start_feeds(
+        self, store: Store, on_ready: Callable[[], None] | None = None
+    ) -> list[asyncio.Task[None]]:
+        """Start the three watch tasks that keep the index current; stop them with `stop_tasks`."""
         keys: Keys = store.keys
 
         def mark(source: str) -> None:
@@ -562,13 +564,44 @@ class Inventory:
                     if len(self._reservation_tombstones) > 256:
                         self._prune_tombstones(item.revision)
 
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(nodes(), name="inventory-nodes")
-            tg.create_task(bindings(), name="inventory-bindings")
-            tg.create_task(reservations(), name="inventory-reservations")
+        return [
+            asyncio.create_task(nodes(), name="inventory-nodes"),
+            asyncio.create_task(bindings(), name="inventory-bindings"),
+            asyncio.create_task(reservations(), name="inventory-reservations"),
+        ]
+
+    async def follow(self, store: Store, on_ready: Callable[[], None] | None = None) -> None:
+        """Keep the index current from the store until cancelled (cancel once; it stops its watches)."""
+        feeds = self.start_feeds(store, on_ready)
+        try:
+            done, _ = await asyncio.wait(feeds, return_when=asyncio.FIRST_EXCEPTION)
+            for feed in done:
+                feed.result()  # a feed only ends by failing: re-raise its error
+            raise RuntimeError("inventory feed ended")
+        finally:
+            await stop_tasks(feeds)
 
     def _on_node_event(self, event: WatchEvent[pb.Node]) -> None:
         self.apply_node(Keys.last_segment(event.key), event.value)
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]], rounds: int = 10, round_s: float = 0.5) -> None:
+    """Cancel tasks until they have ended, re-cancelling those still running after each round.
+
+    One cancel is not always enough on Python 3.11: an `asyncio.wait_for` inside a
+    watch's cleanup can swallow a cancellation that arrives while its inner call
+    completes, and the watch then carries on. A TaskGroup cancels only once, so
+    shutdown would hang; repeating the cancel ends it.
+    """
+    pending = {t for t in tasks if not t.done()}
+    for _ in range(rounds):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=round_s)
+    if pending:
+        log.error("tasks did not stop", tasks=sorted(t.get_name() for t in pending))
 
 
 def _reservation_items(items: Iterable[Versioned[pb.Reservation]]) -> list[tuple[str, pb.Reservation, int]]:

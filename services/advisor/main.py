@@ -34,7 +34,7 @@ from services.advisor.domain_sources import (
 )
 from services.advisor.extender import Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
-from services.advisor.inventory import Inventory
+from services.advisor.inventory import Inventory, stop_tasks
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.settings import AdvisorSettings
 from services.advisor.transport import CorkedServer
@@ -106,14 +106,12 @@ class AdvisorService:
         grpc_servers: list[Server] = []
         extender_runner: web.AppRunner | None = None
         try:
-            follow = asyncio.create_task(
-                self.inventory.follow(
-                    self.store, on_ready=lambda: self.health.set_ready("inventory-synced", True)
-                ),
-                name="inventory",
+            feeds = self.inventory.start_feeds(
+                self.store, on_ready=lambda: self.health.set_ready("inventory-synced", True)
             )
-            self.health.watch_task("inventory", follow)
-            tasks.append(follow)
+            for feed in feeds:
+                self.health.watch_task(feed.get_name(), feed)
+            tasks.extend(feeds)
             tasks.append(asyncio.create_task(self._update_gauges(), name="gauges"))
 
             service = PlacementService(self.advisor)
@@ -181,11 +179,7 @@ class AdvisorService:
         if self.settings.grpc_unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.grpc_unix_socket)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=_STOP_TIMEOUT_S)
+        await stop_tasks(tasks)
         if self._kube_client is not None:
             with contextlib.suppress(Exception):
                 await self._kube_client.close()

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
-from libs.state.store import Store
+from libs.state.store import Store, with_retries
 from services.advisor.inventory import Inventory
 
 
@@ -51,9 +51,12 @@ def filled_inventory(records: Iterable[pb.Node]) -> Inventory:
 
 async def put_nodes(store: Store, records: Sequence[pb.Node], lease: int = 0, concurrency: int = 32) -> None:
     """Write node records one put each, as node agents do (`concurrency` at a time)."""
+
+    async def put_one(record: pb.Node) -> None:
+        await with_retries(lambda: store.put(store.keys.node(record.name), record, lease), "seed node", 20.0)
+
     for i in range(0, len(records), concurrency):
-        chunk = records[i : i + concurrency]
-        await asyncio.gather(*(store.put(store.keys.node(r.name), r, lease) for r in chunk))
+        await asyncio.gather(*(put_one(r) for r in records[i : i + concurrency]))
 
 
 async def bind(store: Store, node: str, domain_uid: str) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import random
 import time
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +14,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.clique_index import CliqueFree, CliqueIndex
-from services.advisor.inventory import Inventory
+from services.advisor.inventory import Inventory, stop_tasks
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName, Reason
 from services.advisor.reservations import write_reservation
 from tests.advisor.fleet import bind, cluster_records, filled_inventory, node_record, put_nodes
@@ -165,11 +164,11 @@ def test_thousand_node_inventory_decides_fast() -> None:
 # ---- fed by the store ---------------------------------------------------------------------
 
 
-async def _follow(store: Store) -> tuple[Inventory, asyncio.Task[None]]:
+async def _follow(store: Store) -> tuple[Inventory, list[asyncio.Task[None]]]:
     inventory = Inventory()
-    task = asyncio.create_task(inventory.follow(store))
+    feeds = inventory.start_feeds(store)
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
-    return inventory, task
+    return inventory, feeds
 
 
 async def _timed(inventory: Inventory, predicate, within_s: float = 1.0) -> float:
@@ -181,7 +180,7 @@ async def _timed(inventory: Inventory, predicate, within_s: float = 1.0) -> floa
 async def test_inventory_follows_node_binding_and_reservation_changes(store: Store) -> None:
     records = cluster_records(ClusterDescription(racks=3, seed="follow"))
     await put_nodes(store, records)
-    inventory, task = await _follow(store)
+    inventory, feeds = await _follow(store)
     try:
         assert len(inventory.nodes) == 54 and inventory.free_count == 54
         advisor = Advisor(inventory)
@@ -224,16 +223,15 @@ async def test_inventory_follows_node_binding_and_reservation_changes(store: Sto
         assert written.record.id in inventory.reservations
         await _timed(inventory, lambda: inventory.is_free(records[2].name), within_s=5.0)
     finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await stop_tasks(feeds)
+        assert all(t.done() for t in feeds)
 
 
 async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
     records = cluster_records(ClusterDescription(racks=2, seed="resync"))
     await put_nodes(store, records[:20])
     await bind(store, records[0].name, "d0")
-    inventory, task = await _follow(store)
+    inventory, feeds = await _follow(store)
     try:
         assert len(inventory.nodes) == 20
         assert not inventory.is_free(records[0].name)
@@ -242,6 +240,5 @@ async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
         capacity = Advisor(inventory).capacity()
         assert capacity.total_nodes == 36 and capacity.bound_nodes == 1 and capacity.free_nodes == 35
     finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await stop_tasks(feeds)
+        assert all(t.done() for t in feeds)
