@@ -42,5 +42,9 @@ test: setup setup-k8s lint
 demo: setup
 	PYTHON=$(PY) bash tools/demo.sh
 
+# The Kubernetes end-to-end scenarios alone (also part of `make test`).
+e2e: setup setup-k8s
+	PYTHON=$(PY) bash tools/e2e.sh
+
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
