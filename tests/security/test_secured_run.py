@@ -1,0 +1,209 @@
+"""A full run with etcd TLS client certificates and password auth: sockets, secrets in logs.
+
+One secured cluster (tests/security/secured_cluster.py: etcd with client-cert auth and a
+least-privilege etcd user, two controllers, the advisor, three node agents, all at log level
+debug, started under umask 0) is shared by the tests of this module, which run in order: the
+node agents' sockets -> a job placed, prepared, Ready, unprepared and torn down -> an agent with
+a wrong password -> every service stopped, and no password, private key or token in any log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aetcd import rpc
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.config import EtcdConfig
+from libs.state.store import Delete, Put, Store
+from tests.security.secured_cluster import (
+    PREFIX,
+    SERVICE_USER,
+    SecuredCluster,
+    create,
+    destroy,
+    enable_etcd_auth,
+    service_specs,
+)
+from tools.cdsim import advisor, invariants, jobs, kubelet
+from tools.cdsim.jobbook import Job
+from tools.cdsim.services import ServiceSpec, agent_name
+
+pytestmark = pytest.mark.slow
+
+TRAYS = 4  # three agents run; the fourth node is for the agent with a wrong password
+WRONG_PASSWORD_NODE = f"rack0-tray{TRAYS - 1}"
+# Own loopback block: other tests' simulated IMEX daemons use theirs.
+ADDRESS_BLOCK = 64
+CLIENT_OF_KIND = {"agent": "cd-node-agent", "controller": "cd-controller", "advisor": "cd-placement-advisor"}
+# etcd's default ("simple") auth token: 16 letters, a dot, an index.
+ETCD_TOKEN = re.compile(r"\b[A-Za-z]{16}\.\d+\b")
+BEARER = re.compile(r"bearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}")
+PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+
+
+@pytest.fixture(scope="module")
+def secured(etcd_bin: Path) -> Iterator[SecuredCluster]:
+    cluster = create(TRAYS, ADDRESS_BLOCK, etcd_bin)
+    try:
+        cluster.etcd.start()
+        admin = cluster.clients["admin"]
+        bootstrap = EtcdConfig(
+            endpoint=cluster.etcd.endpoint,
+            prefix=PREFIX,
+            ca_file=str(cluster.ca.cert),
+            cert_file=str(admin.cert),
+            key_file=str(admin.key),
+        )
+        asyncio.run(enable_etcd_auth(bootstrap, cluster.password))
+        specs = [s for s in service_specs(cluster) if s.node != WRONG_PASSWORD_NODE]
+        for spec in specs:
+            # One replica takes the password as a flag, every other service from the environment.
+            cluster.start(spec, CLIENT_OF_KIND[spec.kind], password_as_flag=spec.name == "controller-1")
+        cluster.wait_healthy([s.name for s in specs])
+        yield cluster
+    finally:
+        destroy(cluster)
+
+
+def _running_agents(cluster: SecuredCluster) -> list[str]:
+    return [s.node for s in cluster.specs.values() if s.kind == "agent" and s.node != WRONG_PASSWORD_NODE]
+
+
+def test_node_agent_sockets_are_not_world_writable(secured: SecuredCluster) -> None:
+    for node in _running_agents(secured):
+        dirs = secured.layout.node(node)
+        for socket in (dirs.dra_socket, dirs.registration_socket):
+            info = socket.stat()
+            assert stat.S_ISSOCK(info.st_mode), f"{socket} is not a socket"
+            mode = stat.S_IMODE(info.st_mode)
+            # Started under umask 0: the agent sets these modes itself.
+            assert not mode & stat.S_IWOTH, f"{socket} is world-writable ({oct(mode)})"
+            parent = stat.S_IMODE(socket.parent.stat().st_mode)
+            assert not parent & stat.S_IWOTH, (
+                f"{socket.parent} is world-writable ({oct(parent)}): the socket could be replaced"
+            )
+
+
+async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: SecuredCluster) -> None:
+    nodes = _running_agents(secured)
+    uid = str(uuid.uuid4())
+    placement = await advisor.place(
+        secured.advisor_endpoint, len(nodes), uid, "single-clique", "security-test"
+    )
+    assert sorted(placement.nodes) == sorted(nodes)
+    job = Job(
+        name="secure",
+        namespace="team-a",
+        domain_uid=uid,
+        num_nodes=len(nodes),
+        allocation_mode="Single",
+        state="submitting",
+        created_unix_ms=int(time.time() * 1000),
+        claims=jobs.plan_claims("secure", "team-a", placement.nodes),
+    )
+    async with Store(secured.store_config("admin")) as store:
+        assert await store.create(store.keys.domain(uid), jobs.build_domain(job, job.created_unix_ms))
+        parameters = jobs.channel_config_json(uid, all_channels=False)
+        await store.txn(
+            [], [Put(store.keys.claim(c.uid), jobs.build_claim(c, parameters, 0)) for c in job.claims]
+        )
+        calls = [jobs.claim_call(secured.layout, c) for c in job.claims]
+        prepared = await asyncio.gather(*(kubelet.prepare(call, 60.0) for call in calls))
+        assert all(o.ok for o in prepared), [o.errors for o in prepared]
+        await advisor.release(secured.advisor_endpoint, placement.reservation_id)
+        ready = await jobs.wait_domain(
+            store, uid, lambda d: d is not None and d.status.status == pb.Readiness.READY, 60.0
+        )
+        assert ready is not None
+
+        unprepared = await asyncio.gather(*(kubelet.unprepare(call, 60.0) for call in calls))
+        assert all(o.ok for o in unprepared), [o.errors for o in unprepared]
+        await store.txn([], [Delete(store.keys.claim(c.uid)) for c in job.claims])
+
+        def mark_deleting(domain: pb.ComputeDomain | None) -> pb.ComputeDomain | None:
+            if domain is None:
+                return None
+            domain.deleting = True
+            return domain
+
+        await store.update(store.keys.domain(uid), pb.ComputeDomain, mark_deleting)
+        await jobs.wait_domain(store, uid, lambda d: d is None, 60.0)
+        paths = invariants.cluster_node_paths(secured.layout, nodes)
+        deadline = time.monotonic() + 20.0
+        while leftovers := await invariants.check_cluster_idle(store, paths):
+            assert time.monotonic() < deadline, leftovers
+            await asyncio.sleep(0.2)
+
+
+def test_an_agent_with_a_wrong_password_is_refused(secured: SecuredCluster) -> None:
+    spec = next(s for s in service_specs(secured) if s.name == agent_name(WRONG_PASSWORD_NODE))
+    wrong = "wrong-" + secured.password[::-1]
+    process = secured.start(_renamed(spec, "agent-wrong-password"), "cd-node-agent", password=wrong)
+    deadline = time.monotonic() + 20.0
+    log = ""
+    while time.monotonic() < deadline and process.poll() is None:
+        log = secured.log_file("agent-wrong-password").read_text(errors="replace")
+        if "authentication failed" in log.lower():
+            break
+        time.sleep(0.2)
+    secured.stop("agent-wrong-password")
+    log = secured.log_file("agent-wrong-password").read_text(errors="replace")
+    assert "authentication failed" in log.lower(), log[-2000:]
+    assert wrong not in log
+
+
+def _renamed(spec: ServiceSpec, name: str) -> ServiceSpec:
+    return ServiceSpec(
+        name, spec.kind, spec.target, spec.argv, spec.health_url, spec.restart_delay_s, spec.node
+    )
+
+
+async def _a_real_etcd_token(cluster: SecuredCluster) -> str:
+    async with Store(cluster.store_config("admin")) as store:
+        auth = rpc.AuthStub(store.client.channel)
+        answer = await auth.Authenticate(
+            rpc.AuthenticateRequest(name=SERVICE_USER, password=cluster.password), timeout=5
+        )
+        return str(answer.token)
+
+
+def test_no_password_key_or_token_in_any_log_line(secured: SecuredCluster) -> None:
+    token = asyncio.run(_a_real_etcd_token(secured))
+    assert ETCD_TOKEN.fullmatch(token), f"etcd token format changed: {token!r}; update ETCD_TOKEN"
+    secured.stop_all()
+    logs = secured.service_logs()
+    assert {"controller-0", "controller-1", "advisor"} <= set(logs)
+    assert sum(1 for name in logs if name.startswith("agent-rack")) == len(_running_agents(secured))
+    # The services did run at debug level and talk about etcd: the logs are not trivially empty.
+    assert all(len(text.splitlines()) >= 5 for text in logs.values()), {k: len(v) for k, v in logs.items()}
+    key_bodies = {
+        path.name: max(path.read_text().splitlines(), key=len) for path in secured.private_key_files()
+    }
+    assert key_bodies
+    leaks = []
+    for name, text in logs.items():
+        for number, line in enumerate(text.splitlines(), 1):
+            found = [
+                what
+                for what, hit in (
+                    ("the etcd password", secured.password in line),
+                    ("a private key PEM", bool(PEM_PRIVATE.search(line))),
+                    ("an etcd auth token", bool(ETCD_TOKEN.search(line))),
+                    ("a bearer token", bool(BEARER.search(line))),
+                    ("a JWT", bool(JWT.search(line))),
+                    *((f"key material of {k}", body in line) for k, body in key_bodies.items()),
+                )
+                if hit
+            ]
+            if found:
+                leaks.append(f"{name}.log:{number}: {', '.join(found)}: {line[:200]}")
+    assert not leaks, "\n".join(leaks)
