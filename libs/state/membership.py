@@ -164,11 +164,15 @@ async def join_domain(
                 attempts=attempt,
             )
             return JoinResult(new_member, True, attempt)
-        # Retry at once on the state the failed transaction read back: waiting
-        # would only make that state stale again.
-        view = _join_view(store, result.reads)
-        if attempt % 8 == 0:
-            await asyncio.sleep(backoff.next_delay())
+        # Back off (jittered, capped) so a herd of joiners of one clique spreads out
+        # and leaves the event loop to others; after a longer pause the state the
+        # failed transaction read back is stale, so read it again.
+        delay = backoff.next_delay()
+        await asyncio.sleep(delay)
+        if delay < 0.005:
+            view = _join_view(store, result.reads)
+        else:
+            view = _join_view(store, (await store.txn([], reads)).reads)
     raise ConflictError(f"join of {node.name} to domain {domain_uid} lost {max_attempts} races")
 
 
