@@ -1,0 +1,694 @@
+"""The chaos soak: a cdsim cluster, random jobs and real faults, invariants checked all along.
+
+    up -> [step: pause, then one action (job submit/delete or a fault)]... with
+          a checker of invariants 1-3 on store snapshots every CHECK_INTERVAL_S meanwhile,
+          and every few dozen steps a quiescence: no new actions, in-flight ones finish,
+          every process healthy again, then invariants 1-4, liveness (every job Ready, every
+          claim preparable) and invariant 5 for each domain deleted since the last one
+    -> at the end: one more quiescence, every job deleted, nothing left of any domain
+       (`check_cluster_idle`), no service crashed -> down
+
+The first violation stops the soak. The result says what was done (counts per fault and job
+operation) or, on failure, the seed and the whole event log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription
+from tools.cdsim import invariants, jobs, lifecycle
+from tools.cdsim.jobbook import Job
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.services import AGENT_LEASE_TTL_S, agent_name
+from tools.chaos import checks, injectors, jobops
+from tools.chaos import plan as p
+from tools.chaos.eventlog import EventLog
+from tools.chaos.injectors import ClusterHandle, NotApplicable
+
+log = structlog.get_logger(__name__)
+
+CHECK_INTERVAL_S = 0.5
+MAX_SUBMITS_IN_FLIGHT = 3
+MAX_NODES_DOWN = 2
+DELETE_TIMEOUT_S = 60.0
+HEALTHY_TIMEOUT_S = 90.0
+# A standby must lead within one lease TTL (SPEC §9); the margin covers a busy 2-core machine.
+FAILOVER_BOUND_S = 12.0
+GARBAGE_MARKER = b"\xff\xfe chaos: not a protobuf envelope \x00"
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    duration_s: float
+    seed: int
+    racks: int = 2
+    trays: int = 18
+    address_block: int = 60
+    state_dir: Path | None = None
+    prepare_deadline_s: float = 45.0
+    settle_s: float = 60.0
+    quiesce_every: tuple[int, int] = (60, 110)
+    step_delay_s: tuple[float, float] = (0.4, 2.0)
+    keep_up: bool = False  # leave the cluster running after a failure, for a look
+    echo: bool = True  # print events as they happen
+
+
+@dataclass
+class Tracked:
+    spec: jobops.JobSpec
+    state: str  # submitting | running | failed | deleting | broken
+    job: Job | None = None
+
+
+@dataclass
+class DeletedDomain:
+    uid: str
+    claim_uids: tuple[str, ...]
+    what: str
+
+
+class SoakFailed(Exception):
+    pass
+
+
+@dataclass
+class Soak:
+    options: SoakOptions
+    out: TextIO
+    layout: StateLayout = field(init=False)
+    events: EventLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        o = self.options
+        self.plan = p.Plan(o.seed, step_delay_s=o.step_delay_s, quiesce_every=o.quiesce_every)
+        self.events = EventLog(echo=self.out if o.echo else None)
+        root = o.state_dir or Path(tempfile.mkdtemp(prefix="chaos-"))
+        self.layout = StateLayout.at(root)
+        self.cluster: ClusterDescription | None = None
+        self.handle: ClusterHandle | None = None
+        self.jobs: dict[tuple[str, str], Tracked] = {}
+        self.gone_pending: list[DeletedDomain] = []
+        self.busy_nodes: set[str] = set()
+        self.nodes_down = 0
+        self.etcd_restarting = False
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.caused_restarts: Counter[str] = Counter()
+        self.baseline: dict[str, checks.ProcessCount] = {}
+        self.garbage_keys: list[str] = []
+        self.failover_s: list[float] = []
+        self.failed = asyncio.Event()
+        self.stopped_pids: set[int] = set()
+
+    # ---- entry point -----------------------------------------------------------------------
+
+    async def run(self) -> bool:
+        o = self.options
+        self.out.write(
+            f"chaos soak: seed {o.seed}, {o.duration_s:.0f}s, {o.racks} rack(s) x {o.trays} trays, "
+            f"state dir {self.layout.root}\n"
+        )
+        self.out.flush()
+        up_out = self.out if o.echo else io.StringIO()
+        options = lifecycle.UpOptions(racks=o.racks, trays=o.trays, address_block=o.address_block)
+        try:
+            await asyncio.to_thread(lifecycle.up, self.layout, options, up_out)
+        except lifecycle.CommandError as exc:
+            self.events.violation(f"setup: the cluster did not come up: {exc}")
+            return False
+        self.cluster = ClusterDescription.load(self.layout.cluster_file)
+        try:
+            state = jobs.running_state(self.layout)
+            async with jobs.open_store(state) as store:
+                self.handle = ClusterHandle(self.layout, self.cluster, store)
+                await self._soak()
+        except SoakFailed:
+            pass
+        except Exception as exc:  # a bug of the soak itself: still report what happened until then
+            self.events.violation(f"soak: internal error: {traceback.format_exc()}")
+            log.error("soak failed", error=str(exc))
+        finally:
+            await self._release_stopped()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            failed = bool(self.events.violations)
+            if not (failed and o.keep_up):
+                await asyncio.to_thread(lifecycle.down, self.layout, io.StringIO())
+        return not self.events.violations
+
+    async def _soak(self) -> None:
+        assert self.handle is not None
+        self.baseline = checks.process_counts(await self._supervisor_state())
+        self.events.add("phase", "cluster up", f"{len(self.baseline)} processes")
+        checker = asyncio.create_task(self._check_forever(), name="chaos-checker")
+        try:
+            await self._drive()
+            self._raise_if_failed()
+            await self._quiesce(final=True)
+            await self._finish()
+        finally:
+            checker.cancel()
+            await asyncio.gather(checker, return_exceptions=True)
+
+    # ---- the driver ------------------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        deadline = time.monotonic() + self.options.duration_s
+        next_quiescence = self.plan.steps_until_quiescence()
+        steps = 0
+        while time.monotonic() < deadline:
+            step = self.plan.next_step()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(step.delay_s):
+                    await self.failed.wait()
+            self._raise_if_failed()
+            await self._act(step)
+            steps += 1
+            if steps >= next_quiescence and time.monotonic() < deadline:
+                await self._quiesce(final=False)
+                next_quiescence = steps + self.plan.steps_until_quiescence()
+        self.events.add("phase", "time is up", f"{steps} steps")
+
+    def _raise_if_failed(self) -> None:
+        if self.events.violations:
+            raise SoakFailed
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(self._guarded(name, coro), name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _guarded(self, name: str, coro: Awaitable[None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of the soak or a service misbehaving: stop and show it
+            self._fail(f"soak: {name} raised {type(exc).__name__}: {exc}")
+
+    def _fail(self, text: str) -> None:
+        self.events.violation(text)
+        self.failed.set()
+
+    async def _act(self, step: p.Step) -> None:
+        action = step.action
+        if action == p.JOB_SUBMIT:
+            self._submit(step)
+        elif action == p.JOB_DELETE:
+            self._delete_one(step)
+        elif action in (p.IMEX_CRASH, p.IMEX_HANG, p.IMEX_KILL):
+            await self._fault(action, self._imex_fault(action, step))
+        elif action == p.KILL_AGENT:
+            await self._fault(action, self._kill_agent(step))
+        elif action == p.CONTROLLER_FAILOVER:
+            await self._fault(action, self._controller_failover())
+        elif action == p.ETCD_RESTART:
+            if self.etcd_restarting:
+                self._skipped(action, "an etcd restart is under way")
+                return
+            self.etcd_restarting = True
+            self._spawn(action, self._fault(action, self._restart_etcd()))
+        elif action == p.NODE_LOSS:
+            self._node_loss(step)
+        elif action == p.CORRUPT_CHECKPOINT:
+            node = self._pick_node(step, prefer_busy_with_claims=step.coin)
+            if node is None:
+                self._skipped(action, "every node is under another fault")
+                return
+            self.busy_nodes.add(node)
+            self._spawn(action, self._fault(action, self._corrupt_checkpoint(node, step), node))
+        elif action == p.UNDECODABLE_VALUE:
+            await self._fault(action, self._undecodable(step))
+
+    async def _fault(self, action: str, run: Awaitable[str], node: str | None = None) -> None:
+        try:
+            detail = await run
+        except NotApplicable as exc:
+            self._skipped(action, str(exc))
+            return
+        except jobops.CALL_FAILURES as exc:  # etcd restarting under the fault's own store read
+            self._skipped(action, f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            if node is not None:
+                self.busy_nodes.discard(node)
+            if action == p.ETCD_RESTART:
+                self.etcd_restarting = False
+        self.events.add("fault", action, detail, count=f"fault {action}")
+
+    def _skipped(self, action: str, why: str) -> None:
+        self.events.counts[f"fault {action} skipped"] += 1
+        self.events.add("note", f"{action} skipped", why)
+        if not self.events.counts[f"fault {action}"]:
+            self.plan.not_done(action)
+
+    # ---- targets ---------------------------------------------------------------------------
+
+    def _nodes(self) -> list[str]:
+        assert self.cluster is not None
+        return sorted(self.cluster.node_names())
+
+    def _claimed_nodes(self, states: tuple[str, ...]) -> list[str]:
+        nodes = {c.node for t in self.jobs.values() if t.state in states and t.job for c in t.job.claims}
+        return sorted(nodes - self.busy_nodes)
+
+    def _pick_node(self, step: p.Step, prefer_busy_with_claims: bool) -> str | None:
+        if prefer_busy_with_claims:
+            node = p.pick(self._claimed_nodes(("running",)), step.picks[1])
+            if node is not None:
+                return node
+        return p.pick([n for n in self._nodes() if n not in self.busy_nodes], step.picks[0])
+
+    # ---- faults ----------------------------------------------------------------------------
+
+    async def _kill_agent(self, step: p.Step) -> str:
+        assert self.handle is not None
+        # Half the time, a node whose claims are being prepared right now (SIGKILL mid-prepare).
+        submitting = sorted(
+            {
+                c.node
+                for t in self.jobs.values()
+                if t.state == "submitting"
+                for c in (jobops.book_job(self.layout, *t.spec.key) or _NO_JOB).claims
+            }
+            - self.busy_nodes
+        )
+        node = p.pick(submitting, step.picks[1]) if step.coin else None
+        node = node or self._pick_node(step, prefer_busy_with_claims=False)
+        if node is None:
+            raise NotApplicable("every node is under another fault")
+        detail = await injectors.kill_agent(self.handle, node)
+        self.caused_restarts[agent_name(node)] += 1
+        return detail + (" (mid-prepare)" if node in submitting else "")
+
+    async def _imex_fault(self, action: str, step: p.Step) -> str:
+        assert self.handle is not None
+        candidates = sorted(set(injectors.nodes_with_daemons(self.handle)) - self.busy_nodes)
+        node = p.pick(candidates, step.picks[0])
+        if node is None:
+            raise NotApplicable("no IMEX daemon runs")
+        if action == p.IMEX_KILL:
+            return injectors.imex_kill(self.handle, node)
+        return await injectors.imex_fault(self.handle, node, "crash" if action == p.IMEX_CRASH else "hang")
+
+    async def _controller_failover(self) -> str:
+        assert self.handle is not None
+        detail, old = await injectors.controller_failover(self.handle)
+        self.caused_restarts[old.holder] += 1
+        self._spawn("failover-watch", self._watch_failover(old))
+        return detail
+
+    async def _watch_failover(self, old: pb.LeaderRecord) -> None:
+        assert self.handle is not None
+        took = await injectors.wait_new_leader(self.handle, old, timeout_s=60.0)
+        if took is None:
+            self._fail(f"failover: no controller took the lead within 60s of killing {old.holder}")
+            return
+        self.failover_s.append(took)
+        self.events.add("note", "new controller leader", f"{took:.2f}s after {old.holder} was killed")
+        if took > FAILOVER_BOUND_S:
+            self._fail(f"failover: the standby took {took:.1f}s to lead (bound {FAILOVER_BOUND_S}s)")
+
+    async def _restart_etcd(self) -> str:
+        assert self.handle is not None
+        detail = await injectors.restart_etcd(self.handle)
+        self.caused_restarts["etcd"] += 1
+        return detail
+
+    def _node_loss(self, step: p.Step) -> None:
+        action = p.NODE_LOSS
+        node = self._pick_node(step, prefer_busy_with_claims=True)
+        if node is None or self.nodes_down >= MAX_NODES_DOWN:
+            self._skipped(action, f"{self.nodes_down} nodes down already, or no node free")
+            return
+        outage = AGENT_LEASE_TTL_S + 1.5 + 5.0 * step.length
+        self.busy_nodes.add(node)
+        self.nodes_down += 1
+        self._spawn(action, self._node_loss_run(node, outage, stop=step.coin))
+
+    async def _node_loss_run(self, node: str, outage_s: float, stop: bool) -> None:
+        assert self.handle is not None
+        handle = self.handle
+        kind = f"{p.NODE_LOSS} ({'SIGSTOP' if stop else 'SIGKILL'})"
+        try:
+            if stop:
+
+                async def stopped() -> str:
+                    pid = await injectors.process_pid(handle, agent_name(node))
+                    self.stopped_pids.add(pid)
+                    try:
+                        return await injectors.node_loss_by_stop(handle, node, outage_s)
+                    finally:
+                        self.stopped_pids.discard(pid)
+
+                self.events.add("fault", kind, f"{node}: stopping its agent for {outage_s:.1f}s")
+                await self._fault(p.NODE_LOSS, stopped(), node)
+            else:
+                self.caused_restarts[agent_name(node)] += 1
+                await self._fault(p.NODE_LOSS, injectors.node_loss_by_kill(handle, node, outage_s))
+                await asyncio.sleep(outage_s)
+        finally:
+            self.busy_nodes.discard(node)
+            self.nodes_down -= 1
+
+    async def _corrupt_checkpoint(self, node: str, step: p.Step) -> str:
+        assert self.handle is not None
+        garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}/{step.number}".encode()).digest()
+        detail = await injectors.corrupt_checkpoint(self.handle, node, garbage)
+        self.caused_restarts[agent_name(node)] += 1
+        await asyncio.sleep(injectors.CHECKPOINT_AGENT_DOWN_S)  # node stays busy while it restarts
+        return detail
+
+    async def _undecodable(self, step: p.Step) -> str:
+        assert self.handle is not None
+        keys = self.handle.store.keys
+        name = f"chaos-garbage-{step.number}"
+        if step.coin:
+            key = keys.domains() + name
+        else:
+            live = sorted(t.job.domain_uid for t in self.jobs.values() if t.job is not None)
+            uid = p.pick(live, step.picks[2]) or str(uuid.UUID(int=step.number))
+            key = keys.members(uid) + name
+        garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}:{step.number}".encode()).digest()
+        detail = await injectors.plant_undecodable(self.handle, key, garbage)
+        self.garbage_keys.append(key)
+        return detail
+
+    async def _release_stopped(self) -> None:
+        for pid in list(self.stopped_pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    # ---- jobs ------------------------------------------------------------------------------
+
+    def _submit(self, step: p.Step) -> None:
+        spec = jobops.JobSpec(f"j{step.number:05d}", step.namespace, step.job_size, step.all_channels)
+        if sum(1 for t in self.jobs.values() if t.state == "submitting") >= MAX_SUBMITS_IN_FLIGHT:
+            self.events.counts["job submit skipped (submits in flight)"] += 1
+            return
+        self.jobs[spec.key] = Tracked(spec, "submitting")
+        self.events.add("job", "submit", spec.describe(), count="job submit")
+        self._spawn(f"submit {spec.name}", self._submit_run(spec))
+
+    async def _submit_run(self, spec: jobops.JobSpec) -> None:
+        assert self.handle is not None
+        outcome = await jobops.submit(self.layout, self.handle.store, spec, self.options.prepare_deadline_s)
+        tracked = self.jobs[spec.key]
+        tracked.job = outcome.job
+        self.events.add("job", f"submit {outcome.result}", f"{spec.describe()}: {outcome.detail}")
+        self.events.counts[f"job submit {outcome.result}"] += 1
+        if outcome.result == jobops.HUNG:
+            self._fail(f"live: submit of {spec.describe()} hung: {outcome.detail}")
+            tracked.state = "broken"
+        elif outcome.result == jobops.SUBMITTED:
+            tracked.state = "running"
+        elif outcome.result in (jobops.REFUSED, jobops.ADVISOR_DOWN):
+            del self.jobs[spec.key]
+        elif outcome.job is None:
+            del self.jobs[spec.key]  # nothing was recorded: nothing to clean up
+        elif outcome.result == jobops.PREPARE_LATE:
+            tracked.state = "failed"
+        else:
+            tracked.state = "broken"  # half-created: it is deleted, not resumed
+
+    def _delete_one(self, step: p.Step) -> None:
+        candidates = sorted(
+            (k for k, t in self.jobs.items() if t.state in ("running", "failed", "broken")),
+        )
+        key = p.pick(candidates, step.picks[0])
+        if key is None:
+            self.events.counts["job delete skipped (no job)"] += 1
+            return
+        tracked = self.jobs[key]
+        job = tracked.job or jobops.book_job(self.layout, *key)
+        if job is None:
+            del self.jobs[key]
+            return
+        tracked.state = "deleting"
+        self.events.add("job", "delete", tracked.spec.describe(), count="job delete")
+        self._spawn(f"delete {key[1]}", self._delete_run(tracked, job))
+
+    async def _delete_run(self, tracked: Tracked, job: Job) -> None:
+        outcome = await jobops.delete(self.layout, job, DELETE_TIMEOUT_S)
+        self.events.add("job", f"delete {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
+        self.events.counts[f"job delete {outcome.result}"] += 1
+        if outcome.result == jobops.HUNG:
+            self._fail(f"live: delete of {tracked.spec.describe()} hung: {outcome.detail}")
+        if outcome.result == jobops.DELETED:
+            self.jobs.pop(tracked.spec.key, None)
+            self.gone_pending.append(
+                DeletedDomain(job.domain_uid, tuple(c.uid for c in job.claims), tracked.spec.describe())
+            )
+        else:
+            tracked.state = "deleting-incomplete"
+
+    # ---- checks ----------------------------------------------------------------------------
+
+    async def _check_forever(self) -> None:
+        """Invariants 1-3 on a store snapshot, every CHECK_INTERVAL_S, faults or not."""
+        assert self.handle is not None
+        while True:
+            try:
+                violations, revision = await checks.instant_violations(self.handle.store)
+            except jobops.CALL_FAILURES:
+                self.events.counts["check 1-3 skipped (store unavailable)"] += 1
+            else:
+                self.events.counts["check 1-3"] += 1
+                for text in violations:
+                    self._fail(f"{text} (store revision {revision})")
+            await asyncio.sleep(CHECK_INTERVAL_S)
+
+    async def _supervisor_state(self) -> dict[str, Any]:
+        assert self.handle is not None
+        answer = await injectors._control(self.handle, "status")
+        state = answer.get("state")
+        return state if isinstance(state, dict) else {}
+
+    async def _wait_healthy(self) -> None:
+        began = time.monotonic()
+        while True:
+            down = checks.not_running(checks.process_counts(await self._supervisor_state()))
+            if not down:
+                return
+            if time.monotonic() - began > HEALTHY_TIMEOUT_S:
+                tails = "\n".join(
+                    f"--- {name}:\n{checks.tail(self.layout.log_file(name), 10)}" for name in down[:3]
+                )
+                self._fail(
+                    f"live: not healthy {HEALTHY_TIMEOUT_S:.0f}s after the faults stopped: {down}\n{tails}"
+                )
+                return
+            await asyncio.sleep(0.5)
+
+    async def _settle(self, what: str, probe: Callable[[], Awaitable[list[str]]], detail: str = "") -> None:
+        """Poll `probe` until it finds nothing; what it still finds after settle_s are violations."""
+        began = time.monotonic()
+        found: list[str] = []
+        while time.monotonic() - began < self.options.settle_s:
+            try:
+                found = await probe()
+            except jobops.CALL_FAILURES as exc:
+                found = [f"{what}: store unavailable ({type(exc).__name__})"]
+            if not found:
+                took = f"ok after {time.monotonic() - began:.1f}s"
+                self.events.add("check", what, f"{detail}{took}", count=f"check {what}")
+                return
+            if any(v.startswith(("inv1:", "inv2:", "inv3:")) for v in found):
+                break  # these never need time
+            await asyncio.sleep(0.5)
+        for text in found:
+            self._fail(text)
+
+    async def _quiesce(self, final: bool) -> None:
+        assert self.handle is not None
+        began = time.monotonic()
+        self.events.add(
+            "phase", "quiescence" + (" (final)" if final else ""), f"{len(self.tasks)} operations in flight"
+        )
+        self.events.counts["phase quiescence"] += 1
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        self._raise_if_failed()
+        await self._wait_healthy()
+        self._raise_if_failed()
+        # Kubelet keeps retrying the claims of a pod; a job whose submit gave up is retried now.
+        for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
+            if tracked.state == "failed" and tracked.job is not None:
+                outcome = await jobops.prepare_again(self.layout, tracked.job, self.options.settle_s)
+                self.events.add(
+                    "job", f"prepare again {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}"
+                )
+                if outcome.result != jobops.SUBMITTED:
+                    self._fail(
+                        f"live: {tracked.spec.describe()} cannot be prepared once faults stopped: {outcome.detail}"
+                    )
+                    return
+                tracked.state, tracked.job = "running", outcome.job
+        # Half-created and half-deleted jobs are deleted now (a user would delete them again).
+        for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
+            if tracked.state in ("broken", "deleting-incomplete"):
+                job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+                if job is None:
+                    self.jobs.pop(tracked.spec.key, None)
+                    continue
+                tracked.state = "deleting"
+                await self._delete_run(tracked, job)
+                if tracked.state != "deleting-incomplete":
+                    continue
+                self._fail(f"live: {tracked.spec.describe()} cannot be deleted once faults stopped")
+                return
+        paths = invariants.cluster_node_paths(self.layout, self._nodes())
+        store = self.handle.store
+        await self._settle("invariants 1-4", lambda: checks.quiescent_violations(store, paths))
+        self._raise_if_failed()
+        await self._settle("jobs ready", self._jobs_not_ready)
+        self._raise_if_failed()
+        pending, self.gone_pending = self.gone_pending, []
+        if pending:
+
+            async def leftovers() -> list[str]:
+                found: list[str] = []
+                for gone in pending:
+                    found += [
+                        f"{v} (job {gone.what})"
+                        for v in await invariants.check_domain_gone(store, gone.uid, gone.claim_uids, paths)
+                    ]
+                return found
+
+            await self._settle("invariant 5", leftovers, f"{len(pending)} deleted domains: ")
+            self.events.counts["check invariant 5 (deleted domains)"] += len(pending)
+        await self._crash_check()
+        self._raise_if_failed()
+        self.events.add("phase", "quiescence done", f"{time.monotonic() - began:.1f}s")
+
+    async def _jobs_not_ready(self) -> list[str]:
+        assert self.handle is not None
+        store = self.handle.store
+        missing = []
+        for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
+            if tracked.state != "running" or tracked.job is None:
+                continue
+            found = await store.get(store.keys.domain(tracked.job.domain_uid), pb.ComputeDomain)
+            domain = found.value if found else None
+            if domain is None or domain.status.status != pb.Readiness.READY:
+                missing.append(f"live: {tracked.spec.describe()} not Ready ({jobs.readiness_reason(domain)})")
+        return missing
+
+    async def _crash_check(self) -> None:
+        now = checks.process_counts(await self._supervisor_state())
+        for text in checks.unexplained_restarts(self.baseline, now, self.caused_restarts):
+            name = text.split()[1]
+            self._fail(f"{text}\n{checks.tail(self.layout.log_file(name), 15)}")
+
+    async def _finish(self) -> None:
+        """Delete every job, then nothing of any domain may be left anywhere."""
+        assert self.handle is not None
+        store = self.handle.store
+        self.events.add("phase", "deleting every job", f"{len(self.jobs)} jobs")
+        for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
+            job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+            if job is not None:
+                tracked.state = "deleting"
+                self._spawn(f"delete {tracked.spec.name}", self._delete_run(tracked, job))
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        stuck = [t.spec.describe() for t in self.jobs.values() if t.job is not None]
+        if stuck:
+            self._fail(f"live: jobs could not be deleted at the end: {stuck}")
+        self._raise_if_failed()
+        for key in self.garbage_keys:
+            await store.delete(key)
+        self.events.add("note", "garbage removed", f"{len(self.garbage_keys)} undecodable keys deleted")
+        paths = invariants.cluster_node_paths(self.layout, self._nodes())
+        pending, self.gone_pending = self.gone_pending, []
+
+        async def idle() -> list[str]:
+            found = await invariants.check_cluster_idle(store, paths)
+            for gone in pending:
+                found += await invariants.check_domain_gone(store, gone.uid, gone.claim_uids, paths)
+            return found
+
+        await self._settle("cluster idle", idle)
+        await self._crash_check()
+        self._raise_if_failed()
+
+    # ---- report ----------------------------------------------------------------------------
+
+    def report(self, ok: bool) -> str:
+        o = self.options
+        lines = []
+        if ok:
+            lines.append(
+                f"CHAOS SOAK PASSED: seed {o.seed}, {self.events.elapsed():.0f}s, zero invariant violations "
+                f"({self.events.counts['check 1-3']} snapshot checks of invariants 1-3, "
+                f"{self.events.counts['phase quiescence']} quiescences)"
+            )
+        else:
+            lines.append(
+                f"CHAOS SOAK FAILED: seed {o.seed} (replay: python -m tools.chaos --seed {o.seed} "
+                f"--duration {o.duration_s:.0f} --racks {o.racks} --trays {o.trays})"
+            )
+            lines.append("violations:")
+            lines += [f"  {v}" for v in self.events.violations]
+            lines.append("event log:")
+            lines.append(self.events.render())
+            lines.append(f"logs of every process: {self.layout.logs_dir}")
+        lines.append("faults:")
+        lines += [f"  {line}" for line in self.events.summary("fault ")] or ["  (none)"]
+        lines.append("job operations:")
+        lines += [f"  {line}" for line in self.events.summary("job ")] or ["  (none)"]
+        lines.append("checks:")
+        lines += [f"  {line}" for line in self.events.summary("check ")]
+        if self.failover_s:
+            lines.append(
+                f"controller failover: {len(self.failover_s)} takeovers, longest {max(self.failover_s):.2f}s"
+            )
+        errors = checks.error_log_lines(self.layout)
+        if errors:
+            lines.append("error-level log lines of the services (faults cause some; for reading):")
+            lines += [f"  {count:6d}  {what}" for what, count in errors.most_common(25)]
+        return "\n".join(lines)
+
+    def summary(self, ok: bool) -> dict[str, Any]:
+        """The result as data (for `--summary-json` and the tests)."""
+        return {
+            "ok": ok,
+            "seed": self.options.seed,
+            "duration_s": self.options.duration_s,
+            "elapsed_s": round(self.events.elapsed(), 1),
+            "counts": dict(sorted(self.events.counts.items())),
+            "violations": list(self.events.violations),
+            "failover_s": [round(x, 2) for x in self.failover_s],
+            "state_dir": str(self.layout.root),
+        }
+
+    def cleanup(self, ok: bool) -> None:
+        """Remove the state dir after a pass (unless it was given); a failure keeps it to read."""
+        if ok and self.options.state_dir is None:
+            shutil.rmtree(self.layout.root, ignore_errors=True)
+
+
+class _NoJob:
+    claims: tuple[()] = ()
+
+
+_NO_JOB = _NoJob()
