@@ -1000,13 +1000,27 @@ async def _resilient(
             await asyncio.sleep(delay)
 
 
+class PrefixWatcher(Protocol):
+    """``libs.state.watch.watch_prefix`` or a stand-in with the same stream semantics."""
+
+    def __call__(self, store: Store, prefix: str, cls: type[M]) -> AsyncIterable[WatchEvent[M] | Resync[M]]: ...
+
+
 class ImexSupervisor:
     """Keeps this node's IMEX daemons in line with its domain membership in the store."""
 
     def __init__(
-        self, store: Store, node_name: str, hardware: NodeHardware, work_dir: Path, settings: ImexSettings
+        self,
+        store: Store,
+        node_name: str,
+        hardware: NodeHardware,
+        work_dir: Path,
+        settings: ImexSettings,
+        watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.store = store
+        # How the store is watched; a host of many simulated agents shares one watch per prefix.
+        self._watch = watch
         self.keys = store.keys
         self.node_name = node_name
         self.work_dir = work_dir
@@ -1041,7 +1055,6 @@ class ImexSupervisor:
     async def wait_ready(self, domain_uid: str, timeout_s: float) -> bool:
         """True once this node's daemon for the domain is READY (at once for a non-fabric member);
         False if that does not happen within `timeout_s`."""
-        self.nudge(domain_uid)
 
         def ready() -> bool:
             if self._membership.domain_uid == domain_uid and self._membership.non_fabric:
@@ -1049,6 +1062,9 @@ class ImexSupervisor:
             runner = self._runners.get(domain_uid)
             return runner is not None and runner.ready.is_set()
 
+        if ready():
+            return True  # the common case on a prepare fast path: no reconcile needed
+        self.nudge(domain_uid)
         try:
             async with asyncio.timeout(timeout_s):
                 while not ready():
@@ -1087,7 +1103,7 @@ class ImexSupervisor:
 
     async def _watch_binding(self) -> None:
         key = self.keys.node_binding(self.node_name)
-        async for event in _resilient(lambda: watch_prefix(self.store, key, pb.NodeBinding), key):
+        async for event in _resilient(lambda: self._watch(self.store, key, pb.NodeBinding), key):
             if isinstance(event, Resync):
                 mine = next((item for item in event.items if item.key == key), None)
                 self._binding = mine.value if mine is not None else None
@@ -1106,7 +1122,7 @@ class ImexSupervisor:
 
     async def _watch_members(self, domain_uid: str) -> None:
         prefix = self.keys.members(domain_uid)
-        async for event in _resilient(lambda: watch_prefix(self.store, prefix, pb.Member), prefix):
+        async for event in _resilient(lambda: self._watch(self.store, prefix, pb.Member), prefix):
             if self._members_uid != domain_uid:
                 return
             if isinstance(event, Resync):
