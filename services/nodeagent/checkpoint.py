@@ -114,6 +114,7 @@ class Checkpoint:
         self._entries: dict[str, ClaimEntry] = {e.claim_uid: e for e in entries}
         self._tombstones: dict[str, Tombstone] = {t.claim_uid: t for t in tombstones}
         self._fragments: dict[str, tuple[ClaimEntry, str]] = {}
+        self._tombstone_fragments: dict[str, tuple[Tombstone, str]] = {}
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -320,10 +321,23 @@ class Checkpoint:
             fragments[uid] = (entry, fragment)
             parts.append(f"{_canonical(uid)}:{fragment}")
         self._fragments = fragments
-        tombstones = {uid: _tombstone_to_json(t) for uid, t in self._tombstones.items()}
+        # Tombstones pile up (one per unprepare, kept for minutes): cached like entries.
+        tomb_fragments: dict[str, tuple[Tombstone, str]] = {}
+        tomb_parts: list[str] = []
+        for uid in sorted(self._tombstones):
+            tomb = self._tombstones[uid]
+            cached_tomb = self._tombstone_fragments.get(uid)
+            text = (
+                cached_tomb[1]
+                if cached_tomb is not None and cached_tomb[0] is tomb
+                else f"{_canonical(uid)}:{_canonical(_tombstone_to_json(tomb))}"
+            )
+            tomb_fragments[uid] = (tomb, text)
+            tomb_parts.append(text)
+        self._tombstone_fragments = tomb_fragments
         return (
             f'{{"bootID":{_canonical(self.boot_id)},"entries":{{{",".join(parts)}}},'
-            f'"tombstones":{_canonical(tombstones)},"version":{CHECKPOINT_VERSION}}}'
+            f'"tombstones":{{{",".join(tomb_parts)}}},"version":{CHECKPOINT_VERSION}}}'
         )
 
 

@@ -361,3 +361,25 @@ def test_failed_rename_leaves_the_previous_checkpoint_intact(
     assert cp_path.read_bytes() == before
     assert sorted(p.name for p in cp_path.parent.iterdir()) == ["checkpoint.json"]  # no temp litter
     assert set(load(cp_path, boot_id_file, clock).entries) == {UID_A}
+
+
+def test_successive_saves_with_changing_tombstones_load_back_exactly(
+    cp_path: Path, boot_id_file: Path, clock: FakeClock
+) -> None:
+    # Encoding reuses per-tombstone fragments; added, replaced and expired tombstones must all
+    # end up in the file as they are now (a stale fragment would fail the checksum on load).
+    cp = Checkpoint.load(cp_path, boot_id_file, clock=clock, tombstone_ttl_s=60)
+    started(cp, UID_A)
+    started(cp, UID_B)
+    cp.remove(UID_A)
+    cp.save()
+    clock.now += 30
+    cp.remove(UID_B)
+    cp.remove(UID_A, claim_version="7")  # replaces A's tombstone with a later expiry
+    cp.save()
+    assert Checkpoint.load(cp_path, boot_id_file, clock=clock, tombstone_ttl_s=60).tombstones == cp.tombstones
+    clock.now += 70  # A's first expiry long gone, the replacement and B's also expired now
+    started(cp, UID_C)
+    cp.save()
+    again = Checkpoint.load(cp_path, boot_id_file, clock=clock, tombstone_ttl_s=60)
+    assert again.tombstones == {} and set(again.entries) == {UID_C}
