@@ -26,6 +26,9 @@ class ReleaseMember:
     index: int
     mod_revision: int
     why: str
+    # An orphan (its domain record is absent): the release also checks that the domain is still
+    # absent, so a domain whose record the watch has not delivered yet keeps its members.
+    orphan: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ def orphan_actions(obs: DomainObservation, now_ms: int, grace_ms: int) -> list[A
     if obs.domain is not None:
         return []
     out: list[Action] = [
-        ReleaseMember(name, m.clique_id, m.index, m.mod_revision, "domain does not exist")
+        ReleaseMember(name, m.clique_id, m.index, m.mod_revision, "domain does not exist", orphan=True)
         for name, m in sorted(obs.members.items())
         if now_ms - m.joined_unix_ms >= grace_ms
     ]

@@ -49,8 +49,13 @@ class ControllerMetrics:
             "Status writes that lost to a concurrent change of the domain record and were retried",
             registry=r,
         )
+        self.view_revision = prom.Gauge(
+            "cd_controller_view_revision",
+            "Newest store revision applied to the controller's view (compare with etcd's to see watch lag)",
+            registry=r,
+        )
         self.queue_depth = prom.Gauge(
-            "cd_controller_workqueue_depth", "Domain uids waiting to be reconciled", registry=r
+            "cd_controller_workqueue_depth", "Domain uids waiting for or in a reconcile", registry=r
         )
         self.leader_takeovers = prom.Counter(
             "cd_controller_leader_terms_total", "Times this replica became leader", registry=r

@@ -84,8 +84,10 @@ class DomainReconciler:
         self.listeners: list[DomainListener] = []
         self._leadership: Leadership | None = None
         self._synced_resources: set[str] = set()
+        self.view_revision = 0
         self.metrics.track_domains(self.domain_counts)
-        self.metrics.track_queue(lambda: len(self.queue))
+        # Queued plus in progress: zero means the controller has nothing left to do.
+        self.metrics.track_queue(lambda: len(self.queue) + self.queue.processing)
 
     # ---- observation ------------------------------------------------------------------
 
@@ -137,6 +139,9 @@ class DomainReconciler:
         counter = self.metrics.store_events.labels(resource=resource)
         async for event in watch_prefix(self.store, prefix, cls):
             affected = apply(event)
+            if event.revision > self.view_revision:
+                self.view_revision = event.revision
+                self.metrics.view_revision.set(event.revision)
             if isinstance(event, Resync):
                 log.info("view resynced", resource=resource, items=len(event.items), revision=event.revision)
                 self._synced_resources.add(resource)
@@ -223,7 +228,9 @@ class DomainReconciler:
                 action=type(action).__name__, result="applied" if applied else "skipped"
             ).inc()
         if plan.status is not None and obs.domain is not None:
-            await self._write_status(uid, obs.domain, obs.domain_revision, plan.status, leadership)
+            await self._write_status(
+                uid, obs.domain, obs.domain_revision, obs.status, plan.status, leadership
+            )
         return plan.recheck_after_ms / 1000 if plan.recheck_after_ms is not None else None
 
     async def _fenced_txn(
@@ -240,6 +247,7 @@ class DomainReconciler:
         uid: str,
         domain: DomainRecord,
         revision: int,
+        previous: StatusValue,
         status: StatusValue,
         leadership: Leadership,
     ) -> None:
@@ -255,13 +263,17 @@ class DomainReconciler:
         for listener in self.listeners:
             listener(uid)
         self.metrics.status_writes.inc()
-        log.info(
+        before, after = previous.conditions[:1], status.conditions[:1]
+        transition = previous.ready != status.ready or [c.reason for c in before] != [c.reason for c in after]
+        # Transitions at info; a node list that merely grew or shrank at debug (that is most writes).
+        (log.info if transition else log.debug)(
             "domain status",
             cd_uid=uid,
             cd=domain.name,
             namespace=domain.namespace,
             status="Ready" if status.ready else "NotReady",
-            reason=status.conditions[0].reason if status.conditions else "",
+            reason=after[0].reason if after else "",
+            message=after[0].message if after else "",
             nodes=len(status.nodes),
         )
 
@@ -322,6 +334,8 @@ class DomainReconciler:
         binding_key = k.node_binding(action.node)
         binding = await self.store.get(binding_key, pb.NodeBinding)
         compares: list[Compare] = [Unchanged(member_key, action.mod_revision)]
+        if action.orphan:
+            compares.append(Absent(k.domain(uid)))
         ops: list[Op] = [Delete(member_key), Delete(k.daemon(uid, action.node))]
         if binding is not None and binding.value.domain_uid == uid:
             compares.append(Unchanged(binding_key, binding.mod_revision))

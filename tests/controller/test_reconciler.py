@@ -12,6 +12,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.election import Leadership
 from libs.state.store import Store
+from services.controller.actions import ReleaseMember
 from services.controller.reconciler import FenceLost
 from tests.controller.harness import (
     AgentDouble,
@@ -257,3 +258,22 @@ async def test_deposed_leader_writes_fail_on_the_fence(store: Store, etcd_config
 
 async def _has_member(controller, uid: str) -> bool:
     return bool(controller.view.members.get(uid))
+
+
+async def test_orphan_release_is_refused_when_the_domain_exists_after_all(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    """The members watch may deliver a join before the domains watch delivers the domain."""
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "d1")
+        (a,) = await agents(store, 1)
+        await a.prepare("d1", "ns")
+        member = await store.get(store.keys.member("d1", a.name), pb.Member)
+        assert member is not None and controller._leadership is not None
+        stale_view_decision = ReleaseMember(
+            a.name, CLIQUE, member.value.index, member.mod_revision, "domain does not exist", orphan=True
+        )
+        assert not await controller._apply("d1", stale_view_decision, controller._leadership)
+        assert await store.get(store.keys.member("d1", a.name), pb.Member) is not None
+        assert await store.get(store.keys.node_binding(a.name), pb.NodeBinding) is not None
+        await a.stop()
