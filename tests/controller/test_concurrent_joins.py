@@ -38,18 +38,19 @@ def layout() -> list[pb.Node]:
 async def test_256_concurrent_joins_get_unique_dense_indices(store: Store, etcd_config: EtcdConfig) -> None:
     nodes = layout()
     await asyncio.gather(*(store.put(store.keys.node(n.name), n) for n in nodes))
+    await create_domain(store, "job256", num_nodes=NODES)
+    # The joins alone in this event loop: the controller comes after, so its work does not
+    # slow the joiners down (in production it is another process).
+    started = time.perf_counter()
+    results = await asyncio.gather(*(join_domain(store, "job256", "ns", n) for n in nodes))
+    wall = time.perf_counter() - started
+    attempts = [r.attempts for r in results]
+    print(
+        f"\n256 concurrent joins over {CLIQUES} cliques: {wall:.2f} s wall, "
+        f"transaction attempts mean {sum(attempts) / len(attempts):.1f}, max {max(attempts)}"
+    )
+    assert all(r.joined_now for r in results)
     async with running_controller(etcd_config, workers=4):
-        await create_domain(store, "job256", num_nodes=NODES)
-        started = time.perf_counter()
-        results = await asyncio.gather(*(join_domain(store, "job256", "ns", n) for n in nodes))
-        wall = time.perf_counter() - started
-        attempts = [r.attempts for r in results]
-        print(
-            f"\n256 concurrent joins over {CLIQUES} cliques: {wall:.2f} s wall, "
-            f"transaction attempts mean {sum(attempts) / len(attempts):.1f}, max {max(attempts)}"
-        )
-        assert all(r.joined_now for r in results)
-
         members, _ = await store.list(store.keys.members("job256"), pb.Member)
         assert len(members) == NODES, "a join was lost"
         by_clique: dict[str, list[int]] = defaultdict(list)
