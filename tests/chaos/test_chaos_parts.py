@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Put, Store
@@ -144,3 +149,30 @@ def test_error_lines_of_the_service_logs_are_counted(tmp_path: Path) -> None:
         "agent: uncaught traceback": 1,
         "etcd: error etcd said no": 1,
     }
+
+
+@pytest.fixture
+def fake_daemon(tmp_path: Path) -> Iterator[tuple[StateLayout, int]]:
+    """A process that looks like a simulated IMEX daemon of domain d1 on node n1 to the scan."""
+    layout = StateLayout.at(tmp_path)
+    config = layout.node("n1").imex_dir / "d1" / "config.cfg"
+    fake = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "run_daemon.py", "-c", str(config)]
+    )
+    try:
+        yield layout, fake.pid
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+async def test_a_daemon_of_a_domain_its_node_left_is_found(
+    store: Store, fake_daemon: tuple[StateLayout, int]
+) -> None:
+    layout, pid = fake_daemon
+    found = await checks.stray_daemons(store, layout, ["n0", "n1"])
+    assert found == [
+        f"inv5: IMEX daemon pid {pid} on n1 serves domain d1, of which n1 is not an active member"
+    ]
+    await store.put(store.keys.member("d1", "n1"), _member("d1", "n1", 0))
+    assert await checks.stray_daemons(store, layout, ["n0", "n1"]) == []

@@ -1,6 +1,7 @@
 """What the soak checks, besides the invariant checker of `tools.cdsim.invariants`.
 
 * invariants 1-3 on one consistent snapshot of the store (they must hold at every instant);
+* no IMEX daemon left running for a domain its node is no longer in (at quiescence);
 * that no service died other than by the soak's own hand (restarts beyond the kills it made);
 * which error lines the services logged (reported, not judged: faults cause some).
 """
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from tools.cdsim import invariants
+from tools.cdsim import invariants, procscan
 from tools.cdsim.layout import StateLayout
 from tools.chaos.snapshot import StoreSnapshot
 
@@ -33,6 +35,37 @@ async def quiescent_violations(store: Store, nodes: Iterable[invariants.NodeLoca
     """Invariants 1-4 (with the nodes' config files) at one store revision."""
     snapshot = await StoreSnapshot.take(store)
     return await invariants.check_store_invariants(snapshot, quiescent=True, nodes=nodes)
+
+
+def _daemon_domain(argv: tuple[str, ...], imex_dir: Path) -> str | None:
+    """The domain uid of a simulated IMEX daemon: its config lies in <imex dir>/<uid>/."""
+    prefix = str(imex_dir).rstrip("/") + "/"
+    for arg in argv:
+        if arg.startswith(prefix):
+            return Path(arg).relative_to(imex_dir).parts[0]
+    return None
+
+
+async def stray_daemons(store: Store, layout: StateLayout, nodes: Iterable[str]) -> list[str]:
+    """IMEX daemons that serve a domain their node is not an active member of (a leftover that
+    holds the node's IMEX port, so the node's next domain cannot form)."""
+    snapshot = await StoreSnapshot.take(store)
+    members, _ = await snapshot.list(store.keys.all_members(), pb.Member)
+    active = {
+        (m.value.domain_uid, m.value.node_name) for m in members if m.value.state == pb.MemberState.ACTIVE
+    }
+    found = []
+    running = [p for p in procscan.list_processes() if procscan.IMEX_DAEMON_MARKER in p.command]
+    for node in nodes:
+        imex_dir = layout.node(node).imex_dir
+        for process in running:
+            uid = _daemon_domain(process.argv, imex_dir)
+            if uid is not None and (uid, node) not in active:
+                found.append(
+                    f"inv5: IMEX daemon pid {process.pid} on {node} serves domain {uid}, "
+                    f"of which {node} is not an active member"
+                )
+    return found
 
 
 @dataclass(frozen=True)

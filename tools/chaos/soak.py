@@ -558,7 +558,13 @@ class Soak:
                 return
         paths = invariants.cluster_node_paths(self.layout, self._nodes())
         store = self.handle.store
-        await self._settle("invariants 1-4", lambda: checks.quiescent_violations(store, paths))
+        nodes = self._nodes()
+
+        async def invariants_1_to_4() -> list[str]:
+            found = await checks.quiescent_violations(store, paths)
+            return found + await checks.stray_daemons(store, self.layout, nodes)
+
+        await self._settle("invariants 1-4", invariants_1_to_4)
         self._raise_if_failed()
         await self._settle("jobs ready", self._jobs_not_ready)
         self._raise_if_failed()
