@@ -188,14 +188,7 @@ class Advisor:
     def _whole_view(self) -> _View:
         inv = self.inventory
 
-        def with_sick() -> CliqueIndex:
-            return CliqueIndex.from_cliques(
-                CliqueFree(c.clique_id, len(c.free) + len(c.sick_free), len(c.nodes), c.rank)
-                for c in inv.cliques.values()
-                if c.free or c.sick_free
-            )
-
-        return _View(inv.index, inv.largest_clique(), inv.sorted_free, with_sick)
+        return _View(inv.index, inv.largest_clique(), inv.sorted_free, lambda: inv.index_with_sick)
 
     def _restricted_view(self, req: PlacementRequest) -> _View:
         inv = self.inventory
@@ -320,9 +313,7 @@ class Advisor:
         names = {c: view.names(c) for c in touched}
         segments = policies.pick_nodes(outcome, names)
         free_of = {c: len(names[c]) for c in touched}
-        min_cliques = (
-            1 if len(touched) == 1 else policies.min_cliques_needed(view.index.free_counts(), demand)
-        )
+        min_cliques = 1 if len(touched) == 1 else policies.min_cliques_needed(view.index.histogram(), demand)
         taken: Counter[str] = Counter()
         for segment in segments:
             taken[segment.clique_id] += len(segment.node_names)
@@ -510,7 +501,7 @@ class Advisor:
         view = self._view(req)
         demand = Demand(req.num_nodes, req.mode, req.segment_size)
         free_of = {c.clique_id: c.free for c in view.index.entries.values()}
-        min_cliques = policies.min_cliques_needed(free_of.values(), demand)
+        min_cliques = policies.min_cliques_needed(view.index.histogram(), demand)
         chosen_key = tuple((s.clique_id, len(s.node_names)) for s in decision.segments)
         found: dict[tuple[tuple[str, int], ...], Alternative] = {}
 

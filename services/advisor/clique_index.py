@@ -90,10 +90,9 @@ class CliqueIndex:
     def most_free(self) -> int:
         return self._keys[-1] if self._keys else 0
 
-    def free_counts(self) -> Iterator[int]:
-        for key in self._keys:
-            for _ in self._buckets[key]:
-                yield key
+    def histogram(self) -> list[tuple[int, int]]:
+        """(free count, number of cliques with it), fewest free first."""
+        return [(key, len(self._buckets[key])) for key in self._keys]
 
     def _bucket_keys_from(self, n: int) -> list[int]:
         return self._keys[bisect.bisect_left(self._keys, n) :]

@@ -13,9 +13,10 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
+import grpclib.server
 import structlog
 from grpclib import GRPCError
-from grpclib.const import Status
+from grpclib.const import Cardinality, Handler, Status
 
 from libs.gen.computedomain.placement import v1 as pp
 from libs.state.store import TRANSIENT_ERRORS, StoreUnavailable
@@ -37,6 +38,7 @@ from services.advisor.model import (
     Segment,
 )
 from services.advisor.reservations import ReservationConflict, ReservationExists
+from services.advisor.wire import decode_place_request, encode_place_response
 
 log = structlog.get_logger(__name__)
 
@@ -186,9 +188,38 @@ def grpc_errors(method: str) -> Iterator[None]:
         raise GRPCError(Status.INTERNAL, f"{type(exc).__name__}: {exc}") from None
 
 
+_SERVICE = "/computedomain.placement.v1.PlacementAdvisor"
+
+
 class PlacementService(pp.PlacementAdvisorBase):
+    """Serve with `transport.WireCodec`: Place and PlaceStream read and write the wire format directly."""
+
     def __init__(self, advisor: Advisor) -> None:
         self.advisor = advisor
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        mapping[f"{_SERVICE}/Place"] = Handler(self._place_wire, Cardinality.UNARY_UNARY, bytes, bytes)
+        mapping[f"{_SERVICE}/PlaceStream"] = Handler(
+            self._place_stream_wire, Cardinality.STREAM_STREAM, bytes, bytes
+        )
+        return mapping
+
+    async def _decide_wire(self, data: bytes, method: str) -> bytes:
+        with grpc_errors(method):
+            decision = await self.advisor.place(decode_place_request(data))
+            return encode_place_response(decision)
+
+    async def _place_wire(self, stream: grpclib.server.Stream[bytes, bytes]) -> None:
+        data = await stream.recv_message()
+        assert data is not None
+        self._require_ready()
+        await stream.send_message(await self._decide_wire(data, "Place"))
+
+    async def _place_stream_wire(self, stream: grpclib.server.Stream[bytes, bytes]) -> None:
+        self._require_ready()
+        async for data in stream:
+            await stream.send_message(await self._decide_wire(data, "PlaceStream"))
 
     def _require_ready(self) -> None:
         if not self.advisor.inventory.ready:
@@ -199,6 +230,15 @@ class PlacementService(pp.PlacementAdvisorBase):
         with grpc_errors("Place"):
             decision = await self.advisor.place(to_request(place_request))
             return to_response(decision)
+
+    async def place_stream(
+        self, place_request_iterator: AsyncIterator[pp.PlaceRequest]
+    ) -> AsyncIterator[pp.PlaceResponse]:
+        self._require_ready()
+        async for request in place_request_iterator:
+            with grpc_errors("PlaceStream"):
+                decision = await self.advisor.place(to_request(request))
+            yield to_response(decision)
 
     async def reserve(self, reserve_request: pp.ReserveRequest) -> pp.ReserveResponse:
         self._require_ready()

@@ -64,6 +64,8 @@ class CliqueEntry:
     rank: tuple[object, ...] = ()
     # Last fragmentation terms added to the inventory's sums for this clique.
     terms: tuple[int, float] = (0, 0.0)
+    # `free` in node order, rebuilt after `free` changed (decisions read it, rarely change it).
+    free_sorted: list[str] | None = None
 
 
 def judge_node(record: pb.Node, healthy_only: bool = True) -> tuple[bool, bool, int]:
@@ -105,8 +107,10 @@ class Inventory:
         # Nodes another writer took that our watch has not shown yet: node -> expiry.
         self._hints: dict[str, float] = {}
         self._hint_heap: list[tuple[float, str]] = []
-        # Free capacity per clique as policy input, kept current.
+        # Free capacity per clique as policy input, kept current; and the same with
+        # unhealthy-but-untaken nodes counted, to recognise UNHEALTHY_FABRIC.
         self.index = CliqueIndex()
+        self.index_with_sick = CliqueIndex()
         self._free_histogram: Counter[int] = Counter()
         self._sum_free = 0
         self._sum_sq = 0.0
@@ -173,10 +177,12 @@ class Inventory:
         if clique is None:
             return
         available = self._available(name)
-        if entry.usable and available:
-            clique.free.add(name)
-        else:
-            clique.free.discard(name)
+        if (entry.usable and available) != (name in clique.free):
+            if entry.usable and available:
+                clique.free.add(name)
+            else:
+                clique.free.discard(name)
+            clique.free_sorted = None
         if entry.sick and available:
             clique.sick_free.add(name)
         else:
@@ -198,16 +204,21 @@ class Inventory:
                     del self._free_histogram[old_free]
             if free:
                 self._free_histogram[free] += 1
-        current = self.index.entries.get(clique.clique_id)
+        self._put(self.index, clique, free)
+        self._put(self.index_with_sick, clique, free + len(clique.sick_free))
+
+    @staticmethod
+    def _put(index: CliqueIndex, clique: CliqueEntry, free: int) -> None:
+        current = index.entries.get(clique.clique_id)
         if free == 0:
-            self.index.remove(clique.clique_id)
+            index.remove(clique.clique_id)
         elif (
             current is None
             or current.free != free
             or current.size != len(clique.nodes)
             or current.rank != clique.rank
         ):
-            self.index.put(CliqueFree(clique.clique_id, free, len(clique.nodes), clique.rank))
+            index.put(CliqueFree(clique.clique_id, free, len(clique.nodes), clique.rank))
 
     # ---- nodes -------------------------------------------------------------------------
 
@@ -227,6 +238,7 @@ class Inventory:
             return
         clique.nodes.discard(name)
         clique.free.discard(name)
+        clique.free_sorted = None
         clique.sick_free.discard(name)
         self._largest_clique_cache = None
         if not clique.nodes:
@@ -238,6 +250,7 @@ class Inventory:
                 if not members:
                     del self.cliques_by_cluster[clique.cluster]
             self.index.remove(entry.clique)
+            self.index_with_sick.remove(entry.clique)
         else:
             clique.rank = min((self.nodes[n].key for n in clique.nodes), default=())
             self._retally(clique)
@@ -478,9 +491,12 @@ class Inventory:
         return max(self._gpu_counts, default=0)
 
     def sorted_free(self, clique_id: str) -> list[str]:
+        """The clique's free nodes in node order (a shared list: do not modify it)."""
         clique = self.cliques[clique_id]
-        nodes = self.nodes
-        return sorted(clique.free, key=lambda n: nodes[n].key)
+        if clique.free_sorted is None:
+            nodes = self.nodes
+            clique.free_sorted = sorted(clique.free, key=lambda n: nodes[n].key)
+        return clique.free_sorted
 
     def is_free(self, name: str) -> bool:
         entry = self.nodes.get(name)

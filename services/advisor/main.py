@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -212,8 +212,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         grpc=f"{settings.grpc_host}:{settings.grpc_port}" if settings.grpc_host else None,
         grpc_socket=settings.grpc_unix_socket or None,
         extender=f"{settings.extender_host}:{settings.extender_port}" if settings.extender_enabled else None,
+        event_loop=settings.event_loop,
     )
-    asyncio.run(_amain(settings))
+    with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
+        runner.run(_amain(settings))
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when asked for or (auto) installed: it cuts the per-call cost of the gRPC server."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit(
+                "cd-placement-advisor: --event-loop uvloop, but uvloop is not installed"
+            ) from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":

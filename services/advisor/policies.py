@@ -225,7 +225,7 @@ def plan(
             f"a segment of {unit} nodes is larger than every clique (the largest has {largest_clique})",
         )
     units = n // unit
-    room = sum(f // unit for f in index.free_counts()) if unit > 1 else total
+    room = sum((free // unit) * count for free, count in index.histogram()) if unit > 1 else total
     if room < units:
         return Infeasible(
             Reason.FRAGMENTED,
@@ -234,18 +234,24 @@ def plan(
     return _expand(_split(policy, index, units, unit, gen), demand)
 
 
-def min_cliques_needed(frees: Iterable[int], demand: Demand) -> int:
-    """The fewest cliques any placement of `demand` can use (0 if it cannot be placed)."""
+def min_cliques_needed(histogram: Iterable[tuple[int, int]], demand: Demand) -> int:
+    """The fewest cliques any placement of `demand` can use (0 if it cannot be placed).
+
+    `histogram` gives (free count, number of cliques with that many free).
+    """
     unit = demand.unit
-    caps = sorted((f // unit for f in frees if f >= unit), reverse=True)
     remaining = demand.num_nodes // unit
     used = 0
-    for cap in caps:
-        if remaining <= 0:
+    for free, count in sorted(histogram, reverse=True):
+        cap = free // unit
+        if cap <= 0:
             break
-        remaining -= cap
-        used += 1
-    return used if remaining <= 0 else 0
+        take = min(count, -(-remaining // cap))
+        used += take
+        remaining -= take * cap
+        if remaining <= 0:
+            return used
+    return 0
 
 
 # ---- node names ------------------------------------------------------------------------

@@ -50,6 +50,11 @@ class AdvisorSettings:
     health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
     health_port: int = setting(8082, "port of the health server (0 = any free port)", validate=non_negative)
     identity: str = setting("", "this replica's name as reservation holder (default host-pid)")
+    event_loop: str = setting(
+        "auto",
+        "asyncio event loop: uvloop if installed (auto), or the standard one",
+        choices=("auto", "uvloop", "asyncio"),
+    )
     log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
 

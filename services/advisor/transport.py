@@ -1,4 +1,4 @@
-"""A grpclib server whose connections coalesce writes: one socket send per loop iteration.
+"""The advisor's grpclib server: write coalescing and a codec that lets hot handlers take raw bytes.
 
 grpclib writes each HTTP/2 frame group of a response (headers, data, trailers)
 with its own transport.write, i.e. its own send() system call. On small VMs a
@@ -12,8 +12,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from grpclib.encoding.base import CodecBase
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
+
+
+class WireCodec(CodecBase):
+    """The server's codec: raw bytes for handlers typed `bytes`, betterproto for the rest."""
+
+    __content_subtype__ = "proto"
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if message_type is bytes:
+            return bytes(message)
+        if not isinstance(message, message_type):
+            raise TypeError(f"message must be of type {message_type!r}, not {type(message)!r}")
+        return bytes(message)
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if message_type is bytes:
+            return data
+        return message_type().parse(data)
 
 
 class CorkedTransport:
@@ -63,7 +82,11 @@ class CorkedH2Protocol(H2Protocol):
 
 
 class CorkedServer(Server):
-    """grpclib `Server` with write coalescing; same API."""
+    """grpclib `Server` with write coalescing; same API, the advisor's `WireCodec` by default."""
+
+    def __init__(self, handlers: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("codec", WireCodec())
+        super().__init__(handlers, **kwargs)
 
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()

@@ -257,3 +257,36 @@ async def test_fifty_clients_on_two_advisors_never_share_a_node(
             for adv in (one, two)
         )
         assert conflicts > 0
+
+
+async def test_place_stream_answers_in_order_and_ends_on_bad_input(etcd_config: EtcdConfig, seeded) -> None:
+    async with running_advisor(settings_for(etcd_config)) as adv:
+        channel = adv.channel()
+        try:
+            stub = adv.stub(channel)
+            sizes = [1, 18, 5, 9, 2, 17, 4, 36]
+            requests = [
+                pp.PlaceRequest(
+                    num_nodes=n,
+                    dry_run=True,
+                    mode=pp.PlacementMode.PREFER_SINGLE_CLIQUE,
+                )
+                for n in sizes
+            ]
+            replies = [r async for r in stub.place_stream(requests)]
+            assert [sum(len(s.node_names) for s in r.placements) for r in replies] == sizes
+            assert all(r.feasible for r in replies)
+
+            bad = [pp.PlaceRequest(num_nodes=2), pp.PlaceRequest(num_nodes=0), pp.PlaceRequest(num_nodes=3)]
+            received = []
+            with pytest.raises(GRPCError) as err:
+                async for reply in stub.place_stream(bad):
+                    received.append(reply)
+            assert err.value.status == Status.INVALID_ARGUMENT
+            assert (err.value.message or "").startswith("num_nodes")
+            assert len(received) == 1
+            # A new stream works.
+            again = [r async for r in stub.place_stream([pp.PlaceRequest(num_nodes=4)])]
+            assert again[0].feasible
+        finally:
+            channel.close()

@@ -118,6 +118,7 @@ def test_incremental_index_answers_like_a_fresh_one(ops) -> None:
     fresh = CliqueIndex.from_cliques(final.values())
     assert live.total_free == fresh.total_free == sum(c.free for c in final.values())
     assert live.most_free() == fresh.most_free()
+    assert live.histogram() == fresh.histogram()
     for n in range(1, 20):
         assert live.best_fit(n) == fresh.best_fit(n)
         assert live.first_fit(n) == fresh.first_fit(n)

@@ -87,7 +87,7 @@ def test_plan_respects_capacity_mode_and_reasons(cliques, demand, policy, seed) 
         assert len(outcome.cliques) == 1
     if policy is PolicyName.BEST_FIT and demand.mode is not Mode.REQUIRE_SINGLE_CLIQUE:
         # Largest blocks first, best fit for the rest: never more cliques than necessary.
-        assert len(outcome.cliques) == policies.min_cliques_needed(free.values(), demand)
+        assert len(outcome.cliques) == policies.min_cliques_needed(Counter(free.values()).items(), demand)
 
 
 @settings(max_examples=100, deadline=None)
@@ -122,7 +122,7 @@ def test_best_fit_scores_at_least_as_high_as_any_baseline(cliques, n) -> None:
     largest = max(c.size for c in cliques)
     free = {c.clique_id: c.free for c in cliques}
     demand = Demand(n, Mode.PREFER_SINGLE_CLIQUE)
-    need = policies.min_cliques_needed(free.values(), demand)
+    need = policies.min_cliques_needed(Counter(free.values()).items(), demand)
     scores = {}
     for policy in PolicyName:
         outcome = policies.plan(demand, index, policy, largest_clique=largest, rng=random.Random(7))

@@ -7,10 +7,13 @@
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
+    AsyncIterable,
     AsyncIterator,
     Dict,
+    Iterable,
     List,
     Optional,
+    Union,
 )
 
 import betterproto
@@ -294,6 +297,27 @@ class PlacementAdvisorStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def place_stream(
+        self,
+        place_request_iterator: Union[
+            AsyncIterable[PlaceRequest], Iterable[PlaceRequest]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[PlaceResponse]:
+        async for response in self._stream_stream(
+            "/computedomain.placement.v1.PlacementAdvisor/PlaceStream",
+            place_request_iterator,
+            PlaceRequest,
+            PlaceResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
     async def reserve(
         self,
         reserve_request: "ReserveRequest",
@@ -386,6 +410,12 @@ class PlacementAdvisorBase(ServiceBase):
     async def place(self, place_request: "PlaceRequest") -> "PlaceResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def place_stream(
+        self, place_request_iterator: AsyncIterator[PlaceRequest]
+    ) -> AsyncIterator[PlaceResponse]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield PlaceResponse()
+
     async def reserve(self, reserve_request: "ReserveRequest") -> "ReserveResponse":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
@@ -412,6 +442,16 @@ class PlacementAdvisorBase(ServiceBase):
         request = await stream.recv_message()
         response = await self.place(request)
         await stream.send_message(response)
+
+    async def __rpc_place_stream(
+        self, stream: "grpclib.server.Stream[PlaceRequest, PlaceResponse]"
+    ) -> None:
+        request = stream.__aiter__()
+        await self._call_rpc_handler_server_stream(
+            self.place_stream,
+            stream,
+            request,
+        )
 
     async def __rpc_reserve(
         self, stream: "grpclib.server.Stream[ReserveRequest, ReserveResponse]"
@@ -456,6 +496,12 @@ class PlacementAdvisorBase(ServiceBase):
             "/computedomain.placement.v1.PlacementAdvisor/Place": grpclib.const.Handler(
                 self.__rpc_place,
                 grpclib.const.Cardinality.UNARY_UNARY,
+                PlaceRequest,
+                PlaceResponse,
+            ),
+            "/computedomain.placement.v1.PlacementAdvisor/PlaceStream": grpclib.const.Handler(
+                self.__rpc_place_stream,
+                grpclib.const.Cardinality.STREAM_STREAM,
                 PlaceRequest,
                 PlaceResponse,
             ),

@@ -1,0 +1,490 @@
+"""Benchmark: placement decisions through the gRPC API of a real advisor process at 10,000 nodes.
+
+Set-up: a private etcd holding 10,008 node records (556 NVL72 racks) of which `--busy` (70 %)
+are bound to running domains; one `cd-placement-advisor` process following that store. Load
+comes from client processes (grpcio, requests pre-encoded, answers counted but not decoded, the
+way load generators such as ghz work) sending dry-run Place requests: sizes 1-18 (single clique
+preferred), some 36/54-node jobs in segments of 18, some requiring one clique.
+
+For each RPC shape (unary `Place`, and `PlaceStream`: one long-lived stream per client
+connection, one answer per request) three phases:
+1. single client, one request in flight: the latency of an unloaded service;
+2. open loop at `--rate` decisions/s (default 2,000, the target) spread over the clients:
+   latency measured from the scheduled send time, so a server that falls behind pays for it;
+3. closed loop, many requests in flight: the most decisions/s the service sustains.
+The server's CPU time per decision (from /proc) is reported beside the wall-clock figures,
+since other processes on the machine inflate wall-clock tails.
+
+    python -m tools.bench.advisor_grpc [--racks 556] [--rate 2000] [--clients 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libs.gen.computedomain.placement import v1 as pp
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription
+from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from tools.bench.simenv import private_etcd, scratch_dir, stop_process
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET_P99_MS = 2.0
+TARGET_RATE = 2000.0
+PLACE = "/computedomain.placement.v1.PlacementAdvisor/Place"
+PLACE_STREAM = "/computedomain.placement.v1.PlacementAdvisor/PlaceStream"
+
+
+# ---- set-up -----------------------------------------------------------------------------------
+
+
+async def seed_store(endpoint: str, prefix: str, racks: int, busy: float, seed: int) -> int:
+    cluster = ClusterDescription(racks=racks, seed=f"grpc-bench-{seed}")
+    rng = random.Random(seed)
+    store = Store(EtcdConfig(endpoint=endpoint, prefix=prefix, timeout_s=30.0))
+    await store.connect()
+    try:
+        sem = asyncio.Semaphore(64)
+
+        async def put(key: str, value: Any) -> None:
+            async with sem:
+                await store.put(key, value)
+
+        writes = []
+        for node in cluster.nodes():
+            gpus = [
+                pb.Gpu(
+                    uuid=f"GPU-{node.name}-{i}",
+                    index=i,
+                    clique_id=node.clique,
+                    fabric_state=pb.FabricState.COMPLETED,
+                    health=pb.Health.HEALTHY,
+                )
+                for i in range(4)
+            ]
+            record = pb.Node(
+                name=node.name,
+                ip_address=node.address,
+                clique_id=node.clique,
+                cluster_uuid=node.cluster_uuid,
+                gpus=gpus,
+                health=pb.Health.HEALTHY,
+            )
+            writes.append(put(store.keys.node(node.name), record))
+        # Busy nodes come in whole jobs of 1-18 nodes inside one rack, as a packed cluster has them.
+        bound = 0
+        target = int(busy * cluster.node_count)
+        racks_order = list(range(racks))
+        rng.shuffle(racks_order)
+        job = 0
+        for rack in racks_order * 2:
+            if bound >= target:
+                break
+            tray = 0
+            while tray < 18 and bound < target:
+                size = min(rng.choice([1, 2, 4, 4, 8, 8, 9, 16]), 18 - tray, target - bound)
+                if rng.random() < 0.3:
+                    tray += size  # a hole: free nodes between jobs
+                    continue
+                for t in range(tray, tray + size):
+                    name = f"rack{rack}-tray{t}"
+                    writes.append(
+                        put(
+                            store.keys.node_binding(name),
+                            pb.NodeBinding(node_name=name, domain_uid=f"job-{job}"),
+                        )
+                    )
+                bound += size
+                tray += size
+                job += 1
+        await asyncio.gather(*writes)
+        return cluster.node_count
+    finally:
+        await store.close()
+
+
+@dataclass
+class AdvisorProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_advisor(endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0) -> AdvisorProcess:
+    out = log.open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.advisor.main",
+            "--etcd-endpoint",
+            endpoint,
+            "--etcd-prefix",
+            prefix,
+            "--grpc-host",
+            "127.0.0.1",
+            "--grpc-port",
+            "0",
+            "--extender-enabled",
+            "false",
+            "--health-host",
+            "127.0.0.1",
+            "--health-port",
+            "0",
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=out,
+    )
+    deadline = time.monotonic() + timeout_s
+    port = 0
+    synced = False
+    while time.monotonic() < deadline and not (port and synced):
+        if proc.poll() is not None:
+            raise RuntimeError(f"advisor exited with {proc.returncode}; see {log}")
+        for line in log.read_text().splitlines():
+            if '"gRPC listening"' in line:
+                port = json.loads(line)["port"]
+            if '"inventory synced"' in line:
+                synced = True
+        time.sleep(0.2)
+    if not (port and synced):
+        stop_process(proc)
+        raise RuntimeError(f"advisor not ready within {timeout_s} s; see {log}")
+    return AdvisorProcess(proc, port)
+
+
+def request_mix(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        roll = rng.random()
+        if roll < 0.05:
+            size = rng.choice([36, 54])
+            msg = pp.PlaceRequest(
+                num_nodes=size, mode=pp.PlacementMode.ALLOW_SPLIT, segment_size=18, dry_run=True
+            )
+        elif roll < 0.25:
+            msg = pp.PlaceRequest(num_nodes=rng.randint(1, 18), dry_run=True)
+        else:
+            msg = pp.PlaceRequest(
+                num_nodes=rng.choice([1, 2, 2, 4, 4, 4, 8, 8, 8, 9, 12, 16, 16, 18]),
+                mode=pp.PlacementMode.PREFER_SINGLE_CLIQUE,
+                dry_run=True,
+            )
+        out.append(bytes(msg))
+    return out
+
+
+# ---- load generation (runs in client processes) --------------------------------------------------
+
+
+async def _closed_loop(
+    port: int, shape: str, requests: list[bytes], inflight: int, until: float
+) -> list[float]:
+    import grpc
+
+    latencies: list[float] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        if shape == "unary":
+            call = channel.unary_unary(PLACE)
+
+            async def worker(k: int) -> None:
+                i = k
+                while time.time() < until:
+                    t0 = time.perf_counter()
+                    await call(requests[i % len(requests)])
+                    latencies.append(time.perf_counter() - t0)
+                    i += inflight
+
+        else:
+            make = channel.stream_stream(PLACE_STREAM)
+
+            async def worker(k: int) -> None:
+                stream = make()
+                i = k
+                while time.time() < until:
+                    t0 = time.perf_counter()
+                    await stream.write(requests[i % len(requests)])
+                    await stream.read()
+                    latencies.append(time.perf_counter() - t0)
+                    i += inflight
+                await stream.done_writing()
+
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+    return latencies
+
+
+async def _open_loop(
+    port: int, shape: str, requests: list[bytes], rate: float, start: float, seconds: float
+) -> list[float]:
+    """Send at a fixed rate from `start` (wall clock); latency counts from the scheduled send time."""
+    import grpc
+
+    latencies: list[float] = []
+    count = int(rate * seconds)
+    interval = 1.0 / rate
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.sleep(max(0.0, start - time.time()))
+        base_wall, base_perf = time.time(), time.perf_counter()
+        offset = start - base_wall
+        if shape == "unary":
+            call = channel.unary_unary(PLACE)
+
+            async def one(i: int, due: float) -> None:
+                await call(requests[i % len(requests)])
+                latencies.append(time.perf_counter() - due)
+
+            tasks = []
+            for i in range(count):
+                due = base_perf + offset + i * interval
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i, due)))
+            await asyncio.gather(*tasks)
+        else:
+            # A few streams, requests round-robin; each stream answers in order.
+            streams = [channel.stream_stream(PLACE_STREAM)() for _ in range(4)]
+            pending: list[list[float]] = [[] for _ in streams]
+
+            async def reader(k: int, expected: int) -> None:
+                for _ in range(expected):
+                    await streams[k].read()
+                    latencies.append(time.perf_counter() - pending[k].pop(0))
+
+            expected = [len(range(k, count, len(streams))) for k in range(len(streams))]
+            readers = [asyncio.create_task(reader(k, expected[k])) for k in range(len(streams))]
+            for i in range(count):
+                due = base_perf + offset + i * interval
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                k = i % len(streams)
+                pending[k].append(due)
+                await streams[k].write(requests[i % len(requests)])
+            await asyncio.gather(*readers)
+            for stream in streams:
+                await stream.done_writing()
+    return latencies
+
+
+def _client(job: dict[str, Any]) -> tuple[list[float], float, float]:
+    """(latencies, wall time of the first send, wall time of the last answer)."""
+    requests = job["requests"]
+    if job["kind"] == "closed":
+        started = time.time()
+        latencies = asyncio.run(
+            _closed_loop(job["port"], job["shape"], requests, job["inflight"], job["until"])
+        )
+        return latencies, started, time.time()
+    latencies = asyncio.run(
+        _open_loop(job["port"], job["shape"], requests, job["rate"], job["start"], job["seconds"])
+    )
+    return latencies, job["start"], time.time()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
+
+
+def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    cpu0 = advisor.cpu_seconds()
+    started = time.perf_counter()
+    results = pool.map(_client, jobs)
+    elapsed = time.perf_counter() - started
+    cpu = advisor.cpu_seconds() - cpu0
+    latencies = [x for part, _, _ in results for x in part]
+    # Achieved rate: answers over the span from the first send to the last answer.
+    span = max(end for _, _, end in results) - min(start for _, start, _ in results)
+    return {
+        "decisions": len(latencies),
+        "decisions_per_s": round(len(latencies) / span, 1),
+        "p50_ms": round(_pct(latencies, 0.50) * 1e3, 3),
+        "p99_ms": round(_pct(latencies, 0.99) * 1e3, 3),
+        "max_ms": round(max(latencies) * 1e3, 3) if latencies else 0.0,
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if latencies else 0.0,
+        "server_cpu_ms_per_decision": round(cpu / max(len(latencies), 1) * 1e3, 4),
+        "elapsed_s": round(elapsed, 2),
+    }
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    base = scratch_dir("advisor-grpc-bench-")
+    prefix = "/bench/"
+    report: dict[str, Any] = {"benchmark": "advisor_grpc", "racks": args.racks, "busy": args.busy}
+    with private_etcd(base) as etcd:
+        nodes = asyncio.run(seed_store(etcd.endpoint, prefix, args.racks, args.busy, args.seed))
+        report["nodes"] = nodes
+        advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log")
+        try:
+            requests = request_mix(512, args.seed)
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(args.clients) as pool:
+                # Warm-up: imports, connections, caches.
+                pool.map(
+                    _client,
+                    [
+                        {
+                            "kind": "closed",
+                            "port": advisor.port,
+                            "shape": s,
+                            "requests": requests,
+                            "inflight": 2,
+                            "until": time.time() + 1.0,
+                        }
+                        for s in ("unary", "stream")
+                    ],
+                )
+                report["loadavg_before"] = os.getloadavg()
+                shapes = {}
+                for shape in args.shapes.split(","):
+                    phases: dict[str, Any] = {}
+                    until = time.time() + args.seconds
+                    phases["single_client"] = run_phase(
+                        pool,
+                        advisor,
+                        [
+                            {
+                                "kind": "closed",
+                                "port": advisor.port,
+                                "shape": shape,
+                                "requests": requests,
+                                "inflight": 1,
+                                "until": until,
+                            }
+                        ],
+                    )
+                    start = time.time() + 1.0
+                    phases["open_loop"] = run_phase(
+                        pool,
+                        advisor,
+                        [
+                            {
+                                "kind": "open",
+                                "port": advisor.port,
+                                "shape": shape,
+                                "requests": requests,
+                                "rate": args.rate / args.clients,
+                                "start": start,
+                                "seconds": args.seconds,
+                            }
+                            for _ in range(args.clients)
+                        ],
+                    )
+                    phases["open_loop"]["offered_per_s"] = args.rate
+                    until = time.time() + args.seconds
+                    phases["saturation"] = run_phase(
+                        pool,
+                        advisor,
+                        [
+                            {
+                                "kind": "closed",
+                                "port": advisor.port,
+                                "shape": shape,
+                                "requests": requests,
+                                "inflight": args.inflight,
+                                "until": until,
+                            }
+                            for _ in range(args.clients)
+                        ],
+                    )
+                    shapes[shape] = phases
+                    print(f"{shape}: {json.dumps(phases)}", file=sys.stderr)
+                report["shapes"] = shapes
+                report["loadavg_after"] = os.getloadavg()
+        finally:
+            stop_process(advisor.proc)
+    report["cpus"] = os.cpu_count()
+    return report
+
+
+def verdict(report: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for shape, phases in report["shapes"].items():
+        open_loop, saturation = phases["open_loop"], phases["saturation"]
+        out[shape] = {
+            "p99_at_target_rate_ms": open_loop["p99_ms"],
+            "achieved_at_target_rate_per_s": open_loop["decisions_per_s"],
+            "max_decisions_per_s": saturation["decisions_per_s"],
+            "p99_target_met": open_loop["p99_ms"] <= TARGET_P99_MS
+            and open_loop["decisions_per_s"] >= 0.97 * TARGET_RATE,
+            "rate_target_met": saturation["decisions_per_s"] >= TARGET_RATE,
+        }
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"Placement decisions through gRPC, {report['nodes']:,} nodes ({report['busy'] * 100:.0f} % busy), "
+        f"{report['cpus']} CPUs, load average before/after {report['loadavg_before'][0]:.1f}/{report['loadavg_after'][0]:.1f}",
+        "",
+        "| RPC | phase | decisions/s | p50 | p99 | server CPU per decision |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    names = {
+        "single_client": "1 client, 1 in flight",
+        "open_loop": "open loop at target rate",
+        "saturation": "closed loop, saturated",
+    }
+    for shape, phases in report["shapes"].items():
+        for phase, figures in phases.items():
+            lines.append(
+                f"| {'Place (unary)' if shape == 'unary' else 'PlaceStream'} | {names[phase]} "
+                f"| {figures['decisions_per_s']:,.0f} | {figures['p50_ms']:.2f} ms | {figures['p99_ms']:.2f} ms "
+                f"| {figures['server_cpu_ms_per_decision'] * 1000:.0f} µs |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="advisor_grpc", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--racks", type=int, default=556, help="NVL72 racks of 18 nodes (556 = 10,008 nodes)")
+    parser.add_argument("--busy", type=float, default=0.7, help="fraction of nodes bound to running domains")
+    parser.add_argument("--rate", type=float, default=TARGET_RATE, help="open-loop decisions/s")
+    parser.add_argument("--clients", type=int, default=2, help="client processes")
+    parser.add_argument(
+        "--inflight", type=int, default=8, help="requests in flight per client when saturating"
+    )
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    parser.add_argument("--shapes", default="stream,unary", help="RPC shapes to measure: stream, unary")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
+    args = parser.parse_args(argv)
+    report = bench(args)
+    report["verdict"] = verdict(report)
+    table = markdown(report)
+    print(table)
+    print(json.dumps(report["verdict"], indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    if args.markdown:
+        args.markdown.write_text(table)
+    return 0 if any(v["p99_target_met"] and v["rate_target_met"] for v in report["verdict"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
