@@ -20,6 +20,7 @@ from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store, with_retries
+from services.controller.cancellation import cancel_until_done
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler, ReconcilerConfig
 from services.controller.settings import ControllerSettings
@@ -103,17 +104,15 @@ class ControllerService:
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         held = self.leadership
         # Stop acting first, then hand over: revoking the lease deletes the leader key at once.
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=_STOP_TIMEOUT_S)
+        await cancel_until_done(tasks, _STOP_TIMEOUT_S)
         if held is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store.revoke_lease(held.lease_id), timeout=_STOP_TIMEOUT_S)
+                async with asyncio.timeout(_STOP_TIMEOUT_S):
+                    await self.store.revoke_lease(held.lease_id)
             log.info("leadership resigned", holder=held.holder)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.store.close(), timeout=_STOP_TIMEOUT_S)
+            async with asyncio.timeout(_STOP_TIMEOUT_S):
+                await self.store.close()
 
 
 async def _amain(settings: ControllerSettings) -> None:

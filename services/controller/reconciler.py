@@ -35,10 +35,11 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
+from services.controller.cancellation import run_all
 from services.controller.domainrecord import DomainRecord
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain
-from services.controller.statusmodel import StatusValue
+from services.controller.statusmodel import StatusValue, encode_status
 from services.controller.view import StoreView
 from services.controller.workqueue import QueueShutDown, WorkQueue
 
@@ -109,18 +110,16 @@ class DomainReconciler:
     async def watch(self) -> None:
         """Keep the view current; runs for the life of the process (leader or not)."""
         k = self.keys
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._consume("domains", k.domains(), DomainRecord, self._apply_domains))
-            tg.create_task(self._consume("members", k.all_members(), pb.Member, self.view.apply_members))
-            tg.create_task(
-                self._consume("daemons", k.all_daemons(), pb.DaemonStatus, self.view.apply_daemons)
-            )
-            tg.create_task(self._consume("nodes", k.nodes(), pb.Node, self.view.apply_nodes))
-            tg.create_task(
-                self._consume(
-                    "preparations", k.all_preparations(), pb.PreparedClaim, self.view.apply_preparations
-                )
-            )
+        # Not a TaskGroup: a watch task may survive one cancel() (see cancellation.py).
+        await run_all(
+            self._consume("domains", k.domains(), DomainRecord, self._apply_domains),
+            self._consume("members", k.all_members(), pb.Member, self.view.apply_members),
+            self._consume("daemons", k.all_daemons(), pb.DaemonStatus, self.view.apply_daemons),
+            self._consume("nodes", k.nodes(), pb.Node, self.view.apply_nodes),
+            self._consume(
+                "preparations", k.all_preparations(), pb.PreparedClaim, self.view.apply_preparations
+            ),
+        )
 
     def _apply_domains(self, event: WatchEvent[DomainRecord] | Resync[DomainRecord]) -> set[str]:
         affected = self.view.apply_domains(event)
@@ -252,7 +251,7 @@ class DomainReconciler:
         leadership: Leadership,
     ) -> None:
         key = self.keys.domain(uid)
-        updated = dataclasses.replace(domain, status=bytes(status.to_pb()))
+        updated = dataclasses.replace(domain, status=encode_status(status))
         ok, new_revision = await self._fenced_txn([Unchanged(key, revision)], [Put(key, updated)], leadership)
         if not ok:
             # The record changed since the view saw it; try again once its watch event is in.

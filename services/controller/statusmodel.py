@@ -85,3 +85,63 @@ class StatusValue:
             if cond.type == type_:
                 return cond
         return None
+
+
+# ---- wire encoding ------------------------------------------------------------------------
+# The controller serialises a status on every status write; betterproto takes tens of
+# milliseconds for a rack-sized node list, this direct encoder a fraction of one. It writes
+# exactly what betterproto writes for computedomain.state.v1.ComputeDomainStatus (proto3:
+# fields in number order, defaults omitted; tested byte for byte).
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64  # negative int32/int64: ten-byte two's complement, as protobuf does
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _string(field: int, value: str) -> bytes:
+    if not value:
+        return b""
+    data = value.encode()
+    return _varint(field << 3 | 2) + _varint(len(data)) + data
+
+
+def _integer(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value) if value else b""
+
+
+def _message(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def encode_status(status: StatusValue) -> bytes:
+    """The serialised `ComputeDomainStatus` of `status`."""
+    parts = [_integer(1, int(status.ready))]
+    for n in status.nodes:
+        node = (
+            _string(1, n.name)
+            + _string(2, n.ip_address)
+            + _string(3, n.clique_id)
+            + _integer(4, n.index)
+            + _integer(5, int(n.ready))
+        )
+        parts.append(_message(2, node))
+    for c in status.conditions:
+        cond = (
+            _string(1, c.type)
+            + _string(2, c.status)
+            + _string(3, c.reason)
+            + _string(4, c.message)
+            + _integer(5, c.last_transition_unix_ms)
+        )
+        parts.append(_message(3, cond))
+    return b"".join(parts)

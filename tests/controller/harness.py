@@ -22,6 +22,7 @@ from libs.state.election import LeaderElection
 from libs.state.lease import KeptLease
 from libs.state.membership import JoinResult, join_domain, leave_domain
 from libs.state.store import Store
+from services.controller.cancellation import cancel_until_done
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler, ReconcilerConfig
 
@@ -171,9 +172,7 @@ async def running_controller(
         await eventually(lambda: _leading(reconciler), "the controller to lead")
         yield reconciler
     finally:
-        for task in tasks:
-            task.cancel()
-        _, stuck = await asyncio.wait(tasks, timeout=10)
+        stuck = await cancel_until_done(tasks, 10)
         assert not stuck, f"controller tasks did not stop when cancelled: {stuck}"
         record = await store.get(store.keys.election("cd-controller"), pb.LeaderRecord)
         if record is not None and record.lease:

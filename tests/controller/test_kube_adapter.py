@@ -27,6 +27,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store
+from services.controller.cancellation import cancel_until_done
 from services.controller.kube.adapter import KubeAdapter
 from services.controller.kube.resourceclaimtemplate import build_rct
 from services.controller.metrics import ControllerMetrics
@@ -96,9 +97,7 @@ async def kube_controller(etcd_config: EtcdConfig, kubeconfig: Path) -> AsyncIte
         await eventually(lambda: _true_if(adapter.listed.is_set()), "the adapter to list ComputeDomains", 20)
         yield adapter
     finally:
-        for task in tasks:
-            task.cancel()
-        _, stuck = await asyncio.wait(tasks, timeout=10)
+        stuck = await cancel_until_done(tasks, 10)
         assert not stuck, f"controller tasks did not stop: {stuck}"
         await asyncio.wait_for(store.close(), 10)
 
