@@ -1,0 +1,228 @@
+"""The processes a simulation benchmark runs against: a private etcd, a `cd-controller`, a
+scale-mode host of node agents. Each is a real process, started and stopped here.
+
+etcd keeps its data on tmpfs when the machine has one (``/dev/shm``): fsync is then free, as on
+the battery-backed or NVMe disks a control plane runs on, and the figures measure our code rather
+than this machine's disk. The node directories (kubelet dir, CDI root, IMEX work dirs) go there
+too; a real node's CDI root (``/var/run/cdi``) is tmpfs as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from libs.hardware.cluster import ClusterDescription
+from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
+from tools.cdsim import procscan
+from tools.etcd.server import EtcdServer, etcd_binary, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+_SHM = Path("/dev/shm")
+# Loopback blocks (second octet) tried first: cdsim uses 1, its tests 77-78, the e2e tests 2-99,
+# the node-agent tests 100-250; 251-255 are left to the benchmarks.
+_PREFERRED_BLOCKS = (251, 252, 253, 254, 255)
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh directory on tmpfs if there is one, else in the temp directory."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_SHM if _SHM.is_dir() else None))
+
+
+def on_tmpfs(path: Path) -> bool:
+    return path.is_relative_to(_SHM)
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _block_free(cluster: ClusterDescription) -> bool:
+    for node in cluster.nodes():
+        for port in (DEFAULT_SERVER_PORT, DEFAULT_CMD_PORT):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((node.address, port))
+                except OSError:
+                    return False
+    return True
+
+
+def free_address_block(racks: int, trays_per_rack: int = 18) -> int:
+    """A loopback block on which no node address of such a cluster has its IMEX ports in use."""
+    for block in (*_PREFERRED_BLOCKS, *range(2, 100)):
+        try:
+            cluster = ClusterDescription(racks=racks, trays_per_rack=trays_per_rack, address_block=block)
+        except ValueError:
+            continue
+        if _block_free(cluster):
+            return block
+    raise RuntimeError("no loopback address block with free IMEX ports")
+
+
+@contextmanager
+def private_etcd(base: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(data_dir=base / "etcd", binary=etcd_binary())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+# ---- the controller -------------------------------------------------------------------------------
+
+
+@dataclass
+class ControllerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+        return out
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def start_controller(endpoint: str, prefix: str, workdir: Path, timeout_s: float = 60.0) -> ControllerProcess:
+    """A `cd-controller` (simulation mode) that has become leader."""
+    port = free_port()
+    log = workdir / "controller.log"
+    argv = [
+        sys.executable, "-m", "services.controller.main",
+        f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}",
+        "--identity=bench-controller", "--health-host=127.0.0.1", f"--health-port={port}",
+        "--log-format=json", "--log-level=warning",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
+    controller = ControllerProcess(proc, port, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"controller exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if controller.metrics().get("cd_controller_leader") == 1.0:
+                return controller
+        except OSError:
+            pass
+        time.sleep(0.1)
+    controller.stop()
+    raise RuntimeError(f"the controller did not become leader within {timeout_s:.0f}s")
+
+
+# ---- the scale host ---------------------------------------------------------------------------------
+
+
+@dataclass
+class HostProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    report_file: Path
+    report: dict[str, Any]
+
+    @property
+    def sockets(self) -> dict[str, str]:
+        return dict(self.report["nodes"])
+
+    def status(self) -> dict[str, Any]:
+        """The host's latest report (rewritten every second: memory, loop lag, lease losses)."""
+        data: dict[str, Any] = json.loads(self.report_file.read_text())
+        return data
+
+    def stop(self) -> None:
+        stop_process(self.proc, grace_s=60.0)
+
+
+def start_host(
+    endpoint: str,
+    prefix: str,
+    workdir: Path,
+    *,
+    racks: int,
+    nodes: int,
+    address_block: int,
+    inventory_only: bool = False,
+    extra_args: tuple[str, ...] = (),
+    timeout_s: float = 600.0,
+) -> HostProcess:
+    """A `tools.scalesim` process whose agents all serve (its ready file has been written)."""
+    ready = workdir / "host-ready.json"
+    log = workdir / "host.log"
+    argv = [
+        sys.executable, "-m", "tools.scalesim",
+        f"--racks={racks}", f"--nodes={nodes}", f"--address-block={address_block}",
+        f"--seed=bench-{workdir.name}", f"--state-dir={workdir / 'n'}",
+        f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}", f"--ready-file={ready}",
+        f"--start-timeout-s={timeout_s}",
+        *(["--inventory-only"] if inventory_only else []),
+        *extra_args,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s + 30
+    while time.monotonic() < deadline:
+        if ready.exists():
+            return HostProcess(proc, log, ready, json.loads(ready.read_text()))
+        if proc.poll() is not None:
+            raise RuntimeError(f"scale host exited {proc.returncode}: {log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    stop_process(proc)
+    raise RuntimeError(f"scale host not serving within {timeout_s:.0f}s: {log.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kill_leftover_daemons(base: Path) -> int:
+    """SIGKILL simulated IMEX daemons still running from under `base`; how many there were.
+    (A stopped host stops its daemons; any left over would hold loopback ports for the next run.)"""
+    return len(procscan.kill_all(procscan.imex_daemons_under(base)))
+
+
+def process_rss_mb(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set size of a process, MiB."""
+    values = {"VmRSS:": 0.0, "VmHWM:": 0.0}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            head = line.split(maxsplit=1)[0] if line else ""
+            if head in values:
+                values[head] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return values["VmRSS:"], values["VmHWM:"]

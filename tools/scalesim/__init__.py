@@ -1,0 +1,1 @@
+"""Scale mode of the simulation: many node agents hosted in one process."""

@@ -1,0 +1,3 @@
+from tools.scalesim.main import main
+
+raise SystemExit(main())
