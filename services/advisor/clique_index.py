@@ -141,9 +141,11 @@ class CliqueIndex:
             pick -= len(bucket)
         raise AssertionError("unreachable: pick within count")
 
-    def descending(self, n: int = 1) -> Iterator[CliqueFree]:
-        """Cliques with >= n free, most free first (inventory order among equals)."""
+    def descending(self, n: int = 1, at_most: int | None = None) -> Iterator[CliqueFree]:
+        """Cliques with n..at_most free, most free first (inventory order among equals)."""
         for key in reversed(self._bucket_keys_from(n)):
+            if at_most is not None and key > at_most:
+                continue
             for _, cid in self._buckets[key]:
                 yield self.entries[cid]
 

@@ -96,6 +96,10 @@ class DomainPlacer:
         inv = self.advisor.inventory
         candidate_set = frozenset(candidates)
         held = inv.domain_nodes(domain_uid)
+        if not held and not any(n in inv.nodes and inv.nodes[n].clique for n in candidate_set):
+            # No NVLink fabric among the candidates: the domain is a plain node set there,
+            # so there is no clique to keep it in (and no reason to refuse the nodes).
+            return Allowance(candidate_set, (), "", False)
         cliques = self._cliques_of(held)
         usable = held & candidate_set
         if usable:

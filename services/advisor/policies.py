@@ -98,22 +98,70 @@ Allocation = list[tuple[CliqueFree, int]]
 
 
 def _split_best_fit(index: CliqueIndex, units: int, unit: int) -> Allocation:
+    """Fewest cliques, and among those the smallest blocks that still do it.
+
+    With k = the fewest cliques that can hold the job, find the smallest block
+    size M such that k blocks of at most M free nodes suffice; take the largest
+    k-1 of those whole and best-fit the rest. A 24-node job then goes to two
+    12-free cliques rather than a whole free rack plus 6, keeping whole racks
+    for jobs that need them.
+    """
+    histogram = index.histogram()
+    k = _fewest_cliques(histogram, units, unit)
+    limit = None
+    for bound, _ in histogram:
+        if bound < unit:
+            continue
+        if _top_capacity(histogram, k, unit, bound) >= units:
+            limit = bound
+            break
     out: Allocation = []
     used: set[str] = set()
     remaining = units
-    largest_first: Iterator[CliqueFree] = index.descending(unit)
-    while remaining > 0:
-        holder = index.best_fit(remaining * unit, exclude=used)
-        if holder is not None:
-            out.append((holder, remaining))
-            return out
-        # No clique holds the rest: take the largest block whole (fewest cliques overall).
+    largest_first: Iterator[CliqueFree] = index.descending(unit, at_most=limit)
+    while len(out) < k - 1:
         biggest = next(largest_first)
         cap = biggest.free // unit
         out.append((biggest, cap))
         used.add(biggest.clique_id)
         remaining -= cap
+    holder = index.best_fit(remaining * unit, exclude=used)
+    assert holder is not None, "the k-th block of at most `limit` free holds the rest"
+    out.append((holder, remaining))
     return out
+
+
+def _fewest_cliques(histogram: list[tuple[int, int]], units: int, unit: int) -> int:
+    remaining = units
+    used = 0
+    for free, count in reversed(histogram):
+        cap = free // unit
+        if cap <= 0:
+            break
+        take = min(count, -(-remaining // cap))
+        used += take
+        remaining -= take * cap
+        if remaining <= 0:
+            return used
+    return used
+
+
+def _top_capacity(histogram: list[tuple[int, int]], k: int, unit: int, at_most: int) -> int:
+    """Units the k largest blocks of at most `at_most` free nodes hold together."""
+    total = 0
+    taken = 0
+    for free, count in reversed(histogram):
+        if free > at_most:
+            continue
+        cap = free // unit
+        if cap <= 0:
+            break
+        take = min(count, k - taken)
+        total += take * cap
+        taken += take
+        if taken >= k:
+            break
+    return total
 
 
 def _split_walk(ordered: Iterable[CliqueFree], units: int, unit: int) -> Allocation:
@@ -240,18 +288,10 @@ def min_cliques_needed(histogram: Iterable[tuple[int, int]], demand: Demand) -> 
     `histogram` gives (free count, number of cliques with that many free).
     """
     unit = demand.unit
-    remaining = demand.num_nodes // unit
-    used = 0
-    for free, count in sorted(histogram, reverse=True):
-        cap = free // unit
-        if cap <= 0:
-            break
-        take = min(count, -(-remaining // cap))
-        used += take
-        remaining -= take * cap
-        if remaining <= 0:
-            return used
-    return 0
+    ordered = sorted(histogram)
+    units = demand.num_nodes // unit
+    k = _fewest_cliques(ordered, units, unit)
+    return k if _top_capacity(ordered, k, unit, ordered[-1][0] if ordered else 0) >= units else 0
 
 
 # ---- node names ------------------------------------------------------------------------

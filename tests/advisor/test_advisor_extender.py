@@ -333,3 +333,53 @@ async def test_store_template_source_reads_mirrored_domains(store: Store) -> Non
     await store.put(store.keys.domain("uid-9"), copy_of)
     await asyncio.sleep(0.01)
     assert await source.domain_of_template("team-b", "cd-channel") is None
+
+
+async def test_nodes_without_a_fabric_are_not_refused(env: Env) -> None:
+    env.sizes.mapping[DOMAIN] = 4
+    plain = [f"cpu-node-{i}" for i in range(3)]
+    for name in plain:
+        await env.store.put(env.store.keys.node(name), pb.Node(name=name, health=pb.Health.HEALTHY))
+    assert await env.inventory.wait_for(lambda: all(n in env.inventory.nodes for n in plain), 2.0)
+    result = await env.filter(pod_args(plain))
+    assert result["NodeNames"] == plain and result["FailedNodes"] == {}, result
+    assert env.inventory.domain_reservations(DOMAIN) == []
+
+
+async def test_kube_template_source_reads_the_template_from_the_api_server() -> None:
+    from aiohttp import web
+    from kubernetes_asyncio import client as kube
+
+    from services.advisor.domain_sources import KubeTemplateSource
+
+    seen: list[str] = []
+
+    async def template(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        if request.match_info["name"] != "trainer-channel":
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return web.json_response(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {
+                    "name": "trainer-channel",
+                    "namespace": request.match_info["ns"],
+                    "labels": {"resource.nvidia.com/computeDomain": DOMAIN},
+                },
+                "spec": {"spec": {"devices": {"requests": [{"name": "channel"}]}}},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}", template)
+    async with TestServer(app) as server:
+        configuration = kube.Configuration(host=str(server.make_url("")).rstrip("/"))
+        async with kube.ApiClient(configuration) as api_client:
+            source = KubeTemplateSource(api_client)
+            assert await source.domain_of_template("team-a", "trainer-channel") == DOMAIN
+            assert await source.domain_of_template("team-a", "other") is None
+    assert seen == [
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/trainer-channel",
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/other",
+    ]

@@ -213,3 +213,16 @@ def test_pick_nodes_never_repeats_a_node(parts) -> None:
     picked = [n for s in segments for n in s.node_names]
     assert len(picked) == len(set(picked))
     assert all(n.startswith(s.clique_id + "-") for s in segments for n in s.node_names)
+
+
+def test_split_prefers_the_smallest_blocks_that_still_need_fewest_cliques() -> None:
+    cliques = [CliqueFree(f"r{i}", free, 18, (i,)) for i, free in enumerate([18, 18, 12, 12, 6])]
+    outcome = policies.plan(
+        Demand(24, Mode.PREFER_SINGLE_CLIQUE),
+        CliqueIndex.from_cliques(cliques),
+        PolicyName.BEST_FIT,
+        largest_clique=18,
+    )
+    assert isinstance(outcome, Plan)
+    # Two cliques either way; two 12-free cliques rather than a whole free rack and the 6.
+    assert sorted(outcome.parts) == [("r2", 12), ("r3", 12)]
