@@ -255,15 +255,35 @@ class Advisor:
         sick_index = CliqueIndex.from_cliques(sick)
         return _View(CliqueIndex.from_cliques(cliques), largest, lambda c: names[c], lambda: sick_index)
 
+    def _excluding_view(self, excluded: frozenset[str]) -> _View:
+        """The whole inventory minus a few nodes: copy the index, adjust only the cliques they are in."""
+        inv = self.inventory
+        index = inv.index.copy()
+        sick_index = inv.index_with_sick.copy()
+        names: dict[str, list[str]] = {}
+        affected = {inv.nodes[n].clique for n in excluded if n in inv.nodes and inv.nodes[n].clique}
+        for cid in affected:
+            clique = inv.cliques[cid]
+            free = [n for n in inv.sorted_free(cid) if n not in excluded]
+            sick = sum(1 for n in clique.sick_free if n not in excluded)
+            size = sum(1 for n in clique.nodes if n not in excluded)
+            names[cid] = free
+            index.put(CliqueFree(cid, len(free), size, clique.rank))
+            sick_index.put(CliqueFree(cid, len(free) + sick, size, clique.rank))
+
+        def free_names(cid: str) -> list[str]:
+            found = names.get(cid)
+            return found if found is not None else inv.sorted_free(cid)
+
+        return _View(index, inv.largest_clique(), free_names, lambda: sick_index)
+
     def _view(self, req: PlacementRequest) -> _View:
         inv = self.inventory
-        restricted = (
-            bool(req.node_selector)
-            or bool(req.excluded_nodes)
-            or req.candidate_nodes is not None
-            or req.gpus_per_node > inv.min_usable_gpus()
-        )
-        return self._restricted_view(req) if restricted else self._whole_view()
+        if req.node_selector or req.candidate_nodes is not None or req.gpus_per_node > inv.min_usable_gpus():
+            return self._restricted_view(req)
+        if req.excluded_nodes:
+            return self._excluding_view(req.excluded_nodes)
+        return self._whole_view()
 
     # ---- deciding ---------------------------------------------------------------------------
 

@@ -47,6 +47,16 @@ class CliqueIndex:
             index.put(clique)
         return index
 
+    def copy(self) -> CliqueIndex:
+        """An independent index with the same content (buckets copied, entries shared: they are frozen)."""
+        other = CliqueIndex()
+        other.entries = dict(self.entries)
+        other._buckets = {k: list(v) for k, v in self._buckets.items()}
+        other._keys = list(self._keys)
+        other._sizes = Counter(self._sizes)
+        other.total_free = self.total_free
+        return other
+
     # ---- updates ---------------------------------------------------------------------------
 
     def put(self, clique: CliqueFree) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 
@@ -243,3 +244,21 @@ async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
     finally:
         await stop_tasks(feeds)
         assert all(t.done() for t in feeds)
+
+
+@settings(max_examples=40, deadline=None)
+@given(scenario())
+def test_excluding_a_few_nodes_decides_like_the_full_filter(case) -> None:
+    inventory, _, request = case
+    if not inventory.nodes or request.candidate_nodes is not None or not request.excluded_nodes:
+        return
+    advisor = Advisor(inventory)
+    # The same request with every node as a candidate takes the general (filtering) path.
+    filtered = dataclasses.replace(request, candidate_nodes=frozenset(inventory.nodes))
+    try:
+        quick = advisor.decide(request)
+    except InvalidRequest:
+        return
+    full = advisor.decide(filtered)
+    assert quick.segments == full.segments
+    assert quick.feasible == full.feasible
