@@ -32,7 +32,9 @@ from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
+from tools.cdsim.runstate import RunState
 from tools.cdsim.status import collect, render
+from tools.dashboard.cdsim_hook import dashboard_url
 
 
 def _state_dir_option(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -136,7 +138,10 @@ async def _status(layout: StateLayout, as_json: bool, out: TextIO) -> None:
     async with jobs.open_store(state) as store:
         job_list = await jobs.prune_finished(layout, store)
         doc = await collect(layout, state, store, job_list)
-    out.write((json.dumps(doc, indent=2) if as_json else render(doc)) + "\n")
+    # The live dashboard (tools/dashboard), when this cluster runs one.
+    doc["dashboard_url"] = dashboard_url(state)
+    text = render(doc) + (f"\n  dashboard {doc['dashboard_url']}" if doc["dashboard_url"] else "")
+    out.write((json.dumps(doc, indent=2) if as_json else text) + "\n")
 
 
 async def _check(layout: StateLayout, idle: bool, settle_s: float, out: TextIO) -> None:
@@ -176,6 +181,9 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             log_level=args.log_level,
         )
         lifecycle.up(layout, options, out)
+        url = dashboard_url(RunState.load(layout))
+        if url:
+            out.write(f"Live dashboard: {url}\n")
     elif args.command == "down":
         lifecycle.down(layout, out)
     elif args.command == "status":

@@ -41,6 +41,7 @@ from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
 from tools.cdsim.services import PRELOAD_MODULES, Ports, ServiceSpec, all_specs
+from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
 from tools.etcd.server import EtcdServer, free_port
 
 log = structlog.get_logger(__name__)
@@ -437,7 +438,10 @@ class Supervisor:
         self.state.processes["etcd"] = ProcessInfo(
             name="etcd", kind="etcd", health_url=f"http://{self.etcd.endpoint}/health"
         )
-        for spec in all_specs(self.cluster, self.layout, self.config, self.ports):
+        specs = all_specs(self.cluster, self.layout, self.config, self.ports)
+        # The live dashboard (tools/dashboard): supervised like any service, its URL in run.json.
+        specs.append(dashboard_spec(self.layout, self.config, self.etcd.endpoint, dashboard_port()))
+        for spec in specs:
             info = ProcessInfo(name=spec.name, kind=spec.kind, health_url=spec.health_url, node=spec.node)
             self.services[spec.name] = Service(spec=spec, info=info)
             self.state.processes[spec.name] = info
