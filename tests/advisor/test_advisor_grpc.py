@@ -210,6 +210,7 @@ async def test_watch_capacity_streams_changes(etcd_config: EtcdConfig, seeded) -
             channel.close()
 
 
+@pytest.mark.slow
 async def test_fifty_clients_on_two_advisors_never_share_a_node(
     etcd_config: EtcdConfig, store: Store
 ) -> None:

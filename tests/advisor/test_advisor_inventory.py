@@ -76,7 +76,7 @@ def scenario(draw: st.DrawFn) -> tuple[Inventory, dict[str, str], PlacementReque
     return inventory, states, request
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(scenario())
 def test_decisions_offer_only_free_healthy_allowed_nodes_once(case) -> None:
     inventory, states, request = case
