@@ -68,6 +68,19 @@ async def namespace(api: ApiClient) -> AsyncIterator[str]:
     name = f"cd-{uuid.uuid4().hex[:8]}"
     await CoreV1Api(api).create_namespace({"metadata": {"name": name}})  # type: ignore[arg-type]
     yield name
+    # CRs a test leaves behind keep our finalizer (their controller is gone): release them, so the
+    # next test's controller does not adopt them from a namespace being deleted.
+    custom, resource = CustomObjectsApi(api), ResourceV1Api(api)
+    no_finalizers = [{"op": "add", "path": "/metadata/finalizers", "value": []}]
+    listing = await custom.list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)
+    for cd in listing.get("items", []):
+        cd_name = cd["metadata"]["name"]
+        with contextlib.suppress(ApiException):
+            await custom.delete_namespaced_custom_object(GROUP, VERSION, name, PLURAL, cd_name)
+            await custom.patch_namespaced_custom_object(GROUP, VERSION, name, PLURAL, cd_name, no_finalizers)
+    for rct in (await resource.list_namespaced_resource_claim_template(name)).items:
+        with contextlib.suppress(ApiException):
+            await resource.patch_namespaced_resource_claim_template(rct.metadata.name, name, no_finalizers)
     with contextlib.suppress(ApiException):
         await CoreV1Api(api).delete_namespace(name)
 
@@ -306,3 +319,41 @@ async def test_deletion_is_held_until_teardown_ends(
 
 async def _domain_in_store(store: Store, uid: str) -> bool | None:
     return True if await store.get(store.keys.domain(uid), pb.ComputeDomain) is not None else None
+
+
+async def test_informer_lists_again_when_its_resource_version_is_gone(
+    api: ApiClient, namespace: str, store: Store, etcd_config: EtcdConfig, crd_installed: ControlPlane
+) -> None:
+    adapter = KubeAdapter(
+        store,
+        DomainReconciler(store, ControllerMetrics()),
+        await k8s_config.new_client_from_config(config_file=str(crd_installed.kubeconfig)),
+        instance="test",
+    )
+
+    async def listed() -> bool | None:
+        try:
+            await adapter._list()
+        except ApiException as exc:  # 429 while a freshly installed CRD's storage initialises
+            if exc.status != 429:
+                raise
+            return None
+        return True
+
+    await wait_for(listed, "a first list of ComputeDomains")
+    created = await CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, cd_body(namespace, "late", "late-channel")
+    )
+    # A resume point the API server no longer has (compacted away): the watch answers 410 Gone,
+    # and the informer lists again, which brings the CR created meanwhile.
+    adapter.resource_version = "1"
+    informer = asyncio.create_task(adapter._informer())
+    try:
+
+        async def relisted() -> bool | None:
+            return True if adapter.relists >= 2 and created["metadata"]["uid"] in adapter.crs else None
+
+        await wait_for(relisted, "the informer to list again after 410 Gone")
+    finally:
+        await cancel_until_done([informer])
+        await adapter.api.close()

@@ -157,25 +157,25 @@ class KubeAdapter:
         log.info("computedomains listed", count=len(items), resource_version=self.resource_version)
 
     async def _informer(self) -> None:
+        """List when there is no resume point (start, 410 Gone), otherwise watch from it."""
         backoff = Backoff(initial=0.2, cap=10.0)
-        need_list = True
         while True:
             try:
-                if need_list:
+                if not self.resource_version:
                     await self._list()
-                    need_list = False
                 await self._watch_once()
                 backoff.reset()
             except ApiException as exc:
                 if exc.status == 410:
                     log.info("computedomain watch expired (410 Gone); listing again")
-                    need_list = True
+                    self.resource_version = ""
                     continue
                 delay = backoff.next_delay()
                 log.warning(
                     "computedomain watch failed", status=exc.status, error=exc.reason, retry_in_s=delay
                 )
-                need_list = need_list or exc.status in (401, 403, 404)
+                if exc.status in (401, 403, 404):
+                    self.resource_version = ""
                 await asyncio.sleep(delay)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 delay = backoff.next_delay()
