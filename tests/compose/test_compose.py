@@ -94,7 +94,11 @@ def _settings_call(module: Any) -> tuple[type, str]:
             for keyword in node.keywords:
                 if keyword.arg == "env_prefix":
                     value = keyword.value
-                    prefix = value.value if isinstance(value, ast.Constant) else getattr(module, value.id)  # type: ignore[attr-defined]
+                    if isinstance(value, ast.Constant):
+                        prefix = str(value.value)
+                    else:
+                        assert isinstance(value, ast.Name), f"{module.__name__}: env_prefix is not a name"
+                        prefix = str(getattr(module, value.id))
             return getattr(module, node.args[0].id), prefix
     raise AssertionError(f"{module.__name__} does not load its settings with load_settings_or_exit")
 
