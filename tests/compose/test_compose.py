@@ -9,7 +9,6 @@ the image must be what the agents open; and the real etcd must start with the co
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib
 import ipaddress
@@ -35,6 +34,7 @@ from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, all_specs
 from tools.dashboard.cdsim_hook import dashboard_spec
 from tools.etcd.server import etcd_binary, free_port
+from tools.gen_settings_docs import settings_of_entry_point
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -79,30 +79,6 @@ def console_scripts() -> dict[str, str]:
         return dict(tomllib.load(f)["project"]["scripts"])
 
 
-def _settings_call(module: Any) -> tuple[type, str]:
-    """The settings class and env prefix the entry point's module loads (read from its source)."""
-    tree = ast.parse(Path(module.__file__).read_text())
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "load_settings_or_exit"
-            and node.args
-            and isinstance(node.args[0], ast.Name)
-        ):
-            prefix = "CD_"
-            for keyword in node.keywords:
-                if keyword.arg == "env_prefix":
-                    value = keyword.value
-                    if isinstance(value, ast.Constant):
-                        prefix = str(value.value)
-                    else:
-                        assert isinstance(value, ast.Name), f"{module.__name__}: env_prefix is not a name"
-                        prefix = str(getattr(module, value.id))
-            return getattr(module, node.args[0].id), prefix
-    raise AssertionError(f"{module.__name__} does not load its settings with load_settings_or_exit")
-
-
 def program(service: str) -> Program:
     command = SERVICES[service]["command"]
     assert isinstance(command, list) and all(isinstance(a, str) for a in command), (
@@ -125,7 +101,7 @@ def program(service: str) -> Program:
     module_name, _, function = target.partition(":")
     module = importlib.import_module(module_name)
     assert callable(getattr(module, function)), f"{service}: {target} is not callable"
-    settings_class, prefix = _settings_call(module)
+    settings_class, prefix = settings_of_entry_point(target)
     return Program(target, list(argv), settings_class, prefix)
 
 
