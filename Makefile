@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-k8s test lint protos demo e2e bench chaos clean help
+.PHONY: setup setup-k8s setup-browser test lint protos demo e2e bench chaos clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -28,6 +28,10 @@ setup: $(STAMP)
 setup-k8s: setup
 	@bash tools/controlplane/build.sh >/dev/null
 
+# Debian's Chromium for the dashboard's browser test (Playwright drives the system browser).
+setup-browser:
+	@bash tools/install_chromium.sh
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy libs services tools
@@ -36,7 +40,7 @@ lint: setup
 protos: setup
 	$(PY) -m tools.protogen
 
-test: setup setup-k8s lint
+test: setup setup-k8s setup-browser lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: setup
@@ -45,6 +49,10 @@ demo: setup
 # The Kubernetes end-to-end scenarios alone (also part of `make test`).
 e2e: setup setup-k8s
 	PYTHON=$(PY) bash tools/e2e.sh
+
+# The chaos soak: random jobs and real faults for 30 minutes, invariants checked throughout.
+chaos: setup
+	$(PY) -m tools.chaos --duration 1800
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
