@@ -91,11 +91,18 @@ class PrefixWatch(Generic[M]):
     async def __aiter__(self) -> AsyncIterator[WatchEvent[M] | Resync[M]]:
         yield await self._resync()
         while True:
+            # aetcd creates watches under asyncio.wait_for, which on Python 3.11 can
+            # swallow a cancellation; a pending cancel request must still stop us.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
             watch = None
             try:
                 watch = await self.store.client.watch_prefix(
                     self.prefix.encode(), start_revision=self.revision + 1
                 )
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError
                 self.backoff.reset()
                 async for raw in watch:
                     event = self._to_event(raw)
