@@ -149,7 +149,9 @@ async def test_standby_takes_over_after_sigkill_and_finishes_formation(
         f"\nfailover: standby took over {takeover:.2f} s after SIGKILL (lease TTL {TTL_S} s); "
         f"{ready_at_kill}/{DOMAINS} domains were Ready then, all {DOMAINS} Ready {finished:.2f} s after the kill"
     )
-    assert takeover <= TTL_S + 0.5
+    # The lease outlives the kill by up to one TTL (it was refreshed at most TTL/3 before), and
+    # etcd revokes expired leases on a 500 ms tick: allow that tick and scheduling on a busy box.
+    assert takeover <= TTL_S + 1.0
     assert await check_store_invariants(store, quiescent=False) == []
     metrics = standby.metrics()
     assert "cd_controller_leader 1.0" in metrics
