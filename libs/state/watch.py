@@ -106,9 +106,10 @@ class PrefixWatch(Generic[M]):
                 self.backoff.reset()
                 async for raw in watch:
                     event = self._to_event(raw)
-                    # Resuming from revision+1 never repeats; guard anyway against a
-                    # server replaying the boundary revision.
-                    if int(raw.kv.mod_revision) <= self.revision and event is not None:
+                    # One transaction gives several events of the same revision: only
+                    # older revisions are repeats (resuming from revision+1 never
+                    # replays, and etcd sends a revision's events in one response).
+                    if int(raw.kv.mod_revision) < self.revision:
                         continue
                     self.revision = max(self.revision, int(raw.kv.mod_revision))
                     if event is not None:

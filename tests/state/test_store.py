@@ -163,3 +163,18 @@ async def test_key_vanishes_when_holder_stops_refreshing(store: Store) -> None:
             break
         await asyncio.sleep(0.1)
     assert await store.get(store.keys.node("ephemeral"), pb.Node) is None
+
+
+async def test_watch_delivers_every_key_of_one_transaction(store: Store) -> None:
+    from libs.state.store import Delete, Put
+
+    k = store.keys
+    it = watch_prefix(store, k.nodes(), pb.Node).__aiter__()
+    assert isinstance(await it.__anext__(), Resync)
+    await store.txn([], [Put(k.node(f"t{i}"), pb.Node(name=f"t{i}")) for i in range(5)])
+    await store.txn([], [Delete(k.nodes(), prefix=True)])
+    events = [await asyncio.wait_for(it.__anext__(), 5) for _ in range(10)]
+    assert [(e.kind, e.key.rsplit("/", 1)[1]) for e in events if isinstance(e, WatchEvent)] == [
+        ("put", f"t{i}") for i in range(5)
+    ] + [("delete", f"t{i}") for i in range(5)]
+    await it.aclose()
