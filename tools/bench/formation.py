@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-dir", type=Path, help="profile the scale hosts (cProfile stats <dir>/host-<scenario>.prof)"
     )
     args = parser.parse_args(argv)
+    # A SIGTERM (the suite runner's timeout) unwinds like Ctrl-C: etcd, controller, host stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.reps < 1 or args.reps_256 < 1:
         parser.error("--reps and --reps-256 must be >= 1")
     result: dict[str, Any] = {

@@ -32,7 +32,7 @@ import structlog
 from libs.cdi.specdir import ClaimSpecDir
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.errors import HardwareError
-from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
+from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.store import Store
@@ -119,9 +119,14 @@ class SimAgent:
         self.store = store
         self.options = options
         self.health = Health()
-        self.metrics = AgentMetrics()
+        # Prometheus registries are not small; an inventory-only agent has nothing to count.
+        self.metrics = AgentMetrics() if not options.inventory_only else None
         self.serving = asyncio.Event()
-        state_dir = prepare_node_dirs(cluster, node_name, layout.hardware_base).state_dir
+        state_dir = (
+            SimulatedNodePaths.under(layout.hardware_base, node_name).state_dir
+            if options.inventory_only  # no IMEX channels: /proc/devices and /dev are not read
+            else prepare_node_dirs(cluster, node_name, layout.hardware_base).state_dir
+        )
         self.hardware = SimulatedNodeHardware(
             cluster, node_name, state_dir, poll_interval=options.health_poll_interval_s
         )
@@ -201,6 +206,7 @@ class SimAgent:
         self._spawn("imex-supervisor", self.supervisor.run)
         if not await self._until_registered():
             return
+        metrics = self.metrics or AgentMetrics()
         self.state = DeviceState(
             store=self.store,
             identity=self.inventory,
@@ -213,7 +219,7 @@ class SimAgent:
                 tombstone_ttl_s=options.tombstone_ttl_s,
             ),
             cdi=ClaimSpecDir(layout.cdi_root, host_dev_root=str(self.hardware.dev_root)),
-            metrics=self.metrics,
+            metrics=metrics,
             prepare_budget_s=options.prepare_budget_s,
         )
         with contextlib.suppress(HardwareError):
@@ -231,7 +237,7 @@ class SimAgent:
                 await asyncio.sleep(delay)
         state = self.state
         self._spawn("memberships", lambda: state.keep_memberships(options.membership_check_interval_s))
-        self._dra = DraServer(ClaimDispatcher(state, self.metrics), layout.dra_socket)
+        self._dra = DraServer(ClaimDispatcher(state, metrics), layout.dra_socket)
         await self._dra.start()
         self._registration = RegistrationServer(
             RegistrationService(layout.dra_socket, self.health), layout.registration_socket

@@ -72,6 +72,7 @@ class HostReport:
     max_loop_lag_s: float = 0.0
     # Node leases that expired under a running agent (each made its node look lost for a while).
     lease_losses: int = 0
+    lease_ttl_s: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -84,6 +85,7 @@ class HostReport:
             "problems": self.problems,
             "max_loop_lag_s": round(self.max_loop_lag_s, 3),
             "lease_losses": self.lease_losses,
+            "lease_ttl_s": self.lease_ttl_s,
         }
 
 
@@ -223,6 +225,7 @@ class ScaleHost:
             problems={n: dict(a.health.problems) for n, a in self.agents.items() if a.health.problems},
             max_loop_lag_s=self.lag.max_s,
             lease_losses=sum(a.inventory.lease.losses for a in self.agents.values()),
+            lease_ttl_s=self.options.lease_ttl_s,
         )
 
     async def stop(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Generic
 
 import betterproto
@@ -91,12 +91,14 @@ class WatchHub:
     def feeds(self) -> int:
         return len(self._feeds)
 
-    def watch(self, store: Store, prefix: str, cls: type[M]) -> AsyncIterator[WatchEvent[M] | Resync[M]]:
+    def watch(
+        self, store: Store, prefix: str, cls: type[M]
+    ) -> AsyncGenerator[WatchEvent[M] | Resync[M], None]:
         return self._subscribe(store, prefix, cls)
 
     async def _subscribe(
         self, store: Store, prefix: str, cls: type[M]
-    ) -> AsyncIterator[WatchEvent[M] | Resync[M]]:
+    ) -> AsyncGenerator[WatchEvent[M] | Resync[M], None]:
         key = (prefix, cls)
         feed: _Feed[M] | None = self._feeds.get(key)
         if feed is None:

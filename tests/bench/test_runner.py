@@ -1,0 +1,89 @@
+"""The suite runner: one benchmark failing or hanging costs its own metrics only."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tools.bench import report, run
+from tools.bench.suite import Benchmark, Metric
+
+
+def fake(name: str, *args: str, timeout_s: float = 60.0, threshold: float = 5.0) -> Benchmark:
+    return Benchmark(
+        name=name,
+        module="tests.bench.fake_bench",
+        full_args=args,
+        quick_args=args,
+        full_timeout_s=timeout_s,
+        quick_timeout_s=timeout_s,
+        metrics=(
+            Metric(
+                f"{name}_p99_ms",
+                "ms",
+                f"≤ {threshold} ms",
+                threshold,
+                True,
+                lambda raw: float(raw["latency"]["p99_ms"]),
+                "fake",
+            ),
+        ),
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_failed_and_hung_benchmarks_are_reported_without_losing_the_others(tmp_path: Path) -> None:
+    pidfile = tmp_path / "helper.pid"
+    benches = [
+        fake("fast", "--mode", "ok", "--value", "2.5"),
+        fake("slow", "--mode", "ok", "--value", "7"),
+        fake("broken", "--mode", "fail"),
+        fake("stuck", "--mode", "hang", "--pidfile", str(pidfile), timeout_s=3),
+    ]
+    outcomes = [run.run_one(b, quick=True, raw_dir=tmp_path, img_dir=tmp_path / "img") for b in benches]
+    metrics = run.collect(outcomes, quick=True)["metrics"]
+
+    assert metrics["fast_p99_ms"]["value"] == 2.5 and metrics["fast_p99_ms"]["met"] is True
+    assert metrics["slow_p99_ms"]["value"] == 7.0 and metrics["slow_p99_ms"]["met"] is False
+    assert metrics["broken_p99_ms"]["value"] is None and metrics["broken_p99_ms"]["met"] is False
+    assert "the store would not start" in metrics["broken_p99_ms"]["error"]
+    assert metrics["stuck_p99_ms"]["value"] is None
+    assert metrics["stuck_p99_ms"]["error"].startswith("timed out after 3 s")
+    assert all(m["quick"] for m in metrics.values())
+
+    # The timeout stopped the benchmark's whole process group, its helper process included.
+    helper = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(helper)
+
+
+def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:
+    benches = [fake("fast", "--mode", "ok", "--value", "9"), fake("broken", "--mode", "fail")]
+    outcomes = [run.run_one(b, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img") for b in benches]
+    results = {
+        **run.collect(outcomes, quick=False),
+        "quick": False,
+        "commit": "abc",
+        "dirty": False,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "duration_s": 1.0,
+        "machine": {**run.machine(), "load_average_after": [0.0, 0.0, 0.0]},
+        "benchmarks": {
+            o.benchmark.name: {"args": [], "seconds": o.seconds, **({"error": o.error} if o.error else {})}
+            for o in outcomes
+        },
+    }
+    text = report.render(results, benches, tmp_path / "benchmarks.md", tmp_path / "img", tmp_path)
+    assert "| `fast_p99_ms` | 9 ms | ≤ 5.0 ms | **no** |" in text
+    assert "| `broken_p99_ms` | — | ≤ 5.0 ms | **failed** |" in text
+    assert "the store would not start" in text

@@ -1,0 +1,126 @@
+"""Scale mode: hosted agents serve kubelet and form a domain like agent processes do."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription
+from libs.state.config import EtcdConfig
+from libs.state.store import Put, Store
+from tools.bench import simenv
+from tools.cdsim import kubelet, procscan
+from tools.cdsim.jobbook import Job
+from tools.cdsim.jobs import build_claim, build_domain, channel_config_json, plan_claims
+from tools.scalesim.agent import AgentOptions
+from tools.scalesim.host import ScaleHost, spread_nodes
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Short, so the agents' socket paths stay under the 107-byte limit of unix sockets.
+    path = simenv.scratch_dir("ss-")
+    yield path
+    simenv.kill_leftover_daemons(path)
+    simenv.remove_tree(path)
+
+
+def test_spread_nodes_fills_racks_evenly_from_tray_0() -> None:
+    cluster = ClusterDescription(racks=15)
+    nodes = spread_nodes(cluster, 256)
+    assert len(nodes) == len(set(nodes)) == 256
+    per_rack = [sum(1 for n in nodes if n.startswith(f"rack{r}-")) for r in range(15)]
+    assert sorted(per_rack) == [17] * 14 + [18]
+    assert "rack0-tray0" in nodes and "rack14-tray16" in nodes and "rack14-tray17" not in nodes
+    with pytest.raises(ValueError):
+        spread_nodes(cluster, 271)
+
+
+def _job(nodes: list[str]) -> Job:
+    return Job(
+        name="scale",
+        namespace="default",
+        domain_uid=str(uuid.uuid4()),
+        num_nodes=len(nodes),
+        allocation_mode="Single",
+        state="submitting",
+        created_unix_ms=int(time.time() * 1000),
+        claims=plan_claims("scale", "default", nodes),
+    )
+
+
+async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemons(
+    etcd_config: EtcdConfig, store: Store, state_dir: Path
+) -> None:
+    block = simenv.free_address_block(racks=1, trays_per_rack=3)
+    cluster = ClusterDescription(racks=1, trays_per_rack=3, seed=state_dir.name, address_block=block)
+    nodes = spread_nodes(cluster, 3)
+    host = ScaleHost(cluster, nodes, state_dir, etcd_config, AgentOptions(), store_pool=2)
+    try:
+        report = await host.start(timeout_s=60)
+        assert set(report.nodes) == set(nodes) and report.lease_losses == 0
+        for node in nodes:
+            layout = host.layout(node)
+            for sock in (layout.dra_socket, layout.registration_socket):
+                mode = os.stat(sock).st_mode
+                assert stat.S_ISSOCK(mode) and not mode & 0o002
+            assert await store.get(store.keys.node(node), pb.Node) is not None
+
+        job = _job(nodes)
+        parameters = channel_config_json(job.domain_uid, all_channels=False)
+        await store.txn(
+            [],
+            [
+                Put(store.keys.domain(job.domain_uid), build_domain(job, job.created_unix_ms)),
+                *(
+                    Put(store.keys.claim(c.uid), build_claim(c, parameters, job.created_unix_ms))
+                    for c in job.claims
+                ),
+            ],
+        )
+        calls = [
+            kubelet.ClaimCall(c.namespace, c.name, c.uid, c.node, Path(report.nodes[c.node]))
+            for c in job.claims
+        ]
+        outcomes = [await kubelet.prepare(call, deadline_s=60) for call in calls]
+        assert all(o.ok for o in outcomes), [o.errors for o in outcomes]
+        statuses, _ = await store.list(store.keys.daemons(job.domain_uid), pb.DaemonStatus)
+        assert {s.value.node_name for s in statuses if s.value.state == pb.DaemonState.READY} == set(nodes)
+        for outcome, claim in zip(outcomes, job.claims, strict=True):
+            cdi_files = list(host.layout(claim.node).cdi_root.glob("*.json"))
+            assert len(cdi_files) == 1 and outcome.cdi_device_ids
+        assert len(procscan.imex_daemons_under(state_dir)) == 3
+
+        assert all([(await kubelet.unprepare(call, deadline_s=30)).ok for call in calls])
+        members, _ = await store.list(store.keys.members(job.domain_uid), pb.Member)
+        assert members == []
+    finally:
+        await host.stop()
+    assert procscan.imex_daemons_under(state_dir) == []
+    assert not any(host.layout(n).dra_socket.exists() for n in nodes)
+
+
+async def test_inventory_only_agents_keep_their_node_records_on_leases(
+    etcd_config: EtcdConfig, store: Store, state_dir: Path
+) -> None:
+    cluster = ClusterDescription(racks=3, seed=state_dir.name)
+    nodes = spread_nodes(cluster, 40)
+    host = ScaleHost(
+        cluster, nodes, state_dir, etcd_config, AgentOptions(inventory_only=True, lease_ttl_s=30)
+    )
+    try:
+        report = await host.start(timeout_s=60, batch=16)
+        assert report.inventory_only and set(report.nodes) == set(nodes)
+        records, _ = await store.list(store.keys.nodes(), pb.Node)
+        assert {r.value.name for r in records} == set(nodes)
+        assert all(r.lease for r in records) and len({r.lease for r in records}) == 40
+        assert not any(host.layout(n).dra_socket.exists() for n in nodes)
+    finally:
+        await host.stop()

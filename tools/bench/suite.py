@@ -1,0 +1,368 @@
+"""The benchmark suite of SPEC §9: which scripts run, with which arguments, and what each metric is.
+
+Each benchmark is a module under ``tools.bench`` run as its own process with ``--out <file>``;
+each metric is read out of that file. Full arguments are the measurement of record; quick ones
+(``make bench`` ``--quick``, CI smoke) shrink sizes and repetitions so the whole suite runs in
+about two minutes, and their figures say nothing about the targets.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Raw = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    target: str  # as the SPEC states it
+    threshold: float
+    at_most: bool  # True: value <= threshold meets the target; False: value >= threshold
+    extract: Callable[[Raw], float]
+    method: str
+
+    def met(self, value: float) -> bool:
+        compare = operator.le if self.at_most else operator.ge
+        return bool(compare(value, self.threshold))
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A figure reported beside the targets (no target of its own)."""
+
+    name: str
+    unit: str
+    extract: Callable[[Raw], float]
+    method: str
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    module: str
+    full_args: tuple[str, ...]
+    quick_args: tuple[str, ...]
+    full_timeout_s: float
+    quick_timeout_s: float
+    metrics: tuple[Metric, ...]
+    extras: tuple[Extra, ...] = ()
+    # Argument naming a PNG the benchmark draws (the runner passes a path), if any.
+    plot_arg: str = ""
+    plot_name: str = ""
+    summary: str = ""
+
+
+def _get(raw: Raw, *path: str | int) -> Any:
+    value: Any = raw
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _largest_size(raw: Raw) -> Raw:
+    sizes: list[Raw] = list(raw["sizes"])
+    if not sizes:
+        raise ValueError("the packing benchmark reported no cluster size")
+    return max(sizes, key=lambda s: int(s["nodes"]))
+
+
+def _advisor_shape(raw: Raw) -> Raw:
+    """The RPC shape reported: the first that meets both targets, else the one with the lowest p99."""
+    verdicts: Mapping[str, Raw] = raw["verdict"]
+    for verdict in verdicts.values():
+        if verdict["p99_target_met"] and verdict["rate_target_met"]:
+            return verdict
+    return min(verdicts.values(), key=lambda v: float(v["p99_at_target_rate_ms"]))
+
+
+def _formation_large(raw: Raw) -> float:
+    return float(_get(raw, "formation_256", "ready_p50_s"))
+
+
+FORMATION = Benchmark(
+    name="formation",
+    module="tools.bench.formation",
+    full_args=("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "3"),
+    quick_args=("--reps", "2", "--nodes-256", "12", "--racks-256", "2", "--reps-256", "1"),
+    full_timeout_s=1200,
+    quick_timeout_s=150,
+    summary="ComputeDomain formation through the scale-mode host, the controller and etcd",
+    metrics=(
+        Metric(
+            "formation_18_p50_s",
+            "s",
+            "≤ 1.0 s",
+            1.0,
+            True,
+            lambda raw: float(_get(raw, "formation_18", "ready_p50_s")),
+            "Median over repetitions of: ComputeDomain and 18 allocated channel claims written to the store "
+            "(t0) → NodePrepareResources on each node's DRA socket, all at once, kubelet-style retries "
+            "(a prepare answers once the node joined and its IMEX daemon is READY, i.e. connected to all "
+            "17 peers) → the controller's status.status Ready, seen through a store watch. One rack, "
+            "agents in the scale-mode host (real node-agent components, one simulated IMEX daemon "
+            "process per node), one cd-controller process, private etcd on tmpfs. The job is deleted "
+            "and fully torn down between repetitions.",
+        ),
+        Metric(
+            "formation_256_s",
+            "s",
+            "≤ 10 s",
+            10.0,
+            True,
+            _formation_large,
+            "Same measurement for one job of 256 nodes over 15 racks (17-18 nodes per rack, 15 IMEX "
+            "cliques, 256 daemon processes): from writing the domain and claims to the domain Ready "
+            "(median of the repetitions).",
+        ),
+    ),
+    extras=(
+        Extra(
+            "formation_18_prepared_p50_s",
+            "s",
+            lambda raw: float(_get(raw, "formation_18", "prepared_p50_s")),
+            "18-node formation: t0 → the last NodePrepareResources answered (median).",
+        ),
+        Extra(
+            "formation_256_prepared_s",
+            "s",
+            lambda raw: float(_get(raw, "formation_256", "prepared_p50_s")),
+            "256-node job: t0 → the last NodePrepareResources answered (median).",
+        ),
+        Extra(
+            "formation_256_host_rss_mb",
+            "MB",
+            lambda raw: float(_get(raw, "formation_256", "host", "rss_mb")),
+            "Resident memory of the scale-mode host running the 256 agents (daemons are processes of their own).",
+        ),
+        Extra(
+            "formation_256_max_loop_lag_s",
+            "s",
+            lambda raw: float(_get(raw, "formation_256", "host", "max_loop_lag_s")),
+            "Largest event-loop delay of the scale-mode host (every hosted agent shares it).",
+        ),
+    ),
+)
+
+PREPARE = Benchmark(
+    name="nodeagent_prepare",
+    module="tools.bench.nodeagent_prepare",
+    full_args=("--calls", "1000"),
+    quick_args=("--calls", "150"),
+    full_timeout_s=300,
+    quick_timeout_s=90,
+    summary="NodePrepareResources / NodeUnprepareResources on a ready node",
+    metrics=(
+        Metric(
+            "prepare_p99_ms",
+            "ms",
+            "≤ 5 ms",
+            5.0,
+            True,
+            lambda raw: float(_get(raw, "prepare", "p99_ms")),
+            "99th percentile of NodePrepareResources for one claim, timed at the client over the DRA unix "
+            "socket of a node-agent process whose node already runs a READY IMEX daemon for the domain "
+            "(sequential calls, 4 claims held at a time), simulated hardware, CDI root on tmpfs, etcd on "
+            "loopback.",
+        ),
+        Metric(
+            "unprepare_p99_ms",
+            "ms",
+            "≤ 5 ms",
+            5.0,
+            True,
+            lambda raw: float(_get(raw, "unprepare", "p99_ms")),
+            "Same for NodeUnprepareResources (the node keeps the domain: another claim holds it).",
+        ),
+    ),
+)
+
+ADVISOR_PACKING = Benchmark(
+    name="advisor_packing",
+    module="tools.bench.advisor_packing",
+    full_args=(),
+    quick_args=("--jobs-1k", "1500", "--jobs-10k", "0", "--policies", "BEST_FIT,FIRST_FIT"),
+    full_timeout_s=900,
+    quick_timeout_s=120,
+    plot_arg="--plot",
+    plot_name="advisor_stranded.png",
+    summary="Placement quality of the advisor's policies on a seeded trace",
+    metrics=(
+        Metric(
+            "advisor_stranded_vs_first_fit",
+            "fraction fewer",
+            "≥ 0.30 (30 % fewer)",
+            0.30,
+            False,
+            lambda raw: float(_get(_largest_size(raw), "verdict", "stranded_reduction_vs_first_fit")),
+            "Reference trace replayed on ~10,000 nodes against the default policy (BEST_FIT) and FIRST_FIT "
+            "through the advisor's real decision path: 1 - stranded(BEST_FIT) / stranded(FIRST_FIT), where "
+            "stranded = free healthy nodes in cliques whose free count is below the trace's median "
+            "single-clique job, averaged over the steady state.",
+        ),
+        Metric(
+            "advisor_single_clique_fit_rate",
+            "fraction",
+            "≥ 0.99",
+            0.99,
+            False,
+            lambda raw: float(_get(_largest_size(raw), "results", "BEST_FIT", "single_clique_fit_rate")),
+            "Same replay: placed jobs of ≤ 18 nodes that got a single clique / all placed jobs of ≤ 18 "
+            "nodes (BEST_FIT, ~10,000 nodes).",
+        ),
+    ),
+)
+
+ADVISOR_GRPC = Benchmark(
+    name="advisor_grpc",
+    module="tools.bench.advisor_grpc",
+    full_args=(),
+    quick_args=("--racks", "56", "--seconds", "1.5", "--shapes", "stream"),
+    full_timeout_s=600,
+    quick_timeout_s=120,
+    summary="Placement decisions through the advisor's gRPC API at 10,000 nodes",
+    metrics=(
+        Metric(
+            "advisor_p99_ms_10k",
+            "ms",
+            "≤ 2 ms",
+            2.0,
+            True,
+            lambda raw: float(_advisor_shape(raw)["p99_at_target_rate_ms"]),
+            "A cd-placement-advisor process following a store of 10,008 nodes (70 % bound to domains); "
+            "client processes send dry-run Place requests open-loop at 2,000 decisions/s; p99 of the "
+            "latency from the scheduled send time to the answer (PlaceStream, or unary Place if only it "
+            "meets both targets).",
+        ),
+        Metric(
+            "advisor_decisions_per_s_10k",
+            "decisions/s",
+            "≥ 2,000/s",
+            2000.0,
+            False,
+            lambda raw: float(_advisor_shape(raw)["max_decisions_per_s"]),
+            "Same set-up, closed loop with many requests in flight: the decisions/s the advisor sustains.",
+        ),
+    ),
+)
+
+CONTROLLER = Benchmark(
+    name="controller_churn",
+    module="tools.bench.controller_churn",
+    full_args=(),
+    quick_args=("--nodes", "1000", "--domains", "100", "--churn-seconds", "3", "--backlog-seconds", "3"),
+    full_timeout_s=900,
+    quick_timeout_s=150,
+    summary="The domain controller under churn, and its memory with 10,000 nodes and 1,000 domains",
+    metrics=(
+        Metric(
+            "controller_events_per_s",
+            "events/s",
+            "≥ 500/s",
+            500.0,
+            False,
+            lambda raw: max(
+                float(_get(raw, "churn", "events_per_s")), float(_get(raw, "backlog", "events_per_s"))
+            ),
+            "One cd-controller process over a store of 10,000 nodes and 1,000 domains that churn "
+            "(deleted and formed again by 32 drivers playing users and node agents). Store events "
+            "the controller handled per second (its own counter): the larger of the live rate "
+            "(bounded by what the drivers produce) and the rate at which it works off a backlog "
+            "built while it was stopped (its capacity).",
+        ),
+        Metric(
+            "controller_rss_mb_10k",
+            "MB",
+            "≤ 300 MB",
+            300.0,
+            True,
+            lambda raw: float(_get(raw, "rss_mb", "with_population")),
+            "Resident memory of the controller once it has converged 10,000 node records and 1,000 "
+            "domains of 4 members each to Ready.",
+        ),
+    ),
+    extras=(
+        Extra(
+            "controller_events_per_s_live",
+            "events/s",
+            lambda raw: float(_get(raw, "churn", "events_per_s")),
+            "Controller: store events handled per second while 1,000 domains churn live.",
+        ),
+        Extra(
+            "controller_rss_mb_peak",
+            "MB",
+            lambda raw: float(_get(raw, "rss_mb", "peak_during_churn")),
+            "Controller: peak resident memory during churn.",
+        ),
+    ),
+)
+
+SCALE_INVENTORY = Benchmark(
+    name="scale_inventory",
+    module="tools.bench.scale_inventory",
+    full_args=("--racks", "556", "--hold-s", "20"),
+    quick_args=("--racks", "14", "--hold-s", "2"),
+    full_timeout_s=900,
+    quick_timeout_s=90,
+    summary="10,000 simulated nodes held by the scale-mode host",
+    metrics=(),
+    extras=(
+        Extra(
+            "scale_inventory_nodes",
+            "nodes",
+            lambda raw: float(_get(raw, "node_records_after_hold")),
+            "Node records on their own leases in the store after holding the inventory (556 racks: 10,008 "
+            "inventory-only agents in one scale-mode host).",
+        ),
+        Extra(
+            "scale_inventory_host_rss_mb",
+            "MB",
+            lambda raw: float(_get(raw, "host_rss_mb")),
+            "Resident memory of the scale-mode host holding those nodes.",
+        ),
+        Extra(
+            "scale_inventory_controller_rss_mb",
+            "MB",
+            lambda raw: float(_get(raw, "controller_rss_mb")),
+            "Resident memory of a cd-controller following that inventory.",
+        ),
+        Extra(
+            "scale_inventory_register_s",
+            "s",
+            lambda raw: float(_get(raw, "register_all_s")),
+            "Time until every node record was in the store (agents start 500 at a time).",
+        ),
+        Extra(
+            "scale_inventory_lease_losses",
+            "leases",
+            lambda raw: float(_get(raw, "lease_losses")),
+            "Node leases lost while holding (each would make a node look dead; must be 0).",
+        ),
+    ),
+)
+
+SUITE: tuple[Benchmark, ...] = (
+    FORMATION,
+    PREPARE,
+    ADVISOR_PACKING,
+    ADVISOR_GRPC,
+    CONTROLLER,
+    SCALE_INVENTORY,
+)
+
+REQUIRED_METRICS = (
+    "formation_18_p50_s",
+    "formation_256_s",
+    "prepare_p99_ms",
+    "unprepare_p99_ms",
+    "advisor_p99_ms_10k",
+    "advisor_decisions_per_s_10k",
+    "advisor_stranded_vs_first_fit",
+    "advisor_single_clique_fit_rate",
+    "controller_events_per_s",
+    "controller_rss_mb_10k",
+)
