@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO, cast
 
 import structlog
 
@@ -26,9 +26,26 @@ def _redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of the write.
+
+    Binding the stream object at configure time breaks when it is later
+    replaced and closed (pytest's capture does that between tests).
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: Any = None) -> None:
     """Configure structlog once for the process; idempotent."""
-    out = stream if stream is not None else sys.stderr
+    out = stream if stream is not None else _CurrentStderr()
     if fmt == "auto":
         fmt = "console" if out.isatty() else "json"
     renderer: Any = (
@@ -50,6 +67,6 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: Any 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, out)),
         cache_logger_on_first_use=False,
     )
