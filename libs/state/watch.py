@@ -104,7 +104,19 @@ class PrefixWatch(Generic[M]):
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError
                 self.backoff.reset()
+                prefix_bytes = self.prefix.encode()
                 async for raw in watch:
+                    if not raw.kv.key.startswith(prefix_bytes):
+                        # aetcd can hand a new watch the events of one cancelled while
+                        # it was being created: this stream is not ours. Re-watch from
+                        # the last delivered revision; nothing is lost.
+                        log.warning(
+                            "watch received a foreign key; re-watching",
+                            prefix=self.prefix,
+                            key=raw.kv.key.decode(errors="replace"),
+                        )
+                        self.reconnects += 1
+                        break
                     event = self._to_event(raw)
                     # One transaction gives several events of the same revision: only
                     # older revisions are repeats (resuming from revision+1 never
