@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-import pytest
-
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Put, Store
 from libs.state.watch import Resync, WatchEvent
@@ -60,11 +58,6 @@ async def test_subscribers_of_one_prefix_share_one_watch_and_see_every_change(st
     await hub.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="libs.state.watch.PrefixWatch drops the second and later events of one transaction "
-    "(its replay guard skips events whose revision equals the last one delivered)",
-)
 async def test_a_late_subscriber_starts_from_the_current_view_even_mid_transaction(store: Store) -> None:
     hub = WatchHub()
     prefix = store.keys.node_bindings()

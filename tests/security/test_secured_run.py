@@ -82,6 +82,11 @@ def test_node_agent_sockets_are_not_world_writable(secured: SecuredCluster) -> N
     for node in _running_agents(secured):
         dirs = secured.layout.node(node)
         for socket in (dirs.dra_socket, dirs.registration_socket):
+            # /healthz answers before the agent has registered its node and opened the
+            # kubelet sockets; give it the time it takes.
+            deadline = time.monotonic() + 60
+            while not socket.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
             info = socket.stat()
             assert stat.S_ISSOCK(info.st_mode), f"{socket} is not a socket"
             mode = stat.S_IMODE(info.st_mode)
