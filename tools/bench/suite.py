@@ -87,7 +87,7 @@ def _formation_large(raw: Raw) -> float:
 FORMATION = Benchmark(
     name="formation",
     module="tools.bench.formation",
-    full_args=("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "3"),
+    full_args=("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "2"),
     quick_args=("--reps", "2", "--nodes-256", "12", "--racks-256", "2", "--reps-256", "1"),
     full_timeout_s=1200,
     quick_timeout_s=150,

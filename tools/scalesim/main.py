@@ -44,7 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--etcd-endpoint", required=True)
     parser.add_argument("--etcd-prefix", default="/cd/v1/")
     parser.add_argument("--etcd-timeout-s", type=float, default=10.0)
-    parser.add_argument("--store-pool", type=int, default=4, help="etcd clients shared by the agents")
+    parser.add_argument(
+        "--store-pool",
+        type=int,
+        default=0,
+        help="etcd clients shared by the agents (0 = see scale_store_pool)",
+    )
     parser.add_argument(
         "--inventory-only",
         action="store_true",
@@ -101,6 +106,13 @@ def scale_poll_interval(nodes: int) -> float:
     return max(0.025, nodes / 1600)
 
 
+def scale_store_pool(nodes: int) -> int:
+    """etcd clients for the hosted agents: one per 8 agents (at least 4, at most 64). A client's
+    watch stream hands its responses to the event loop one at a time, so the binding watches of
+    hundreds of agents on a few streams would queue behind each other for seconds."""
+    return min(64, max(4, nodes // 8))
+
+
 def health_poll_interval(nodes: int) -> float:
     """The agent's own 0.25 s for a rack, growing so that all hosted agents together poll their
     fault files at most ~100 times a second (a fault injected by hand still shows within seconds)."""
@@ -122,7 +134,14 @@ async def serve(args: argparse.Namespace) -> int:
         ),
     )
     etcd = EtcdConfig(endpoint=args.etcd_endpoint, prefix=args.etcd_prefix, timeout_s=args.etcd_timeout_s)
-    host = ScaleHost(cluster, nodes, args.state_dir, etcd, options, store_pool=args.store_pool)
+    host = ScaleHost(
+        cluster,
+        nodes,
+        args.state_dir,
+        etcd,
+        options,
+        store_pool=args.store_pool or scale_store_pool(len(nodes)),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
