@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import time
@@ -101,9 +102,15 @@ async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemon
         assert all([(await kubelet.unprepare(call, deadline_s=30)).ok for call in calls])
         members, _ = await store.list(store.keys.members(job.domain_uid), pb.Member)
         assert members == []
+        # Leaving the domain stops each node's daemon (SPEC §4 invariant 5).
+        for _ in range(150):
+            if not procscan.imex_daemons_under(state_dir):
+                break
+            await asyncio.sleep(0.1)
+        assert procscan.imex_daemons_under(state_dir) == []
+        assert await host.stop() == 0  # nothing left for the host to kill
     finally:
         await host.stop()
-    assert procscan.imex_daemons_under(state_dir) == []
     assert not any(host.layout(n).dra_socket.exists() for n in nodes)
 
 

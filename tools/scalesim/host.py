@@ -23,6 +23,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.nodeagent.unixsocket import MAX_SOCKET_PATH
+from tools.cdsim import procscan
 from tools.scalesim.agent import AgentLayout, AgentOptions, SimAgent
 from tools.scalesim.watchhub import WatchHub
 
@@ -228,10 +229,20 @@ class ScaleHost:
             lease_ttl_s=self.options.lease_ttl_s,
         )
 
-    async def stop(self) -> None:
-        """Stop every agent (their daemons with them), then close the store clients."""
+    async def stop(self) -> int:
+        """Stop every agent (their daemons with them), then close the store clients.
+
+        Returns how many IMEX daemons were still running under the state directory afterwards
+        and had to be killed (a supervisor stopped while it was itself stopping a daemon can
+        lose track of it; the host then plays the machine going down)."""
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
+        leftovers = procscan.kill_all(procscan.imex_daemons_under(self.state_dir))
+        if leftovers:
+            log.warning(
+                "IMEX daemons outlived their agents; killed", count=len(leftovers), pids=leftovers[:10]
+            )
         if self.hub is not None:
             await self.hub.close()
         await self.lag.stop()
         await asyncio.gather(*(s.close() for s in self.stores), return_exceptions=True)
+        return len(leftovers)
