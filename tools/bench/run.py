@@ -209,6 +209,20 @@ def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
     return {"metrics": metrics, "extras": extras}
 
 
+def rerender(out: Path, docs_arg: Path | None) -> int:
+    results = json.loads(out.read_text())
+    docs = (
+        docs_arg or (out.parent / "benchmarks.md" if results["quick"] else REPO / "docs" / "benchmarks.md")
+    ).resolve()
+    names = set(results["benchmarks"])
+    raw_dir = Path(next(iter(results["benchmarks"].values()))["raw"]).parent if names else out.parent / "raw"
+    docs.write_text(
+        report.render(results, [b for b in SUITE if b.name in names], docs, docs.parent / "img", raw_dir)
+    )
+    print(f"[bench] report: {docs}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (CI smoke)")
@@ -218,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--docs", type=Path, help="the Markdown report (default: docs/benchmarks.md; quick: next to --out)"
     )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="only write the report again from the results file (e.g. after editing the analysis)",
+    )
     args = parser.parse_args(argv)
+    if args.render_only:
+        return rerender(args.out.resolve(), args.docs)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(names) - {b.name for b in SUITE})
     if unknown:
