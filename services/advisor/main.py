@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -88,6 +89,15 @@ class AdvisorService:
             )
         return StoreTemplateSource(self.store)
 
+    def _on_synced(self) -> None:
+        self.health.set_ready("inventory-synced", True)
+        # The synced inventory (10,000 node records and their index) hardly changes from now on.
+        # Moving it out of the collector's view keeps full collections, which would otherwise walk
+        # all of it, from pausing decisions for tens of milliseconds.
+        gc.collect()
+        gc.freeze()
+        log.info("inventory frozen for the garbage collector", objects=gc.get_freeze_count())
+
     async def _update_gauges(self) -> None:
         while True:
             self.metrics.free_nodes.set(self.inventory.free_count)
@@ -106,9 +116,7 @@ class AdvisorService:
         grpc_servers: list[Server] = []
         extender_runner: web.AppRunner | None = None
         try:
-            feeds = self.inventory.start_feeds(
-                self.store, on_ready=lambda: self.health.set_ready("inventory-synced", True)
-            )
+            feeds = self.inventory.start_feeds(self.store, on_ready=self._on_synced)
             for feed in feeds:
                 self.health.watch_task(feed.get_name(), feed)
             tasks.extend(feeds)

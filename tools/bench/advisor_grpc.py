@@ -46,6 +46,7 @@ TARGET_P99_MS = 2.0
 TARGET_RATE = 2000.0
 PLACE = "/computedomain.placement.v1.PlacementAdvisor/Place"
 PLACE_STREAM = "/computedomain.placement.v1.PlacementAdvisor/PlaceStream"
+OPEN_LOOP_STREAMS = 8
 
 
 # ---- set-up -----------------------------------------------------------------------------------
@@ -237,9 +238,13 @@ async def _closed_loop(
 
 
 async def _open_loop(
-    port: int, shape: str, requests: list[bytes], rate: float, start: float, seconds: float
+    port: int, shape: str, requests: list[bytes], rate: float, start: float, seconds: float, lags: list[float]
 ) -> list[float]:
-    """Send at a fixed rate from `start` (wall clock); latency counts from the scheduled send time."""
+    """Send at a fixed rate from `start` (wall clock); latency counts from the scheduled send time.
+
+    `lags` receives how late each request left this process (scheduling plus the write itself):
+    when it is large, the load generator, not the service, is the bottleneck.
+    """
     import grpc
 
     latencies: list[float] = []
@@ -253,6 +258,7 @@ async def _open_loop(
             call = channel.unary_unary(PLACE)
 
             async def one(i: int, due: float) -> None:
+                lags.append(time.perf_counter() - due)
                 await call(requests[i % len(requests)])
                 latencies.append(time.perf_counter() - due)
 
@@ -265,44 +271,96 @@ async def _open_loop(
                 tasks.append(asyncio.create_task(one(i, due)))
             await asyncio.gather(*tasks)
         else:
-            # A few streams, requests round-robin; each stream answers in order.
-            streams = [channel.stream_stream(PLACE_STREAM)() for _ in range(4)]
-            pending: list[list[float]] = [[] for _ in streams]
+            # Several streams, each with its own writer pacing its share of the requests (so one slow
+            # write does not delay the others) and its own reader; each stream answers in order.
+            streams = [channel.stream_stream(PLACE_STREAM)() for _ in range(OPEN_LOOP_STREAMS)]
 
-            async def reader(k: int, expected: int) -> None:
-                for _ in range(expected):
-                    await streams[k].read()
-                    latencies.append(time.perf_counter() - pending[k].pop(0))
+            async def drive(k: int) -> None:
+                stream = streams[k]
+                sent: list[float] = []
 
-            expected = [len(range(k, count, len(streams))) for k in range(len(streams))]
-            readers = [asyncio.create_task(reader(k, expected[k])) for k in range(len(streams))]
-            for i in range(count):
-                due = base_perf + offset + i * interval
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                k = i % len(streams)
-                pending[k].append(due)
-                await streams[k].write(requests[i % len(requests)])
-            await asyncio.gather(*readers)
-            for stream in streams:
+                async def reader(expected: int) -> None:
+                    for j in range(expected):
+                        await stream.read()
+                        latencies.append(time.perf_counter() - sent[j])
+
+                mine = range(k, count, len(streams))
+                read_task = asyncio.create_task(reader(len(mine)))
+                for i in mine:
+                    due = base_perf + offset + i * interval
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    sent.append(due)
+                    await stream.write(requests[i % len(requests)])
+                    lags.append(time.perf_counter() - due)
+                await read_task
                 await stream.done_writing()
+
+            await asyncio.gather(*(drive(k) for k in range(len(streams))))
     return latencies
 
 
-def _client(job: dict[str, Any]) -> tuple[list[float], float, float]:
-    """(latencies, wall time of the first send, wall time of the last answer)."""
+def _open_loop_threads(
+    port: int, requests: list[bytes], rate: float, start: float, seconds: float, lags: list[float]
+) -> list[float]:
+    """The open loop for PlaceStream with grpcio's blocking API: per stream, grpcio pulls the paced
+    requests from a generator on its own thread while this stream's thread reads the answers.
+    Cheaper per message than the asyncio API, so the generator itself lags less."""
+    import collections
+    import threading
+
+    import grpc
+
+    latencies: list[float] = []
+    count = int(rate * seconds)
+    interval = 1.0 / rate
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    make = channel.stream_stream(PLACE_STREAM)
+    base = time.perf_counter() + (start - time.time())
+
+    def run(k: int) -> None:
+        sent: collections.deque[float] = collections.deque()
+
+        def paced() -> Any:
+            for i in range(k, count, OPEN_LOOP_STREAMS):
+                due = base + i * interval
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                lags.append(time.perf_counter() - due)
+                sent.append(due)
+                yield requests[i % len(requests)]
+
+        for _ in make(paced()):
+            latencies.append(time.perf_counter() - sent.popleft())
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(OPEN_LOOP_STREAMS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    channel.close()
+    return latencies
+
+
+def _client(job: dict[str, Any]) -> tuple[list[float], float, float, list[float]]:
+    """(latencies, wall time of the first send, wall time of the last answer, send lags)."""
     requests = job["requests"]
     if job["kind"] == "closed":
         started = time.time()
         latencies = asyncio.run(
             _closed_loop(job["port"], job["shape"], requests, job["inflight"], job["until"])
         )
-        return latencies, started, time.time()
+        return latencies, started, time.time(), []
+    lags: list[float] = []
+    if job["shape"] == "stream":
+        latencies = _open_loop_threads(job["port"], requests, job["rate"], job["start"], job["seconds"], lags)
+        return latencies, job["start"], time.time(), lags
     latencies = asyncio.run(
-        _open_loop(job["port"], job["shape"], requests, job["rate"], job["start"], job["seconds"])
+        _open_loop(job["port"], job["shape"], requests, job["rate"], job["start"], job["seconds"], lags)
     )
-    return latencies, job["start"], time.time()
+    return latencies, job["start"], time.time(), lags
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -316,9 +374,10 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
     results = pool.map(_client, jobs)
     elapsed = time.perf_counter() - started
     cpu = advisor.cpu_seconds() - cpu0
-    latencies = [x for part, _, _ in results for x in part]
+    latencies = [x for part, _, _, _ in results for x in part]
+    lags = [x for _, _, _, part in results for x in part]
     # Achieved rate: answers over the span from the first send to the last answer.
-    span = max(end for _, _, end in results) - min(start for _, start, _ in results)
+    span = max(end for _, _, end, _ in results) - min(start for _, start, _, _ in results)
     return {
         "decisions": len(latencies),
         "decisions_per_s": round(len(latencies) / span, 1),
@@ -330,6 +389,8 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         # What one otherwise idle core could sustain at this CPU cost per decision.
         "per_core_capacity_per_s": round(len(latencies) / cpu, 1) if cpu > 0 else 0.0,
         "elapsed_s": round(elapsed, 2),
+        "client_send_lag_p50_ms": round(_pct(lags, 0.50) * 1e3, 3),
+        "client_send_lag_p99_ms": round(_pct(lags, 0.99) * 1e3, 3),
     }
 
 
@@ -466,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--racks", type=int, default=556, help="NVL72 racks of 18 nodes (556 = 10,008 nodes)")
     parser.add_argument("--busy", type=float, default=0.7, help="fraction of nodes bound to running domains")
     parser.add_argument("--rate", type=float, default=TARGET_RATE, help="open-loop decisions/s")
-    parser.add_argument("--clients", type=int, default=2, help="client processes")
+    parser.add_argument("--clients", type=int, default=1, help="client processes (each its own connection)")
     parser.add_argument(
         "--inflight", type=int, default=8, help="requests in flight per client when saturating"
     )
