@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=TARGET_RATE, help="open-loop decisions/s")
     parser.add_argument("--clients", type=int, default=1, help="client processes (each its own connection)")
     parser.add_argument(
-        "--inflight", type=int, default=8, help="requests in flight per client when saturating"
+        "--inflight", type=int, default=16, help="requests in flight per client when saturating"
     )
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     parser.add_argument("--shapes", default="stream,unary", help="RPC shapes to measure: stream, unary")
