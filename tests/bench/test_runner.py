@@ -84,6 +84,6 @@ def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:
         },
     }
     text = report.render(results, benches, tmp_path / "benchmarks.md", tmp_path / "img", tmp_path)
-    assert "| `fast_p99_ms` | 9 ms | ≤ 5.0 ms | **no** |" in text
+    assert "| `fast_p99_ms` | 9.00 ms | ≤ 5.0 ms | **no** |" in text
     assert "| `broken_p99_ms` | — | ≤ 5.0 ms | **failed** |" in text
     assert "the store would not start" in text

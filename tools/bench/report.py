@@ -21,7 +21,9 @@ ANALYSIS = Path(__file__).with_name("analysis.md")
 def fmt(value: float | None) -> str:
     if value is None:
         return "—"
-    if value == int(value):
+    if value == 0:
+        return "0"
+    if value == int(value) and abs(value) >= 10:
         return f"{int(value):,}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
@@ -80,7 +82,7 @@ def _methods(results: dict[str, Any], benchmarks: Sequence[Benchmark]) -> str:
         args = " ".join(info.get("args", []))
         parts.append(f"### {bench.summary or bench.name}\n")
         parts.append(
-            f"`python -m {bench.module} {args}`".replace("  ", " ")
+            f"`python -m {bench.module}{' ' + args if args else ''}`"
             + f" — {info.get('seconds', 0):.0f} s, load average {info.get('load_before', 0)} before, "
             f"{info.get('load_after', 0)} after.\n"
         )

@@ -194,8 +194,8 @@ ADVISOR_PACKING = Benchmark(
     metrics=(
         Metric(
             "advisor_stranded_vs_first_fit",
-            "fraction fewer",
-            "≥ 0.30 (30 % fewer)",
+            "fraction",
+            "≥ 0.30 (30 % fewer stranded nodes)",
             0.30,
             False,
             lambda raw: float(_get(_largest_size(raw), "verdict", "stranded_reduction_vs_first_fit")),
