@@ -103,3 +103,39 @@ async def test_subscribers_of_different_prefixes_see_only_their_own(store: Store
         await mine.aclose()
         await other.aclose()
         await hub.close()
+
+
+async def test_a_subscriber_joining_between_two_events_of_one_revision_gets_both() -> None:
+    # The store delivers a transaction's keys as separate events with one revision; a
+    # subscriber whose snapshot holds the first must still get the second.
+    release = asyncio.Event()
+    key_x, key_y = "/p/nodebindings/x", "/p/nodebindings/y"
+
+    def scripted(store: Store, prefix: str, cls: type[pb.NodeBinding]) -> AsyncGenerator[Item, None]:
+        async def events() -> AsyncGenerator[Item, None]:
+            yield Resync([], 1)
+            yield WatchEvent("put", key_x, binding("x", "d"), 2)
+            await release.wait()
+            yield WatchEvent("put", key_y, binding("y", "d"), 2)
+            await asyncio.Event().wait()  # a watch does not end
+
+        return events()
+
+    hub = WatchHub(open_watch=scripted)
+    early = hub.watch(None, "/p/nodebindings/", pb.NodeBinding)  # type: ignore[arg-type]
+    try:
+        seen_early = [await next_item(early)]
+        while key_x not in view_after(seen_early):
+            seen_early.append(await next_item(early))
+        late = hub.watch(None, "/p/nodebindings/", pb.NodeBinding)  # type: ignore[arg-type]
+        snapshot = await next_item(late)
+        assert isinstance(snapshot, Resync) and [v.key for v in snapshot.items] == [key_x]
+        release.set()
+        got = [snapshot, await next_item(late)]
+        assert view_after(got) == {key_x: "d", key_y: "d"}
+        seen_early.append(await next_item(early))
+        assert view_after(seen_early) == {key_x: "d", key_y: "d"}
+        await late.aclose()
+    finally:
+        await early.aclose()
+        await hub.close()

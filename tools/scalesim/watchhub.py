@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Any, Generic
 
 import betterproto
 import structlog
 
 from libs.state.store import Store, Versioned
-from libs.state.watch import M, PrefixWatch, Resync, WatchEvent
+from libs.state.watch import M, Resync, WatchEvent, watch_prefix
+from services.nodeagent.imexsupervisor import PrefixWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +37,7 @@ Item = WatchEvent[Any] | Resync[Any]
 class _Feed(Generic[M]):
     """One underlying watch, its current view, and the subscribers' queues."""
 
-    def __init__(self, store: Store, prefix: str, cls: type[M], on_idle: Any) -> None:
+    def __init__(self, source: AsyncIterable[WatchEvent[M] | Resync[M]], prefix: str, on_idle: Any) -> None:
         self.prefix = prefix
         self.view: dict[str, Versioned[M]] = {}
         self.revision = 0
@@ -46,11 +47,9 @@ class _Feed(Generic[M]):
         self.synced = asyncio.Event()
         self.subscribers: set[asyncio.Queue[tuple[int, WatchEvent[M] | Resync[M]]]] = set()
         self._on_idle = on_idle
-        self._task = asyncio.create_task(
-            self._pump(PrefixWatch(store, prefix, cls)), name=f"watchhub-{prefix}"
-        )
+        self._task = asyncio.create_task(self._pump(source), name=f"watchhub-{prefix}")
 
-    async def _pump(self, source: PrefixWatch[M]) -> None:
+    async def _pump(self, source: AsyncIterable[WatchEvent[M] | Resync[M]]) -> None:
         async for item in source:
             if isinstance(item, Resync):
                 self.view = {v.key: v for v in item.items}
@@ -84,7 +83,8 @@ class _Feed(Generic[M]):
 class WatchHub:
     """Shared prefix watches; `watch` is a drop-in for ``libs.state.watch.watch_prefix``."""
 
-    def __init__(self) -> None:
+    def __init__(self, open_watch: PrefixWatcher = watch_prefix) -> None:
+        self._open_watch = open_watch
         self._feeds: dict[tuple[str, type[betterproto.Message]], _Feed[Any]] = {}
 
     @property
@@ -102,7 +102,7 @@ class WatchHub:
         key = (prefix, cls)
         feed: _Feed[M] | None = self._feeds.get(key)
         if feed is None:
-            feed = _Feed(store, prefix, cls, lambda f: self._forget(key, f))
+            feed = _Feed(self._open_watch(store, prefix, cls), prefix, lambda f: self._forget(key, f))
             self._feeds[key] = feed
         queue: asyncio.Queue[tuple[int, WatchEvent[M] | Resync[M]]] = asyncio.Queue()
         feed.subscribers.add(queue)
