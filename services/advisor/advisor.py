@@ -303,9 +303,9 @@ class Advisor:
         outcome = policies.plan(demand, view.index, req.policy, largest_clique=view.largest, rng=rng)
         decision = self._judge(req, demand, view, outcome)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
-        self.metrics.decisions.labels(
+        self.metrics.count_decision(
             req.policy.value, decision.reason.value if decision.reason else "feasible"
-        ).inc()
+        )
         return decision
 
     def _judge(

@@ -44,8 +44,16 @@ class AdvisorMetrics:
         self.inventory_nodes = prom.Gauge(
             "cd_advisor_inventory_nodes", "Node records in the inventory.", registry=self.registry
         )
+        # Labelled children looked up once: `labels()` costs more than the count itself.
+        self._decision_children: dict[tuple[str, str], prom.Counter] = {}
         self.fragmentation = prom.Gauge(
             "cd_advisor_fragmentation",
             "Fragmentation of the free capacity (0 = whole cliques).",
             registry=self.registry,
         )
+
+    def count_decision(self, policy: str, outcome: str) -> None:
+        child = self._decision_children.get((policy, outcome))
+        if child is None:
+            child = self._decision_children[(policy, outcome)] = self.decisions.labels(policy, outcome)
+        child.inc()
