@@ -89,10 +89,20 @@ def _join_view(store: Store, reads: tuple[list[RawKV], ...]) -> _JoinView:
     used: list[int] = []
     if len(reads) > 2:
         for kv in reads[2]:
-            claim = store.decode_kv(kv, pb.IndexClaim)
-            if claim is not None:
-                used.append(claim.value.index)
+            index = index_of_claim_key(kv.key)
+            if index is not None:
+                used.append(index)
     return _JoinView(binding, member, used)
+
+
+def index_of_claim_key(key: str) -> int | None:
+    """The index an index-claim key holds (its last segment), None for a foreign key.
+
+    Read from the key, not the value: losers of a join race read the whole
+    clique's claims on every attempt, and decoding each value dominated a herd.
+    """
+    tail = key.rpartition("/")[2]
+    return int(tail) if tail.isdigit() else None
 
 
 async def join_domain(

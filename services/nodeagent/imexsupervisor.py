@@ -1130,11 +1130,28 @@ class ImexSupervisor:
                     Keys.last_segment(item.key): (item.value, item.mod_revision) for item in event.items
                 }
                 self._members_synced = True
-            elif event.value is None:
-                self._members.pop(Keys.last_segment(event.key), None)
+                self._wake.set()
+                continue
+            name = Keys.last_segment(event.key)
+            before = self._members.get(name)
+            if event.value is None:
+                self._members.pop(name, None)
             else:
-                self._members[Keys.last_segment(event.key)] = (event.value, event.revision)
-            self._wake.set()
+                self._members[name] = (event.value, event.revision)
+            if self._member_event_concerns_me(name, before[0] if before else None, event.value):
+                self._wake.set()
+
+    def _member_event_concerns_me(self, name: str, before: pb.Member | None, after: pb.Member | None) -> bool:
+        """Whether a member change can alter this node's daemon: its own record, or a peer entering,
+        changing in or leaving this node's clique. Other cliques never reach its nodes config, and
+        waking every member's reconciler on every join of a large domain costs O(N^2) per node."""
+        if name == self.node_name:
+            return True
+        mine = self._members.get(self.node_name)
+        if mine is None:
+            return False  # nothing to configure until this node's own record arrives (that wakes it)
+        clique = mine[0].clique_id
+        return any(m is not None and m.clique_id == clique for m in (before, after))
 
     def _follow_members_of(self, domain_uid: str | None) -> None:
         if self._members_uid == domain_uid:

@@ -342,6 +342,44 @@ async def test_three_nodes_form_a_domain_then_one_leaves(rack: Rack) -> None:
     assert leaver.supervisor.domain_dirs() == []
 
 
+async def test_joins_in_other_cliques_leave_the_daemon_alone(rack: Rack) -> None:
+    """A 256-node domain spans 15 cliques: a member of one clique must not be reconfigured, nor even
+    reconciled, for joins in the others (that was O(N^2) work per node)."""
+    node = rack.add(0)
+    uid = str(uuid.uuid4())
+    await rack.join(node, uid)
+    reconciles = 0
+    real_reconcile = node.supervisor._reconcile
+
+    async def counting_reconcile() -> None:
+        nonlocal reconciles
+        reconciles += 1
+        await real_reconcile()
+
+    node.supervisor._reconcile = counting_reconcile  # type: ignore[method-assign]
+    config_before = node.nodes_config(uid)
+    status_before = await rack.status(uid, node)
+    assert status_before is not None
+
+    def outsider(i: int, clique: str) -> pb.Node:
+        return pb.Node(name=f"far-{i}", clique_id=clique, ip_address=f"127.1.2.{i + 1}")
+
+    others = [outsider(i, "other-cluster.1") for i in range(6)]
+    await asyncio.gather(*(join_domain(rack.store, uid, "ns", o) for o in others))
+    await leave_domain(rack.store, uid, others[0].name)
+    await asyncio.sleep(0.5)  # let every member event reach the supervisor
+    assert reconciles == 0, "members of another clique woke this node's reconciler"
+    assert node.nodes_config(uid) == config_before
+    status_after = await rack.status(uid, node)
+    assert status_after is not None and status_after.config_generation == status_before.config_generation
+
+    # A peer joining this node's own clique does reconfigure it.
+    peer = rack.add(1)
+    await rack.join(peer, uid)
+    await eventually(lambda: len(node.nodes_config(uid)) == 2, what="peer in the nodes config")
+    assert reconciles >= 1
+
+
 async def test_killed_daemon_is_restarted_and_the_outage_is_visible(rack: Rack) -> None:
     node = rack.add(0)
     uid = str(uuid.uuid4())

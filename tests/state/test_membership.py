@@ -88,3 +88,10 @@ async def test_concurrent_joins_in_one_clique_get_distinct_indices(store: Store)
     results = await asyncio.gather(*(join_domain(store, "d1", "ns", node(f"n{i:02d}")) for i in range(18)))
     assert sorted(r.member.index for r in results) == list(range(18))
     assert await check_store_invariants(store) == []
+
+
+async def test_an_undecodable_index_claim_still_holds_its_index(store: Store) -> None:
+    """A corrupted claim value must not trap joiners on its index: the key alone says it is taken."""
+    await store.put_raw(store.keys.member_index("d1", "c1", 0), b"\x00\xffnot a protobuf envelope")
+    joined = await join_domain(store, "d1", "ns", node("a"), max_attempts=5)
+    assert joined.member.index == 1 and joined.attempts == 1
