@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.keys import Keys
 from libs.state.store import Store, Versioned
 from libs.state.watch import Resync, WatchEvent, watch_prefix
@@ -536,7 +537,7 @@ class Inventory:
     def start_feeds(
         self, store: Store, on_ready: Callable[[], None] | None = None
     ) -> list[asyncio.Task[None]]:
-        """Start the three watch tasks that keep the index current; stop them with `stop_tasks`."""
+        """Start the three watch tasks that keep the index current; stop them with `cancel_until_done`."""
         keys: Keys = store.keys
 
         def mark(source: str) -> None:
@@ -595,29 +596,10 @@ class Inventory:
                 feed.result()  # a feed only ends by failing: re-raise its error
             raise RuntimeError("inventory feed ended")
         finally:
-            await stop_tasks(feeds)
+            await cancel_until_done(feeds)
 
     def _on_node_event(self, event: WatchEvent[pb.Node]) -> None:
         self.apply_node(Keys.last_segment(event.key), event.value)
-
-
-async def stop_tasks(tasks: list[asyncio.Task[None]], rounds: int = 10, round_s: float = 0.5) -> None:
-    """Cancel tasks until they have ended, re-cancelling those still running after each round.
-
-    One cancel is not always enough on Python 3.11: an `asyncio.wait_for` inside a
-    watch's cleanup can swallow a cancellation that arrives while its inner call
-    completes, and the watch then carries on. A TaskGroup cancels only once, so
-    shutdown would hang; repeating the cancel ends it.
-    """
-    pending = {t for t in tasks if not t.done()}
-    for _ in range(rounds):
-        if not pending:
-            return
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=round_s)
-    if pending:
-        log.error("tasks did not stop", tasks=sorted(t.get_name() for t in pending))
 
 
 def _reservation_items(items: Iterable[Versioned[pb.Reservation]]) -> list[tuple[str, pb.Reservation, int]]:

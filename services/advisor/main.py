@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 from grpclib.server import Server
 
+from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
@@ -35,7 +36,7 @@ from services.advisor.domain_sources import (
 )
 from services.advisor.extender import Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
-from services.advisor.inventory import Inventory, stop_tasks
+from services.advisor.inventory import Inventory
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.settings import AdvisorSettings
 from services.advisor.transport import CorkedServer
@@ -187,7 +188,7 @@ class AdvisorService:
         if self.settings.grpc_unix_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.grpc_unix_socket)
-        await stop_tasks(tasks)
+        await cancel_until_done(tasks)
         if self._kube_client is not None:
             with contextlib.suppress(Exception):
                 await self._kube_client.close()

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 import structlog
 
+from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store, with_retries
-from services.controller.cancellation import cancel_until_done
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler, ReconcilerConfig
 from services.controller.settings import ControllerSettings

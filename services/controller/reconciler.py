@@ -23,6 +23,7 @@ import betterproto
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.cancellation import run_all
 from libs.state.election import Leadership
 from libs.state.membership import mark_member_lost
 from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
@@ -35,7 +36,6 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
-from services.controller.cancellation import run_all
 from services.controller.domainrecord import DomainRecord
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
@@ -26,7 +27,7 @@ from services.advisor.domain_sources import (
     domain_of_template_object,
 )
 from services.advisor.extender import Extender, build_extender_app
-from services.advisor.inventory import Inventory, stop_tasks
+from services.advisor.inventory import Inventory
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -97,7 +98,7 @@ async def env(store: Store) -> AsyncIterator[Env]:
         yield Env(client, store, inventory, records, sizes, templates)
     finally:
         await client.close()
-        await stop_tasks(feeds)
+        await cancel_until_done(feeds)
         assert all(f.done() for f in feeds)
 
 

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.clique_index import CliqueFree, CliqueIndex
-from services.advisor.inventory import Inventory, stop_tasks
+from services.advisor.inventory import Inventory
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName, Reason
 from services.advisor.reservations import write_reservation
 from tests.advisor.fleet import bind, cluster_records, filled_inventory, node_record, put_nodes
@@ -225,7 +226,7 @@ async def test_inventory_follows_node_binding_and_reservation_changes(store: Sto
         assert written.record.id in inventory.reservations
         await _timed(inventory, lambda: inventory.is_free(records[2].name), within_s=5.0)
     finally:
-        await stop_tasks(feeds)
+        await cancel_until_done(feeds)
         assert all(t.done() for t in feeds)
 
 
@@ -242,7 +243,7 @@ async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
         capacity = Advisor(inventory).capacity()
         assert capacity.total_nodes == 36 and capacity.bound_nodes == 1 and capacity.free_nodes == 35
     finally:
-        await stop_tasks(feeds)
+        await cancel_until_done(feeds)
         assert all(t.done() for t in feeds)
 
 

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection
 from libs.state.lease import KeptLease
 from libs.state.membership import JoinResult, join_domain, leave_domain
 from libs.state.store import Store
-from services.controller.cancellation import cancel_until_done
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler, ReconcilerConfig
 

@@ -24,10 +24,10 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, Re
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store
-from services.controller.cancellation import cancel_until_done
 from services.controller.kube.adapter import KubeAdapter
 from services.controller.kube.resourceclaimtemplate import build_rct
 from services.controller.metrics import ControllerMetrics

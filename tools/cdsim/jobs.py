@@ -12,7 +12,6 @@ Delete: NodeUnprepareResources for every claim -> delete the claims -> mark the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -22,6 +21,7 @@ from typing import TextIO
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
+from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.keys import Keys
 from libs.state.store import Delete, Put, Store
@@ -367,9 +367,8 @@ async def _prepare_all(
     try:
         outcomes = await asyncio.gather(*(one(c) for c in job.claims))
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        # Not cancel + suppress(CancelledError): that would also swallow a cancellation of this task.
+        await cancel_until_done([watcher], 5.0)
     # A READY the watch has not delivered yet: take the time the agent wrote it.
     statuses, _ = await store.list(store.keys.daemons(job.domain_uid), pb.DaemonStatus)
     for status in statuses:
