@@ -9,6 +9,7 @@
 <prefix>preparations/<node>/<claim uid>        PreparedClaim
 <prefix>daemons/<uid>/<node>                   DaemonStatus
 <prefix>reservations/<id>                      Reservation (on a TTL lease)
+<prefix>nodereservations/<node>                Reservation guard of one node (same lease)
 <prefix>election/<name>                        LeaderRecord (on the leader's lease)
 """
 
@@ -93,6 +94,12 @@ class Keys:
 
     def reservation(self, reservation_id: str) -> str:
         return self.reservations() + _segment(reservation_id, "reservation id")
+
+    def node_reservations(self) -> str:
+        return f"{self.prefix}nodereservations/"
+
+    def node_reservation(self, node: str) -> str:
+        return self.node_reservations() + _segment(node, "node name")
 
     def election(self, name: str) -> str:
         return f"{self.prefix}election/{_segment(name, 'election name')}"

@@ -33,16 +33,6 @@ NODES_PER_TXN = 63
 MIN_TTL_S = 1
 
 
-def guard_prefix(store: Store) -> str:
-    return f"{store.keys.prefix}nodereservations/"
-
-
-def guard_key(store: Store, node: str) -> str:
-    if not node or "/" in node:
-        raise ValueError(f"invalid node name {node!r} for a store key: empty or contains '/'")
-    return guard_prefix(store) + node
-
-
 class ReservationConflict(RuntimeError):
     """Some nodes are reserved or bound already; `taken` maps each to who holds it."""
 
@@ -106,7 +96,7 @@ async def write_reservation(
             compares: list[Compare] = []
             ops: list[Op] = []
             for node in chunk:
-                gkey = guard_key(store, node)
+                gkey = store.keys.node_reservation(node)
                 compares.append(Absent(gkey))
                 compares.append(Absent(keys.node_binding(node)))
                 ops.append(
@@ -150,7 +140,7 @@ async def who_holds(store: Store, nodes: Sequence[str]) -> dict[str, str]:
 
     async def check(node: str) -> tuple[str, str | None]:
         guard, binding = await asyncio.gather(
-            store.get(guard_key(store, node), pb.Reservation),
+            store.get(store.keys.node_reservation(node), pb.Reservation),
             store.get(keys.node_binding(node), pb.NodeBinding),
         )
         if binding is not None:
@@ -176,9 +166,9 @@ async def delete_reservation(store: Store, reservation_id: str) -> pb.Reservatio
     # Without a lease (or when the revoke failed), remove what belongs to this reservation.
     await store.delete(store.keys.reservation(reservation_id))
     for node in current.value.node_names:
-        guard = await store.get(guard_key(store, node), pb.Reservation)
+        guard = await store.get(store.keys.node_reservation(node), pb.Reservation)
         if guard is not None and guard.value.id == reservation_id:
-            await store.delete(guard_key(store, node))
+            await store.delete(store.keys.node_reservation(node))
     log.info("reservation released", reservation=reservation_id, nodes=len(current.value.node_names))
     return current.value
 

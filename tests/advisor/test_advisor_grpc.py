@@ -14,7 +14,6 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.advisor.reservations import guard_prefix
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
 
@@ -56,7 +55,7 @@ async def test_place_reserve_capacity_release_roundtrip(
             # The reservation is in the store, with a guard per node, on a lease.
             record = await store.get(store.keys.reservation(placed.reservation_id), pb.Reservation)
             assert record is not None and record.lease and sorted(record.value.node_names) == sorted(nodes)
-            guards, _ = await store.list(guard_prefix(store), pb.Reservation)
+            guards, _ = await store.list(store.keys.node_reservations(), pb.Reservation)
             assert sorted(g.key.rsplit("/", 1)[1] for g in guards) == sorted(nodes)
 
             # Best fit puts the next small job into the same, already broken clique.
@@ -67,7 +66,7 @@ async def test_place_reserve_capacity_release_roundtrip(
             assert released.released and sorted(released.node_names) == sorted(nodes)
             assert (await stub.get_capacity(pp.GetCapacityRequest())).free_nodes == 180
             assert not (await stub.release(pp.ReleaseRequest(reservation_id=placed.reservation_id))).released
-            guards, _ = await store.list(guard_prefix(store), pb.Reservation)
+            guards, _ = await store.list(store.keys.node_reservations(), pb.Reservation)
             assert guards == []
         finally:
             channel.close()
@@ -244,7 +243,7 @@ async def test_fifty_clients_on_two_advisors_never_share_a_node(
         assert len(handed_out) == len(set(handed_out)), "two clients received the same node"
         assert all(len(r.placements) == 1 for r in results), "a job left its clique"
         # The store agrees: one guard per handed-out node, each naming the reservation that got it.
-        guards, _ = await store.list(guard_prefix(store), pb.Reservation)
+        guards, _ = await store.list(store.keys.node_reservations(), pb.Reservation)
         owner = {g.key.rsplit("/", 1)[1]: g.value.id for g in guards}
         for reply in results:
             for node in reply.placements[0].node_names:
