@@ -41,6 +41,10 @@ def positive(value: Any) -> str | None:
     return None if value > 0 else "must be > 0"
 
 
+def fraction(value: Any) -> str | None:
+    return None if 0 < value <= 1 else "must be in (0, 1]"
+
+
 def non_negative(value: Any) -> str | None:
     return None if value >= 0 else "must be >= 0"
 

@@ -46,6 +46,7 @@ class ControllerService:
                 workers=settings.workers,
                 orphan_grace_s=settings.orphan_grace_s,
                 resync_period_s=settings.resync_period_s,
+                busy_share=settings.reconcile_busy_share,
             ),
         )
         self.election = LeaderElection(

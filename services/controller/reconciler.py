@@ -60,6 +60,8 @@ class ReconcilerConfig:
     resync_period_s: float = 300.0
     # Deadline of one reconcile (all its store calls).
     reconcile_timeout_s: float = 30.0
+    # Share of the time one domain may keep a worker busy (see workqueue.py: pacing).
+    busy_share: float = 0.25
 
 
 class FenceLost(RuntimeError):
@@ -80,7 +82,7 @@ class DomainReconciler:
         self.config = config or ReconcilerConfig()
         self.clock = clock
         self.view = StoreView(store.keys)
-        self.queue: WorkQueue[str] = WorkQueue()
+        self.queue: WorkQueue[str] = WorkQueue(busy_share=self.config.busy_share)
         self.synced = asyncio.Event()
         self.listeners: list[DomainListener] = []
         self._leadership: Leadership | None = None

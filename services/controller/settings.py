@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from libs.runtime.settings import non_negative, positive, setting
+from libs.runtime.settings import fraction, non_negative, positive, setting
 from libs.state.config import EtcdConfig
 
 
@@ -34,6 +34,12 @@ class ControllerSettings:
         30.0, "age after which records of a missing domain are released", validate=non_negative
     )
     resync_period_s: float = setting(300.0, "every domain is reconciled again this often", validate=positive)
+    reconcile_busy_share: float = setting(
+        0.25,
+        "share of the time one domain may keep a worker busy: after a reconcile of d s its events "
+        "are coalesced for d*(1/share-1) s, at most 1 s (1 = reconcile on every event)",
+        validate=fraction,
+    )
     health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
     health_port: int = setting(8081, "port of the health server (0 = any free port)", validate=non_negative)
     log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))

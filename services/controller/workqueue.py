@@ -5,6 +5,13 @@
   process, it is marked dirty and queued again when the worker is done.
 - `add_rate_limited` requeues after a per-item exponential delay (failures);
   `forget` resets it after a success.
+- Optional pacing (`busy_share`): after an item was processed for d seconds it
+  is not taken again for d * (1/busy_share - 1) seconds; adds meanwhile are
+  coalesced into one run at the end of that gap. A 256-node domain's member and
+  daemon events arrive by the thousand during formation, and each reconcile
+  recomputes its whole status: pacing bounds the share of the controller one
+  busy domain takes, while a small domain (sub-millisecond reconciles) is
+  barely delayed.
 """
 
 from __future__ import annotations
@@ -42,7 +49,16 @@ class ItemBackoff(Generic[T]):
 
 
 class WorkQueue(Generic[T]):
-    def __init__(self, backoff: ItemBackoff[T] | None = None) -> None:
+    def __init__(
+        self, backoff: ItemBackoff[T] | None = None, busy_share: float = 1.0, max_gap_s: float = 1.0
+    ) -> None:
+        if not 0.0 < busy_share <= 1.0:
+            raise ValueError(f"busy_share must be in (0, 1], got {busy_share}")
+        self._gap_factor = 1.0 / busy_share - 1.0
+        self._max_gap_s = max_gap_s
+        self._started: dict[T, float] = {}
+        self._not_before: dict[T, float] = {}
+        self._dones = 0
         self._queue: deque[T] = deque()
         self._dirty: set[T] = set()
         self._processing: set[T] = set()
@@ -73,6 +89,13 @@ class WorkQueue(Generic[T]):
         self.adds += 1
         if item in self._dirty:
             return
+        not_before = self._not_before.get(item)
+        if not_before is not None:
+            wait = not_before - asyncio.get_running_loop().time()
+            if wait > 0:
+                self.add_after(item, wait)
+                return
+            del self._not_before[item]
         self._dirty.add(item)
         if item in self._processing:
             return
@@ -121,11 +144,26 @@ class WorkQueue(Generic[T]):
         item = self._queue.popleft()
         self._processing.add(item)
         self._dirty.discard(item)
+        if self._gap_factor > 0:
+            self._started[item] = asyncio.get_running_loop().time()
         return item
 
     def done(self, item: T) -> None:
         self._processing.discard(item)
+        started = self._started.pop(item, None)
+        if started is not None:
+            now = asyncio.get_running_loop().time()
+            gap = min(self._max_gap_s, (now - started) * self._gap_factor)
+            if gap > 0:
+                self._not_before[item] = now + gap
+            self._dones += 1
+            if self._dones % 1024 == 0:  # forget the gaps of items that are never added again
+                self._not_before = {i: t for i, t in self._not_before.items() if t > now}
         if item in self._dirty:
+            if self._not_before.get(item, 0.0) > asyncio.get_running_loop().time():
+                self._dirty.discard(item)
+                self.add(item)  # schedules it for the end of its gap
+                return
             self._queue.append(item)
             self._wake()
 
@@ -136,6 +174,7 @@ class WorkQueue(Generic[T]):
         self._delayed.clear()
         self._queue.clear()
         self._dirty.clear()
+        self._not_before.clear()
         self.backoff.failures.clear()
 
     def shutdown(self) -> None:

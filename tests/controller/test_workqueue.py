@@ -80,3 +80,40 @@ async def test_shutdown_releases_waiting_workers_and_clear_drops_delayed() -> No
     q.shutdown()
     with pytest.raises(QueueShutDown):
         await asyncio.wait_for(waiter, 1)
+
+
+async def test_paced_item_is_coalesced_until_its_gap_ends_and_others_are_not_held_up() -> None:
+    """busy_share 0.25: after 40 ms of work an item waits ~120 ms; the adds meanwhile make one run."""
+    q: WorkQueue[str] = WorkQueue(busy_share=0.25)
+    loop = asyncio.get_running_loop()
+    q.add("big")
+    assert await q.get() == "big"
+    await asyncio.sleep(0.04)  # the reconcile of a large domain
+    q.add("big")  # events while it ran
+    q.done("big")
+    done_at = loop.time()
+    for _ in range(50):
+        q.add("big")  # a burst of events after it
+    q.add("small")
+    assert len(q) == 1 and await q.get() == "small", "another item is not delayed by big's gap"
+    q.done("small")
+    assert await q.get() == "big"
+    waited = loop.time() - done_at
+    assert 0.10 <= waited < 0.5, f"big taken again after {waited:.3f} s, expected ~0.12 s"
+    assert len(q) == 0, "the 51 adds were coalesced into one run"
+    q.done("big")
+
+
+async def test_unpaced_queue_hands_a_requeued_item_out_at_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("d1")
+    await q.get()
+    await asyncio.sleep(0.02)
+    q.add("d1")
+    q.done("d1")
+    assert len(q) == 1
+
+
+def test_busy_share_outside_its_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="busy_share"):
+        WorkQueue(busy_share=0.0)
