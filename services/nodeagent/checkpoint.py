@@ -114,7 +114,10 @@ class Checkpoint:
         self._entries: dict[str, ClaimEntry] = {e.claim_uid: e for e in entries}
         self._tombstones: dict[str, Tombstone] = {t.claim_uid: t for t in tombstones}
         self._fragments: dict[str, tuple[ClaimEntry, str]] = {}
-        self._tombstone_fragments: dict[str, tuple[Tombstone, str]] = {}
+        # The canonical tombstones section and the earliest expiry, kept while tombstones are
+        # unchanged: a prepare's save must not walk the hundreds an unprepare burst leaves.
+        self._tombstone_section: str | None = None
+        self._earliest_expiry: float | None = None
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -221,7 +224,8 @@ class Checkpoint:
             return existing
         if self.is_tombstoned(claim_uid, claim_version=claim_version):
             raise StalePrepareError(claim_uid, "unprepared recently; refusing a stale prepare")
-        self._tombstones.pop(claim_uid, None)
+        if self._tombstones.pop(claim_uid, None) is not None:
+            self._tombstones_changed()
         entry = ClaimEntry(
             claim_uid=claim_uid,
             state=ClaimState.PREPARE_STARTED,
@@ -279,17 +283,33 @@ class Checkpoint:
         """
         entry = self._entries.pop(claim_uid, None)
         version = entry.claim_version if entry is not None and entry.claim_version else claim_version
-        self._tombstones[claim_uid] = Tombstone(
+        tomb = Tombstone(
             claim_uid=claim_uid, expires_at=self._clock() + self.tombstone_ttl_s, claim_version=version
         )
+        self._tombstones[claim_uid] = tomb
+        self._tombstone_section = None
+        if self._earliest_expiry is not None:
+            self._earliest_expiry = min(self._earliest_expiry, tomb.expires_at)
         return entry
+
+    def _tombstones_changed(self) -> None:
+        self._tombstone_section = None
+        self._earliest_expiry = None
 
     def prune_tombstones(self, now: float | None = None) -> int:
         """Forget expired tombstones; returns how many."""
         now = self._clock() if now is None else now
+        if self._earliest_expiry is None:
+            self._earliest_expiry = min((t.expires_at for t in self._tombstones.values()), default=None)
+        if self._earliest_expiry is None or self._earliest_expiry > now:
+            return 0
         expired = [uid for uid, t in self._tombstones.items() if t.expires_at <= now]
         for uid in expired:
             del self._tombstones[uid]
+        if expired:
+            self._tombstone_section = None
+        # A lower bound until now (a replaced tombstone may have held it): make it exact.
+        self._earliest_expiry = min((t.expires_at for t in self._tombstones.values()), default=None)
         return len(expired)
 
     # ---- persistence ---------------------------------------------------------------------
@@ -321,23 +341,14 @@ class Checkpoint:
             fragments[uid] = (entry, fragment)
             parts.append(f"{_canonical(uid)}:{fragment}")
         self._fragments = fragments
-        # Tombstones pile up (one per unprepare, kept for minutes): cached like entries.
-        tomb_fragments: dict[str, tuple[Tombstone, str]] = {}
-        tomb_parts: list[str] = []
-        for uid in sorted(self._tombstones):
-            tomb = self._tombstones[uid]
-            cached_tomb = self._tombstone_fragments.get(uid)
-            text = (
-                cached_tomb[1]
-                if cached_tomb is not None and cached_tomb[0] is tomb
-                else f"{_canonical(uid)}:{_canonical(_tombstone_to_json(tomb))}"
+        if self._tombstone_section is None:
+            self._tombstone_section = ",".join(
+                f"{_canonical(uid)}:{_canonical(_tombstone_to_json(self._tombstones[uid]))}"
+                for uid in sorted(self._tombstones)
             )
-            tomb_fragments[uid] = (tomb, text)
-            tomb_parts.append(text)
-        self._tombstone_fragments = tomb_fragments
         return (
             f'{{"bootID":{_canonical(self.boot_id)},"entries":{{{",".join(parts)}}},'
-            f'"tombstones":{{{",".join(tomb_parts)}}},"version":{CHECKPOINT_VERSION}}}'
+            f'"tombstones":{{{self._tombstone_section}}},"version":{CHECKPOINT_VERSION}}}'
         )
 
 

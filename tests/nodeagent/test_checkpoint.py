@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from services.nodeagent.checkpoint import (
@@ -383,3 +386,48 @@ def test_successive_saves_with_changing_tombstones_load_back_exactly(
     cp.save()
     again = Checkpoint.load(cp_path, boot_id_file, clock=clock, tombstone_ttl_s=60)
     assert again.tombstones == {} and set(again.entries) == {UID_C}
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "complete", "remove", "advance", "save"]),
+        st.integers(min_value=0, max_value=5),
+        st.sampled_from([None, "1", "2"]),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS)
+def test_any_sequence_of_changes_and_saves_loads_back_exactly(
+    ops: list[tuple[str, int, str | None]], tmp_path: Path
+) -> None:
+    # Saves reuse cached fragments, the cached tombstone section and a lower bound on the earliest
+    # expiry: whatever happened in between, the file must load back (valid checksum) as it is now.
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))
+    boot = directory / "boot_id"
+    boot.write_text("6f1f0c53-3c1c-4a3e-9d84-000000000001\n")
+    clock = FakeClock()
+    path = checkpoint_path(directory / "kubelet")
+    cp = Checkpoint.load(path, boot, clock=clock, tombstone_ttl_s=10)
+    uids = [f"0000000{i}-0000-4000-8000-000000000000" for i in range(6)]
+    for op, i, version in ops:
+        uid = uids[i]
+        try:
+            if op == "start":
+                started(cp, uid, version=version)
+            elif op == "complete":
+                cp.mark_prepare_completed(uid, [f"id-{i}"], claim_version=version)
+            elif op == "remove":
+                cp.remove(uid, claim_version=version)
+            elif op == "advance":
+                clock.now += 4
+            else:
+                cp.save()
+                again = Checkpoint.load(path, boot, clock=clock, tombstone_ttl_s=10)
+                assert again.entries == cp.entries
+                assert again.tombstones == cp.tombstones
+                assert all(t.expires_at > clock.now for t in again.tombstones.values())
+        except (StalePrepareError, KeyError):
+            pass  # refusals are part of the behaviour, not of this property
