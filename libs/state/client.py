@@ -1,21 +1,41 @@
-"""An aetcd client that also speaks TLS.
+"""An aetcd client that also speaks TLS and keeps its etcd auth token valid.
 
 aetcd opens an insecure channel only; etcd deployments with client
 certificates need a secure one, so `connect` is specialised here. Channel
 options keep gRPC's reconnect backoff short, so a restarted etcd is found again
 within a second or two rather than gRPC's default of up to two minutes.
+
+With a username and password, etcd hands out an auth token at `Authenticate`.
+etcd's simple tokens live in its memory only (and expire when unused for a
+while), so a restarted etcd refuses every token issued before. aetcd
+authenticates once at connect; here a call refused for its token authenticates
+again (bounded retries with backoff, each attempt under the client timeout) and
+runs once more. Watches are covered too: a watch create refused for its token
+(etcd answers with a cancelled watch, which aetcd would take for a live one
+that never delivers) raises, the client authenticates again and reopens the
+watch stream with the new token.
+
+Connect maps gRPC errors the way aetcd's calls do, so "etcd unreachable" at
+connect is the same transient `ConnectionFailedError` as on any other call.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aetcd
+import aetcd.exceptions
 import grpc
+import structlog
 from aetcd import rpc, watcher
 
+from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
+
+log = structlog.get_logger(__name__)
 
 CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.initial_reconnect_backoff_ms": 100,
@@ -29,6 +49,68 @@ CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.max_receive_message_length": 64 * 1024 * 1024,
 }
 
+# Authenticate attempts per (re)authentication; only unavailability and timeouts are retried.
+AUTH_ATTEMPTS = 3
+_AUTH_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+# etcd's answers to a request whose token it does not accept (any more): the token is
+# unknown (etcd restarted, or the token expired), it predates a change of the auth
+# store, or it is missing. Authenticating again cures each of them.
+_STALE_TOKEN_MARKERS = (
+    "invalid auth token",
+    "revision of auth store is old",
+    "user name is empty",
+)
+
+
+def is_stale_token_error(error: BaseException) -> bool:
+    """Whether etcd refused a request (or a watch) for its auth token."""
+    return isinstance(error, aetcd.exceptions.ClientError) and any(
+        m in str(error) for m in _STALE_TOKEN_MARKERS
+    )
+
+
+def client_error(error: grpc.aio.AioRpcError) -> Exception:
+    """The aetcd exception for a gRPC error, as aetcd's own calls raise it."""
+    try:
+        aetcd.exceptions._handle_exception(error)
+    except aetcd.exceptions.ClientError as mapped:
+        return mapped
+    return aetcd.exceptions.ClientError(error.details())
+
+
+def _watch_refused(reason: str) -> aetcd.exceptions.ClientError:
+    if any(m in reason for m in _STALE_TOKEN_MARKERS):
+        return aetcd.exceptions.UnauthenticatedError(reason)
+    return aetcd.exceptions.ClientError(f"etcd cancelled the watch: {reason or 'no reason given'}")
+
+
+class _Watcher(watcher.Watcher):
+    """aetcd's watcher, which also honours watches etcd cancels.
+
+    etcd refuses a watch create (bad token, no permission, future revision) with a
+    response that is both `created` and `canceled`, and may cancel a live watch;
+    aetcd ignores `canceled` and registers a watch that never delivers anything.
+    Here the pending create fails instead, and a cancelled live watch gets an error.
+    Compaction keeps aetcd's own handling (RevisionCompactedError).
+    """
+
+    async def _handle_response(self, response: Any) -> None:
+        if not response.canceled or response.compact_revision != 0:
+            await super()._handle_response(response)
+            return
+        error = _watch_refused(response.cancel_reason)
+        async with self._lock:
+            if response.created:
+                if self._new_callback is not None:
+                    self._new_callback.error = error
+                    self._new_callback_ready.notify_all()
+                return
+            # A cancel we asked for has already been removed from the callbacks.
+            callback = self._callbacks.pop(response.watch_id, None)
+        if callback is not None:
+            await self._process_callback(callback, error)
+
 
 class TlsCapableClient(aetcd.Client):
     def __init__(self, config: EtcdConfig) -> None:
@@ -41,6 +123,10 @@ class TlsCapableClient(aetcd.Client):
             options=dict(CHANNEL_OPTIONS),
         )
         self._config = config
+        self._connect_lock = asyncio.Lock()
+        self._auth_lock = asyncio.Lock()
+        # How often a refused token was replaced by a new one (not counting connects).
+        self.reauthentications = 0
 
     def _credentials(self) -> grpc.ChannelCredentials:
         cfg = self._config
@@ -51,25 +137,160 @@ class TlsCapableClient(aetcd.Client):
             root_certificates=Path(cfg.ca_file).read_bytes(), private_key=key, certificate_chain=cert
         )
 
+    @property
+    def _authenticates(self) -> bool:
+        return self._username is not None and self._password is not None
+
+    def _open_channel(self) -> grpc.aio.Channel:
+        target = f"{self._host}:{self._port}"
+        options = list(self._options.items())
+        if self._config.tls:
+            return rpc.secure_channel(target, self._credentials(), options=options)
+        return rpc.insecure_channel(target, options=options)
+
+    async def _authenticate(self, channel: grpc.aio.Channel) -> tuple[tuple[str, str], ...]:
+        """A fresh token as call metadata; retries unavailability with backoff, AUTH_ATTEMPTS at most."""
+        stub = rpc.AuthStub(channel)
+        backoff = Backoff(initial=0.1, cap=1.0)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = await stub.Authenticate(
+                    rpc.AuthenticateRequest(name=self._username, password=self._password),
+                    timeout=self._timeout,
+                )
+                return (("token", resp.token),)
+            except grpc.aio.AioRpcError as exc:
+                if attempt >= AUTH_ATTEMPTS or exc.code() not in _AUTH_RETRY_CODES:
+                    raise client_error(exc) from exc
+                delay = backoff.next_delay()
+                log.warning(
+                    "etcd authentication failed; retrying",
+                    error=exc.details() or exc.code().name,
+                    attempt=attempt,
+                    retry_in_s=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
+
     async def connect(self) -> None:
-        if not self._config.tls:
-            await super().connect()
-            return
         if self._connected.is_set():
             return
-        target = f"{self._host}:{self._port}"
-        self.channel = rpc.secure_channel(target, self._credentials(), options=list(self._options.items()))
-        if self._username is not None and self._password is not None:
-            self.auth_stub = rpc.AuthStub(self.channel)
-            resp = await self.auth_stub.Authenticate(
-                rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout
-            )
-            self.metadata = (("token", resp.token),)
-        self.kvstub = rpc.KVStub(self.channel)
-        self.clusterstub = rpc.ClusterStub(self.channel)
-        self.leasestub = rpc.LeaseStub(self.channel)
-        self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = watcher.Watcher(
-            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-        )
-        self._connected.set()
+        async with self._connect_lock:
+            if self._connected.is_set():
+                return
+            channel = self._open_channel()
+            metadata = None
+            try:
+                if self._authenticates:
+                    metadata = await self._authenticate(channel)
+            except BaseException:
+                await channel.close()
+                raise
+            self.channel = channel
+            self.metadata = metadata
+            self.auth_stub = rpc.AuthStub(channel)
+            self.kvstub = rpc.KVStub(channel)
+            self.clusterstub = rpc.ClusterStub(channel)
+            self.leasestub = rpc.LeaseStub(channel)
+            self.maintenancestub = rpc.MaintenanceStub(channel)
+            self._watcher = _Watcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
+            self._connected.set()
+
+    async def close(self) -> None:
+        # Not while a connect is under way (it would open a channel after this close).
+        async with self._connect_lock:
+            await super().close()
+
+    # ---- calls refused for their token: authenticate again, and once more ---------------
+
+    async def _reauthenticate(self, refused: Any) -> None:
+        """Replace the token `refused` (unless another call did already) and reopen the watch stream."""
+        async with self._auth_lock:
+            channel = self.channel
+            if channel is None or self.metadata is not refused:
+                return  # closed, reconnected, or already replaced by a concurrent call
+            metadata = await self._authenticate(channel)
+            if self.channel is not channel:
+                return  # closed while authenticating
+            self.metadata = metadata
+            self.reauthentications += 1
+            log.info("etcd auth token replaced", reauthentications=self.reauthentications)
+            if self._watcher is not None:
+                # The open watch stream carries the old token for good: end it, so that its
+                # watches fail (their consumers watch again) and the next one opens a new stream.
+                self._watcher._metadata = metadata
+                await self._watcher._terminate_stream(
+                    aetcd.exceptions.ConnectionFailedError("watch stream reopened with a new etcd auth token")
+                )
+
+    async def _with_token(self, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        token = self.metadata
+        try:
+            return await call(*args, **kwargs)
+        except aetcd.exceptions.ClientError as exc:
+            if not self._authenticates or not is_stale_token_error(exc):
+                raise
+            log.warning("etcd refused the auth token; authenticating again", error=str(exc))
+        await self._reauthenticate(token)
+        return await call(*args, **kwargs)
+
+    async def get(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().get, *args, **kwargs)
+
+    async def get_prefix(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().get_prefix, *args, **kwargs)
+
+    async def get_range(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().get_range, *args, **kwargs)
+
+    async def get_all(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().get_all, *args, **kwargs)
+
+    async def put(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().put, *args, **kwargs)
+
+    async def delete(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().delete, *args, **kwargs)
+
+    async def delete_prefix(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().delete_prefix, *args, **kwargs)
+
+    async def delete_range(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().delete_range, *args, **kwargs)
+
+    async def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().transaction, *args, **kwargs)
+
+    async def txn(self, request: Any) -> Any:
+        """A raw etcd Txn (rpc.TxnRequest to rpc.TxnResponse), with aetcd's error mapping."""
+        return await self._with_token(self._txn, request)
+
+    async def _txn(self, request: Any) -> Any:
+        await self.connect()
+        try:
+            return await self.kvstub.Txn(request, timeout=self._timeout, metadata=self.metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise client_error(exc) from exc
+
+    async def lease(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().lease, *args, **kwargs)
+
+    async def revoke_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().revoke_lease, *args, **kwargs)
+
+    async def refresh_lease(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().refresh_lease, *args, **kwargs)
+
+    async def get_lease_info(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().get_lease_info, *args, **kwargs)
+
+    async def compact(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().compact, *args, **kwargs)
+
+    async def status(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._with_token(super().status, *args, **kwargs)
+
+    async def watch(self, *args: Any, **kwargs: Any) -> Any:
+        # watch_prefix goes through here; a refused create raises at once (see _Watcher).
+        return await self._with_token(super().watch, *args, **kwargs)

@@ -31,10 +31,15 @@ log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=betterproto.Message)
 
 # Errors after which the same call may succeed later (etcd restarting, leader change).
+# ConnectionFailedError is also what connecting to an unreachable etcd raises (with or
+# without TLS). UnauthenticatedError (etcd's "invalid auth token") reaches a caller only
+# when a token refused by a restarted etcd was replaced and the new one was refused too
+# (etcd restarted again in between): the next attempt authenticates again.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     aetcd.exceptions.ConnectionFailedError,
     aetcd.exceptions.ConnectionTimeoutError,
     aetcd.exceptions.InternalError,
+    aetcd.exceptions.UnauthenticatedError,
     asyncio.TimeoutError,
 )
 
@@ -134,7 +139,7 @@ class Store:
     def __init__(self, config: EtcdConfig) -> None:
         self.config = config
         self.keys = Keys(config.prefix)
-        self.client: aetcd.Client = TlsCapableClient(config)
+        self.client = TlsCapableClient(config)
 
     async def connect(self) -> None:
         await self.client.connect()
@@ -234,14 +239,7 @@ class Store:
             success=self.client._ops_to_requests(ops(success)),
             failure=self.client._ops_to_requests(ops(failure)),
         )
-        await self.client.connect()
-        try:
-            response = await self.client.kvstub.Txn(
-                request, timeout=self.client._timeout, metadata=self.client.metadata
-            )
-        except rpc.AioRpcError as exc:
-            aetcd.exceptions._handle_exception(exc)
-            raise
+        response = await self.client.txn(request)
         reads: list[list[RawKV]] = []
         for item in response.responses:
             if item.WhichOneof("response") == "response_range":
