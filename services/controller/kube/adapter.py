@@ -11,9 +11,14 @@ record changes, is queued, and a worker brings the pair in line:
   an Event for each transition;
 - CR being deleted: the store domain marked deleting; once the controller
   has torn it down (record gone), the RCT and then the CR finalizer removed;
-- store domain of source "kubernetes" whose CR is gone: marked deleting.
+- store domain of source "kubernetes" whose CR is gone: marked deleting;
+- every pass, whatever the CR's state: the Nodes of the domain's members carry
+  `resource.nvidia.com/computeDomain=<uid>` and no other Node carries this uid
+  (`nodelabel.py`); before the finalizer of a deleted CR goes, every Node
+  labelled with its uid loses the label.
 
-A periodic sweep removes RCTs and node labels of CDs that no longer exist.
+A periodic sweep removes RCTs and node labels of CDs that no longer exist, and
+queues every CD again so that node labels edited behind our back are repaired.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from services.controller.kube.computedomain import (
     status_patch,
 )
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
+from services.controller.kube.nodelabel import NodeLabeler, desired_nodes
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.controller.kube.sweep import list_labelled, sweep_once
 from services.controller.reconciler import DomainReconciler, FenceLost
@@ -98,6 +104,7 @@ class KubeAdapter:
         self.api = api
         self.custom = CustomObjectsApi(api)
         self.events = EventRecorder(api, instance)
+        self.labeler = NodeLabeler(api)
         self.sweep_interval_s = sweep_interval_s
         self.workers = workers
         self.crs: dict[str, dict[str, Any]] = {}
@@ -122,6 +129,7 @@ class KubeAdapter:
             self.queue.add(uid)
 
     async def run(self, leadership: Leadership) -> None:
+        self.labeler.invalidate()  # a former leader may have labelled nodes: list them again
         self.reconciler.listeners.append(self._on_domain_change)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -243,6 +251,14 @@ class KubeAdapter:
                 await self.sweep()
             except _KUBE_ERRORS as exc:
                 log.warning("sweep failed", error=str(exc) or type(exc).__name__)
+            self._resync_node_labels()
+
+    def _resync_node_labels(self) -> None:
+        """List the labelled Nodes again on the next sync and bring every CD's labels in line."""
+        self.labeler.invalidate()
+        mirrored = {u for u, e in self.reconciler.view.domains.items() if e.value.source == SOURCE_KUBERNETES}
+        for uid in set(self.crs) | mirrored:
+            self.queue.add(uid)
 
     async def sweep(self) -> None:
         objects = await list_labelled(self.api)
@@ -263,6 +279,28 @@ class KubeAdapter:
     # ---- one CD ------------------------------------------------------------------------------
 
     async def reconcile(self, uid: str, leadership: Leadership) -> None:
+        await self._reconcile_cr(uid, leadership)
+        await self._sync_node_labels(uid)
+
+    def _names(self, uid: str) -> tuple[str, str]:
+        """(CD name, namespace) for logs, from the CR or else the store record."""
+        cr = self.crs.get(uid)
+        if cr is not None:
+            return cr["metadata"].get("name", ""), cr["metadata"].get("namespace", "")
+        entry = self.reconciler.view.domains.get(uid)
+        return (entry.value.name, entry.value.namespace) if entry is not None else ("", "")
+
+    async def _sync_node_labels(self, uid: str) -> None:
+        view = self.reconciler.view
+        desired = desired_nodes(uid in view.domains, view.members.get(uid, {}))
+
+        def member_of(node: str) -> set[str]:
+            return {u for u in view.node_domains.get(node, ()) if u in view.domains}
+
+        cd, namespace = self._names(uid)
+        await self.labeler.sync(uid, desired, member_of, cd, namespace)
+
+    async def _reconcile_cr(self, uid: str, leadership: Leadership) -> None:
         cr = self.crs.get(uid)
         entry = self.reconciler.view.domains.get(uid)
         if cr is None:
@@ -377,6 +415,9 @@ class KubeAdapter:
                 await self._write_status(uid, cr, cr_status(entry.status))
             # The teardown's last step deletes the record; its watch event queues this CD again.
             return
+        # The domain's record is gone, so it has no member left: no Node may keep its label once
+        # the finalizer goes (asked of the API, not the cache, which may miss a former leader's).
+        await self.labeler.remove_all(uid, meta["name"], meta["namespace"])
         name = ((cr.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate", {}).get("name")
         if name:
             await remove_template(self.api, meta["namespace"], name, uid)
