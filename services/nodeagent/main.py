@@ -29,7 +29,7 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
-from libs.state.store import Store
+from libs.state.store import Store, with_retries
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
 from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
@@ -135,7 +135,8 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
     health.set_ready("serving", False)
     hardware = _open_hardware(settings)
     store = Store(settings.etcd_config())
-    await store.connect()
+    # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
+    await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
     health_runner, health_port = await start_health_server(
         health, settings.health_host, settings.health_port, metrics.registry
     )

@@ -23,6 +23,7 @@ from tests.cdi.cdi_schema_check import loader_violations, schema_errors, unknown
 from tests.invariants import check_domain_gone, check_store_invariants, imex_processes_of
 from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
+from tools.etcd.server import EtcdServer
 
 pytestmark = pytest.mark.slow
 
@@ -289,3 +290,21 @@ async def test_graceful_stop_ends_simulated_daemons_and_restart_keeps_claims(
 
     await wait_for(daemon_back, what="the held domain's daemon running again after the restart")
     assert await check_store_invariants(store) == []
+
+
+async def test_agent_started_before_etcd_waits_for_it_instead_of_exiting(private_etcd: EtcdServer) -> None:
+    """A node reboots faster than the control plane: the agent must come up once etcd does."""
+    config = EtcdConfig(endpoint=private_etcd.endpoint, prefix="/agent-first/", timeout_s=2.0)
+    private_etcd.stop()
+    with sim_cluster(config) as cluster:
+        agent = cluster.agent("rack0-tray0")
+        agent.start()
+        await asyncio.sleep(3.0)
+        assert agent.process is not None and agent.process.poll() is None, (
+            f"agent exited while etcd was down:\n{agent.log_tail()}"
+        )
+        private_etcd.start()
+        await agent.wait_serving(timeout_s=30.0)
+        async with Store(config) as store:
+            node = await store.get(store.keys.node(agent.name), pb.Node)
+        assert node is not None and node.value.name == agent.name

@@ -17,6 +17,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.controller.kube.computedomain import LABEL_KEY
+from services.controller.kube.nodelabel import unlabel_node
 from services.controller.kube.resourceclaimtemplate import remove_template
 
 log = structlog.get_logger(__name__)
@@ -66,22 +67,6 @@ async def list_labelled(api: ApiClient) -> list[Labelled]:
     return out
 
 
-async def remove_node_label(api: ApiClient, node: str, cd_uid: str) -> None:
-    core = CoreV1Api(api)
-    try:
-        current = await core.read_node(node, _request_timeout=_CALL_TIMEOUT_S)
-        if (current.metadata.labels or {}).get(LABEL_KEY) != cd_uid:
-            return
-        await core.patch_node(
-            node,
-            {"metadata": {"labels": {LABEL_KEY: None}, "resourceVersion": current.metadata.resource_version}},
-            _request_timeout=_CALL_TIMEOUT_S,
-        )
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
 async def sweep_once(api: ApiClient, objects: list[Labelled], live_uids: set[str]) -> SweepResult:
     """Remove the `objects` (listed before `live_uids` was taken) whose CD is gone."""
     result = SweepResult()
@@ -91,7 +76,7 @@ async def sweep_once(api: ApiClient, objects: list[Labelled], live_uids: set[str
                 await remove_template(api, obj.namespace, obj.name)
                 result.templates_removed += 1
             else:
-                await remove_node_label(api, obj.name, obj.cd_uid)
+                await unlabel_node(api, obj.name, obj.cd_uid)
                 result.node_labels_removed += 1
             log.info(
                 "swept leftover", kind=obj.kind, namespace=obj.namespace, name=obj.name, cd_uid=obj.cd_uid
