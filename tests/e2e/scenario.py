@@ -111,6 +111,14 @@ async def wait_cd_ready(
         assert len(set(indices)) == len(indices) and all(0 <= i < 18 for i in indices), status["nodes"]
     ready_condition = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready_condition["status"] == "True"
+
+    async def members_labelled() -> bool | None:
+        labels = await kube.node_labels(api)
+        return True if all(labels[n].get(DOMAIN_LABEL) == cd["metadata"]["uid"] for n in nodes) else None
+
+    await kube.eventually(
+        members_labelled, f"every member Node labelled {DOMAIN_LABEL}={cd['metadata']['uid']}"
+    )
     return cd
 
 
