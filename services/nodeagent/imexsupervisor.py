@@ -1039,6 +1039,9 @@ class ImexSupervisor:
         self._binding_synced = False
         self._members_uid: str | None = None
         self._members: dict[str, tuple[pb.Member, int]] = {}
+        # The same members by clique: a reconcile reads only its own clique's (<= 18), not the
+        # whole domain's (a 256-node job spans 15 cliques).
+        self._cliques: dict[str, dict[str, tuple[pb.Member, int]]] = {}
         self._members_synced = False
         self._members_task: asyncio.Task[None] | None = None
         # Replaced on every readiness change; waiters hold the old one (set = look again).
@@ -1126,20 +1129,30 @@ class ImexSupervisor:
             if self._members_uid != domain_uid:
                 return
             if isinstance(event, Resync):
-                self._members = {
-                    Keys.last_segment(item.key): (item.value, item.mod_revision) for item in event.items
-                }
+                self._members, self._cliques = {}, {}
+                for item in event.items:
+                    self._set_member(Keys.last_segment(item.key), (item.value, item.mod_revision))
                 self._members_synced = True
                 self._wake.set()
                 continue
             name = Keys.last_segment(event.key)
-            before = self._members.get(name)
-            if event.value is None:
-                self._members.pop(name, None)
-            else:
-                self._members[name] = (event.value, event.revision)
+            before = self._set_member(name, None if event.value is None else (event.value, event.revision))
             if self._member_event_concerns_me(name, before[0] if before else None, event.value):
                 self._wake.set()
+
+    def _set_member(self, name: str, entry: tuple[pb.Member, int] | None) -> tuple[pb.Member, int] | None:
+        """Put (or with None remove) a member in both views; returns the entry it replaced."""
+        before = self._members.pop(name, None)
+        if before is not None:
+            bucket = self._cliques.get(before[0].clique_id)
+            if bucket is not None:
+                bucket.pop(name, None)
+                if not bucket:
+                    del self._cliques[before[0].clique_id]
+        if entry is not None:
+            self._members[name] = entry
+            self._cliques.setdefault(entry[0].clique_id, {})[name] = entry
+        return before
 
     def _member_event_concerns_me(self, name: str, before: pb.Member | None, after: pb.Member | None) -> bool:
         """Whether a member change can alter this node's daemon: its own record, or a peer entering,
@@ -1160,7 +1173,7 @@ class ImexSupervisor:
             self._members_task.cancel()
             self._members_task = None
         self._members_uid = domain_uid
-        self._members = {}
+        self._members, self._cliques = {}, {}
         self._members_synced = False
         if domain_uid is not None:
             self._members_task = asyncio.create_task(
@@ -1197,7 +1210,13 @@ class ImexSupervisor:
         self._follow_members_of(binding.domain_uid if binding is not None else None)
         if binding is not None and not self._members_synced:
             return  # the members watch has not listed yet: decide nothing on half a view
-        membership = membership_of(self.node_name, binding, list(self._members.values()))
+        mine = self._members.get(self.node_name)
+        relevant = (
+            list(self._cliques.get(mine[0].clique_id, {}).values())
+            if mine is not None and mine[0].clique_id
+            else [mine] if mine is not None else []
+        )
+        membership = membership_of(self.node_name, binding, relevant)
         desired = membership.desired
         if not self._recovered:
             await self._recover(desired)
