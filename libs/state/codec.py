@@ -33,8 +33,46 @@ def kind_of(cls: type[betterproto.Message]) -> str:
 
 
 def encode(message: betterproto.Message) -> bytes:
-    envelope = pb.Envelope(schema_version=SCHEMA_VERSION, kind=kind_of(type(message)), payload=bytes(message))
-    return bytes(envelope)
+    return encode_payload(type(message), bytes(message))
+
+
+def encode_payload(cls: type[betterproto.Message], payload: bytes) -> bytes:
+    """The stored value for a message of `cls` already serialised as `payload`.
+
+    Writes the Envelope's three fields by hand (byte-identical to serialising a `pb.Envelope`,
+    in a tenth of the time): schema_version = 1 (varint), kind = 2 and payload = 3 (bytes).
+    """
+    kind = _KIND_BYTES.get(cls)
+    if kind is None:
+        kind = _KIND_BYTES[cls] = kind_of(cls).encode()
+    return b"".join(
+        (
+            _VERSION_FIELD,
+            b"\x12",
+            _varint(len(kind)),
+            kind,
+            b"\x1a" if payload else b"",
+            _length(payload),
+            payload,
+        )
+    )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length(payload: bytes) -> bytes:
+    return _varint(len(payload)) if payload else b""  # proto3 omits an empty bytes field
+
+
+_VERSION_FIELD = b"\x08" + _varint(SCHEMA_VERSION)
+_KIND_BYTES: dict[type[betterproto.Message], bytes] = {}
 
 
 def decode(data: bytes, cls: type[M], key: str = "?") -> M:

@@ -18,11 +18,13 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
+from libs.state.codec import encode_payload
 from libs.state.store import (
     Absent,
     Compare,
     ConflictError,
     Delete,
+    FirstAbsent,
     Op,
     Put,
     RawKV,
@@ -105,6 +107,50 @@ def index_of_claim_key(key: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+def _int32_field(number: int, value: int) -> bytes:
+    """A non-negative int32 field as protobuf writes it (proto3 omits 0)."""
+    if value == 0:
+        return b""
+    out = bytearray([number << 3])
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class _IndexedRecords:
+    """The Member and IndexClaim a joiner writes, pre-serialised around their `index` field.
+
+    A join offers etcd every free index at once (one nested transaction per index); building and
+    serialising two betterproto messages per offered index would cost more than the join. The
+    fields before and after `index` are serialised once; each index only splices its own field in,
+    which gives the bytes betterproto would write for that message.
+    """
+
+    def __init__(self, member: pb.Member, claim: pb.IndexClaim) -> None:
+        self.member = member
+        self._member_head = bytes(
+            pb.Member(domain_uid=member.domain_uid, node_name=member.node_name, clique_id=member.clique_id)
+        )
+        self._member_tail = bytes(
+            pb.Member(
+                state=member.state,
+                ip_address=member.ip_address,
+                joined_unix_ms=member.joined_unix_ms,
+                namespace=member.namespace,
+            )
+        )
+        self._claim_head = bytes(pb.IndexClaim(domain_uid=claim.domain_uid, clique_id=claim.clique_id))
+        self._claim_tail = bytes(pb.IndexClaim(node_name=claim.node_name))
+
+    def member_value(self, index: int) -> bytes:
+        return encode_payload(pb.Member, self._member_head + _int32_field(4, index) + self._member_tail)
+
+    def claim_value(self, index: int) -> bytes:
+        return encode_payload(pb.IndexClaim, self._claim_head + _int32_field(3, index) + self._claim_tail)
+
+
 async def join_domain(
     store: Store,
     domain_uid: str,
@@ -115,10 +161,12 @@ async def join_domain(
 ) -> JoinResult:
     """Make `node` an active member of the domain, assigning the lowest free index of its clique.
 
-    Each attempt is one round trip: the transaction's failure branch reads back
-    the binding, the member and the clique's index claims, so a joiner that lost
-    a race retries at once on fresh state. Concurrent joiners of one clique
-    serialise on its lowest free index; only the winners' writes cost a commit.
+    One transaction guards the node's binding and member record; inside it, nested transactions
+    offer the free indices in ascending order and etcd applies the first whose claim key is still
+    absent. Concurrent joiners of one clique therefore each get the lowest index free at their
+    commit, in one round trip, with no herd of retries on index 0. A joiner retries only when its
+    own binding or member record changed, or every index it offered was taken meanwhile; the
+    failure branch reads the state back, so a retry starts from fresh state.
     """
     keys = store.keys
     member_key = keys.member(domain_uid, node.name)
@@ -127,6 +175,18 @@ async def join_domain(
     reads = _join_reads(store, domain_uid, node)
     view = _join_view(store, (await store.txn([], reads)).reads)
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
+    new_member = pb.Member(
+        domain_uid=domain_uid,
+        node_name=node.name,
+        clique_id=node.clique_id,
+        index=NON_FABRIC_INDEX,
+        state=pb.MemberState.ACTIVE,
+        ip_address=node.ip_address,
+        joined_unix_ms=int(time.time() * 1000),
+        namespace=namespace,
+    )
+    binding_put = Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid))
+    records = _IndexedRecords(new_member, pb.IndexClaim(domain_uid, node.clique_id, 0, node.name))
     for attempt in range(1, max_attempts + 1):
         binding, member = view.binding, view.member
         if binding is not None and binding.value.domain_uid != domain_uid:
@@ -138,33 +198,38 @@ async def join_domain(
             Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
             Unchanged(member_key, member.mod_revision) if member else Absent(member_key),
         ]
-        index = NON_FABRIC_INDEX
-        ops: list[Op] = []
+        ops: list[Op]
+        offered: list[int] = []
         if fabric:
-            free = lowest_free_index(view.used_indices, max_nodes_per_clique)
-            if free is None:
+            taken = set(view.used_indices)
+            offered = [i for i in range(max_nodes_per_clique) if i not in taken]
+            if not offered:
                 raise CliqueFull(
                     f"clique {node.clique_id} of domain {domain_uid} already has "
                     f"{max_nodes_per_clique} members (maxNodesPerImexDomain)"
                 )
-            index = free
-            index_key = keys.member_index(domain_uid, node.clique_id, index)
-            compares.append(Absent(index_key))
-            ops.append(Put(index_key, pb.IndexClaim(domain_uid, node.clique_id, index, node.name)))
-        new_member = pb.Member(
-            domain_uid=domain_uid,
-            node_name=node.name,
-            clique_id=node.clique_id,
-            index=index,
-            state=pb.MemberState.ACTIVE,
-            ip_address=node.ip_address,
-            joined_unix_ms=int(time.time() * 1000),
-            namespace=namespace,
-        )
-        ops.append(Put(member_key, new_member))
-        ops.append(Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid)))
+            ops = [
+                FirstAbsent(
+                    tuple(
+                        (
+                            keys.member_index(domain_uid, node.clique_id, i),
+                            (
+                                Put(keys.member_index(domain_uid, node.clique_id, i), records.claim_value(i)),
+                                Put(member_key, records.member_value(i)),
+                                binding_put,
+                            ),
+                        )
+                        for i in offered
+                    )
+                )
+            ]
+        else:
+            ops = [Put(member_key, new_member), binding_put]
         result = await store.txn(compares, ops, failure=reads)
-        if result.succeeded:
+        if result.succeeded and (not fabric or result.chosen is not None):
+            index = offered[result.chosen] if fabric and result.chosen is not None else NON_FABRIC_INDEX
+            joined = pb.Member().parse(bytes(new_member))
+            joined.index = index
             log.info(
                 "node joined domain",
                 cd_uid=domain_uid,
@@ -173,13 +238,12 @@ async def join_domain(
                 index=index,
                 attempts=attempt,
             )
-            return JoinResult(new_member, True, attempt)
-        # Back off (jittered, capped) so a herd of joiners of one clique spreads out
-        # and leaves the event loop to others; after a longer pause the state the
-        # failed transaction read back is stale, so read it again.
+            return JoinResult(joined, True, attempt)
+        # Back off (jittered, capped) so that joiners racing on the same records spread out;
+        # after a longer pause the state read back is stale, so read it again.
         delay = backoff.next_delay()
         await asyncio.sleep(delay)
-        if delay < 0.005:
+        if not result.succeeded and delay < 0.005:
             view = _join_view(store, result.reads)
         else:
             view = _join_view(store, (await store.txn([], reads)).reads)

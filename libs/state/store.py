@@ -90,7 +90,8 @@ class CreatedAt:
 @dataclass(frozen=True, slots=True)
 class Put:
     key: str
-    value: betterproto.Message
+    # A message, or bytes already encoded as a stored value (`libs.state.codec`).
+    value: betterproto.Message | bytes
     lease: int = 0
 
 
@@ -108,8 +109,20 @@ class Read:
     prefix: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FirstAbsent:
+    """Nested transactions: apply the writes of the first alternative whose guard key does not exist.
+
+    `alternatives` are (guard key, writes) pairs tried in order inside etcd, in one round trip;
+    `TxnResult.chosen` says which one was applied (None: every guard key existed). This is how
+    many concurrent joiners each take the lowest free index without a herd of retries.
+    """
+
+    alternatives: tuple[tuple[str, tuple[Put | Delete, ...]], ...]
+
+
 Compare = Absent | Unchanged | CreatedAt
-Op = Put | Delete | Read
+Op = Put | Delete | Read | FirstAbsent
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +140,19 @@ class TxnResult:
     revision: int
     # One list per Read op of the branch that ran, in order.
     reads: tuple[list[RawKV], ...] = ()
+    # Which alternative of a FirstAbsent op in the branch that ran was applied (None: none).
+    chosen: int | None = None
+
+
+def _chosen_alternative(response: Any) -> int | None:
+    """Depth of the nested transaction that succeeded in a FirstAbsent chain (None: none did)."""
+    depth = 0
+    while not response.succeeded:
+        inner = [r.response_txn for r in response.responses if r.WhichOneof("response") == "response_txn"]
+        if not inner:
+            return None
+        response, depth = inner[0], depth + 1
+    return depth
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -223,7 +249,13 @@ class Store:
             out: list[Any] = []
             for op in items:
                 if isinstance(op, Put):
-                    out.append(t.put(op.key.encode(), encode(op.value), lease=op.lease or None))
+                    value = op.value if isinstance(op.value, bytes) else encode(op.value)
+                    out.append(t.put(op.key.encode(), value, lease=op.lease or None))
+                elif isinstance(op, FirstAbsent):
+                    nested: list[Any] = []
+                    for guard, writes in reversed(op.alternatives):
+                        nested = [t.txn([t.create(guard.encode()) == 0], ops(writes), nested)]
+                    out.extend(nested)
                 elif isinstance(op, Read):
                     end = _prefix_end(op.key.encode()) if op.prefix else None
                     out.append(t.get(op.key.encode(), range_end=end))
@@ -241,15 +273,19 @@ class Store:
         )
         response = await self.client.txn(request)
         reads: list[list[RawKV]] = []
+        chosen: int | None = None
         for item in response.responses:
-            if item.WhichOneof("response") == "response_range":
+            kind = item.WhichOneof("response")
+            if kind == "response_txn":
+                chosen = _chosen_alternative(item.response_txn)
+            elif kind == "response_range":
                 reads.append(
                     [
                         RawKV(kv.key.decode(), kv.value, int(kv.mod_revision), int(kv.create_revision), int(kv.lease))
                         for kv in item.response_range.kvs
                     ]
                 )
-        return TxnResult(bool(response.succeeded), int(response.header.revision), tuple(reads))
+        return TxnResult(bool(response.succeeded), int(response.header.revision), tuple(reads), chosen)
 
     def decode_kv(self, kv: RawKV, cls: type[M]) -> Versioned[M] | None:
         """Decode a value read in a transaction (None, logged, if undecodable)."""

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.codec import encode
 from libs.state.membership import (
     CliqueFull,
     NodeBusy,
@@ -87,7 +88,24 @@ async def test_lost_member_frees_index_but_keeps_node_bound(store: Store) -> Non
 async def test_concurrent_joins_in_one_clique_get_distinct_indices(store: Store) -> None:
     results = await asyncio.gather(*(join_domain(store, "d1", "ns", node(f"n{i:02d}")) for i in range(18)))
     assert sorted(r.member.index for r in results) == list(range(18))
+    # etcd hands out the lowest free index inside the transaction: no joiner retries.
+    assert [r.attempts for r in results] == [1] * 18
     assert await check_store_invariants(store) == []
+    # The records spliced together around the index are what encoding the message gives.
+    for r in results:
+        raw = await store.client.get(store.keys.member("d1", r.member.node_name).encode())
+        assert raw is not None and raw.value == encode(r.member)
+        claim = pb.IndexClaim("d1", "c1", r.member.index, r.member.node_name)
+        raw = await store.client.get(store.keys.member_index("d1", "c1", r.member.index).encode())
+        assert raw is not None and raw.value == encode(claim)
+
+
+async def test_a_join_takes_the_lowest_index_free_at_commit_even_from_a_stale_view(store: Store) -> None:
+    for i in range(3):
+        await join_domain(store, "d1", "ns", node(f"n{i}"))
+    assert await leave_domain(store, "d1", "n1")
+    joined = await join_domain(store, "d1", "ns", node("late"))
+    assert joined.member.index == 1 and joined.attempts == 1
 
 
 async def test_an_undecodable_index_claim_still_holds_its_index(store: Store) -> None:

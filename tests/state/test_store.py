@@ -7,9 +7,10 @@ import asyncio
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.codec import encode, kind_of
 from libs.state.config import EtcdConfig
 from libs.state.lease import KeptLease
-from libs.state.store import Store
+from libs.state.store import FirstAbsent, Put, Store
 from libs.state.watch import Resync, WatchEvent, watch_prefix
 from tests.conftest import unique_prefix
 from tools.etcd.server import EtcdServer
@@ -178,3 +179,26 @@ async def test_watch_delivers_every_key_of_one_transaction(store: Store) -> None
         ("put", f"t{i}") for i in range(5)
     ] + [("delete", f"t{i}") for i in range(5)]
     await it.aclose()
+
+
+async def test_first_absent_applies_the_first_alternative_whose_guard_is_free(store: Store) -> None:
+    k = store.keys
+    await store.put(k.node("g0"), pb.Node(name="g0"))
+    alternatives = tuple(
+        (k.node(f"g{i}"), (Put(k.node(f"g{i}"), pb.Node(name=f"won{i}")),)) for i in range(3)
+    )
+    first = await store.txn([], [FirstAbsent(alternatives)])
+    assert first.succeeded and first.chosen == 1
+    got = await store.get(k.node("g1"), pb.Node)
+    assert got is not None and got.value.name == "won1"
+    second = await store.txn([], [FirstAbsent(alternatives)])
+    assert second.chosen == 2
+    third = await store.txn([], [FirstAbsent(alternatives)])
+    assert third.succeeded and third.chosen is None  # every guard taken: nothing written
+    assert (await store.get(k.node("g0"), pb.Node)).value.name == "g0"  # type: ignore[union-attr]
+
+
+def test_hand_written_envelope_is_what_betterproto_writes() -> None:
+    for message in (pb.Node(), pb.Node(name="x" * 300), pb.Member(domain_uid="d", index=5), pb.NodeBinding()):
+        expected = bytes(pb.Envelope(schema_version=1, kind=kind_of(type(message)), payload=bytes(message)))
+        assert encode(message) == expected

@@ -154,17 +154,13 @@ class Population:
 
 
 async def write_all(store: Store, ops: list[Op], concurrency: int = 64) -> None:
-    """Write each record with its own request.
-
-    One write per key, not batched transactions: the store's watch delivers only the first
-    event of a revision that changed several keys under one prefix (libs/state/watch.py).
-    """
+    """Write each record with its own request (one event per revision, as node agents make them)."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(op: Op) -> None:
         assert isinstance(op, Put)
         async with gate:
-            await store.put(op.key, op.value)
+            await store.txn([], [op])
 
     await asyncio.gather(*(one(op) for op in ops))
 
