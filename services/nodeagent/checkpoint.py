@@ -117,6 +117,7 @@ class Checkpoint:
         # The canonical tombstones section and the earliest expiry, kept while tombstones are
         # unchanged: a prepare's save must not walk the hundreds an unprepare burst leaves.
         self._tombstone_section: str | None = None
+        self._tombstone_fragments: dict[str, tuple[Tombstone, str]] = {}
         self._earliest_expiry: float | None = None
 
     # ---- loading -------------------------------------------------------------------------
@@ -342,10 +343,19 @@ class Checkpoint:
             parts.append(f"{_canonical(uid)}:{fragment}")
         self._fragments = fragments
         if self._tombstone_section is None:
-            self._tombstone_section = ",".join(
-                f"{_canonical(uid)}:{_canonical(_tombstone_to_json(self._tombstones[uid]))}"
-                for uid in sorted(self._tombstones)
-            )
+            # Rebuilt after each unprepare: from per-tombstone texts, so only new ones are encoded.
+            tomb_fragments: dict[str, tuple[Tombstone, str]] = {}
+            for uid in sorted(self._tombstones):
+                tomb = self._tombstones[uid]
+                cached = self._tombstone_fragments.get(uid)
+                text = (
+                    cached[1]
+                    if cached is not None and cached[0] is tomb
+                    else f"{_canonical(uid)}:{_canonical(_tombstone_to_json(tomb))}"
+                )
+                tomb_fragments[uid] = (tomb, text)
+            self._tombstone_fragments = tomb_fragments
+            self._tombstone_section = ",".join(text for _, text in tomb_fragments.values())
         return (
             f'{{"bootID":{_canonical(self.boot_id)},"entries":{{{",".join(parts)}}},'
             f'"tombstones":{{{self._tombstone_section}}},"version":{CHECKPOINT_VERSION}}}'
