@@ -34,6 +34,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tools.bench import simenv
 from tools.etcd.server import EtcdServer, etcd_binary, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,16 +195,24 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
 
 async def run(args: argparse.Namespace, base: Path, cdi_root: Path) -> dict[str, Any]:
     server: EtcdServer | None = None
+    # etcd's data on tmpfs like every other benchmark (tools/bench/simenv.py): the figure is our
+    # code's, not this machine's disk fsync. The kubelet dir (checkpoint, fsynced) stays on disk.
+    etcd_dir = simenv.scratch_dir("nabench-etcd-")
     try:
         endpoint = args.etcd_endpoint
         if not endpoint:
-            server = EtcdServer(data_dir=base / "etcd", binary=etcd_binary())
+            server = EtcdServer(data_dir=etcd_dir / "etcd", binary=etcd_binary())
             server.start()
             endpoint = server.endpoint
-        return await bench(args, base, cdi_root, endpoint)
+        result = await bench(args, base, cdi_root, endpoint)
+        result["etcd_data"] = (
+            "external" if args.etcd_endpoint else "tmpfs" if simenv.on_tmpfs(etcd_dir) else "disk"
+        )
+        return result
     finally:
         if server is not None:
             server.destroy()
+        shutil.rmtree(etcd_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
