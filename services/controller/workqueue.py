@@ -5,13 +5,15 @@
   process, it is marked dirty and queued again when the worker is done.
 - `add_rate_limited` requeues after a per-item exponential delay (failures);
   `forget` resets it after a success.
-- Optional pacing (`busy_share`): after an item was processed for d seconds it
-  is not taken again for d * (1/busy_share - 1) seconds; adds meanwhile are
-  coalesced into one run at the end of that gap. A 256-node domain's member and
-  daemon events arrive by the thousand during formation, and each reconcile
-  recomputes its whole status: pacing bounds the share of the controller one
-  busy domain takes, while a small domain (sub-millisecond reconciles) is
-  barely delayed.
+- Optional pacing (`busy_share`): when the worker reports that an item kept it
+  busy (computing, not awaiting I/O) for d seconds, the item is not taken again
+  for d * (1/busy_share - 1) seconds; adds meanwhile are coalesced into one run
+  at the end of that gap. A 256-node domain's member and daemon events arrive by
+  the thousand during formation, and each reconcile recomputes its whole status:
+  pacing bounds the share of the controller one large domain takes, while a
+  small domain (a fraction of a millisecond of computing) is barely delayed.
+  Wall time would be the wrong measure: under load a reconcile's awaits include
+  everyone else's work, and every domain would be slowed down.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ class WorkQueue(Generic[T]):
             raise ValueError(f"busy_share must be in (0, 1], got {busy_share}")
         self._gap_factor = 1.0 / busy_share - 1.0
         self._max_gap_s = max_gap_s
-        self._started: dict[T, float] = {}
         self._not_before: dict[T, float] = {}
         self._dones = 0
         self._queue: deque[T] = deque()
@@ -144,16 +145,14 @@ class WorkQueue(Generic[T]):
         item = self._queue.popleft()
         self._processing.add(item)
         self._dirty.discard(item)
-        if self._gap_factor > 0:
-            self._started[item] = asyncio.get_running_loop().time()
         return item
 
-    def done(self, item: T) -> None:
+    def done(self, item: T, busy_s: float = 0.0) -> None:
+        """The worker is finished with `item`, after `busy_s` seconds of computing on it (pacing)."""
         self._processing.discard(item)
-        started = self._started.pop(item, None)
-        if started is not None:
+        if busy_s > 0 and self._gap_factor > 0:
             now = asyncio.get_running_loop().time()
-            gap = min(self._max_gap_s, (now - started) * self._gap_factor)
+            gap = min(self._max_gap_s, busy_s * self._gap_factor)
             if gap > 0:
                 self._not_before[item] = now + gap
             self._dones += 1

@@ -83,25 +83,36 @@ async def test_shutdown_releases_waiting_workers_and_clear_drops_delayed() -> No
 
 
 async def test_paced_item_is_coalesced_until_its_gap_ends_and_others_are_not_held_up() -> None:
-    """busy_share 0.25: after 40 ms of work an item waits ~120 ms; the adds meanwhile make one run."""
+    """busy_share 0.25: after 40 ms of computing an item waits ~120 ms; the adds meanwhile make one run."""
     q: WorkQueue[str] = WorkQueue(busy_share=0.25)
     loop = asyncio.get_running_loop()
     q.add("big")
     assert await q.get() == "big"
-    await asyncio.sleep(0.04)  # the reconcile of a large domain
     q.add("big")  # events while it ran
-    q.done("big")
+    q.done("big", busy_s=0.04)
     done_at = loop.time()
     for _ in range(50):
         q.add("big")  # a burst of events after it
     q.add("small")
     assert len(q) == 1 and await q.get() == "small", "another item is not delayed by big's gap"
-    q.done("small")
+    q.done("small", busy_s=0.0002)
     assert await q.get() == "big"
     waited = loop.time() - done_at
     assert 0.10 <= waited < 0.5, f"big taken again after {waited:.3f} s, expected ~0.12 s"
     assert len(q) == 0, "the 51 adds were coalesced into one run"
     q.done("big")
+
+
+async def test_pacing_follows_computing_time_not_time_spent_waiting() -> None:
+    """A reconcile that waited 50 ms on I/O but computed for 0.1 ms is not held back."""
+    q: WorkQueue[str] = WorkQueue(busy_share=0.25)
+    q.add("d1")
+    await q.get()
+    await asyncio.sleep(0.05)
+    q.add("d1")
+    q.done("d1", busy_s=0.0001)
+    await asyncio.sleep(0.002)
+    assert len(q) == 1 and await q.get() == "d1"
 
 
 async def test_unpaced_queue_hands_a_requeued_item_out_at_once() -> None:
