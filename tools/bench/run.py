@@ -54,14 +54,20 @@ class Outcome:
     load_after: float
 
 
+_REPORT_OUTPUTS = (":(exclude)docs/benchmarks.md", ":(exclude)docs/img")
+
+
 def git_commit() -> tuple[str, bool]:
-    """(HEAD sha, whether the work tree differs from it) — ("unknown", True) outside git."""
+    """(HEAD sha, whether the work tree differs from it) — ("unknown", True) outside git.
+
+    The report's own outputs (docs/benchmarks.md, docs/img/) do not count: a previous run
+    rewrote them, which says nothing about the code measured."""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_REPORT_OUTPUTS],
             cwd=REPO,
             capture_output=True,
             text=True,
