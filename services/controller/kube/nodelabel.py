@@ -169,43 +169,45 @@ async def list_nodes_labelled(api: ApiClient, uid: str) -> list[str]:
 
 
 async def label_node(api: ApiClient, node: str, uid: str, member_of: AbstractSet[str]) -> Outcome:
-    core = CoreV1Api(api)
-    try:
-        current = await core.read_node(node, _request_timeout=_CALL_TIMEOUT_S)
-        now = _label_of(current)
+    def decide(now: str) -> Outcome | None:
         if now == uid:
             return Outcome("unchanged", uid)
-        if not may_take(now, uid, member_of):
-            return Outcome("held", now)
-        await core.patch_node(
-            node,
-            {"metadata": {"labels": {LABEL_KEY: uid}, "resourceVersion": current.metadata.resource_version}},
-            _request_timeout=_CALL_TIMEOUT_S,
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return Outcome("absent")
-        raise
-    return Outcome("labelled", uid)
+        return None if may_take(now, uid, member_of) else Outcome("held", now)
+
+    return await _patch_label(api, node, decide, uid, Outcome("labelled", uid))
 
 
 async def unlabel_node(api: ApiClient, node: str, uid: str) -> Outcome:
+    return await _patch_label(
+        api, node, lambda now: None if now == uid else Outcome("unchanged", now), None, Outcome("unlabelled")
+    )
+
+
+async def _patch_label(
+    api: ApiClient,
+    node: str,
+    decide: Callable[[str], Outcome | None],
+    value: str | None,
+    done: Outcome,
+) -> Outcome:
+    """Read the Node; unless `decide` (given its current label) answers first, set the label to
+    `value` (None removes it) on that resourceVersion, so a concurrent change makes it fail."""
     core = CoreV1Api(api)
     try:
         current = await core.read_node(node, _request_timeout=_CALL_TIMEOUT_S)
-        now = _label_of(current)
-        if now != uid:
-            return Outcome("unchanged", now)
+        answer = decide(_label_of(current))
+        if answer is not None:
+            return answer
         await core.patch_node(
             node,
-            {"metadata": {"labels": {LABEL_KEY: None}, "resourceVersion": current.metadata.resource_version}},
+            {"metadata": {"labels": {LABEL_KEY: value}, "resourceVersion": current.metadata.resource_version}},
             _request_timeout=_CALL_TIMEOUT_S,
         )
     except ApiException as exc:
         if exc.status == 404:
             return Outcome("absent")
         raise
-    return Outcome("unlabelled")
+    return done
 
 
 # ---- one domain at a time ------------------------------------------------------------------------
