@@ -18,6 +18,7 @@ from tools.chaos import checks
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.snapshot import StoreSnapshot
+from tools.chaos.soak import failover_time
 
 CLIQUE = "c0ffee00-0000-5000-8000-000000000000.7"
 
@@ -176,3 +177,14 @@ async def test_a_daemon_of_a_domain_its_node_left_is_found(
     ]
     await store.put(store.keys.member("d1", "n1"), _member("d1", "n1", 0))
     assert await checks.stray_daemons(store, layout, ["n0", "n1"]) == []
+
+
+def test_failover_is_timed_from_the_last_etcd_restart_that_renewed_the_dead_leaders_lease() -> None:
+    # No restart: from the kill.
+    assert failover_time(100.0, 105.5, []) == (5.5, 0)
+    # Restarts ending before the kill or after the takeover do not count.
+    assert failover_time(100.0, 105.5, [99.0, 106.0]) == (5.5, 0)
+    # The soak of seed 20261122: killed at 607.5, etcd back at 611.9, 614.1 and 618.4, new
+    # leader at 620.9 -> 2.5 s after the last renewal, not 13.4 s.
+    took, restarts = failover_time(607.5, 620.9, [611.9, 614.1, 618.4])
+    assert restarts == 3 and abs(took - 2.5) < 1e-9
