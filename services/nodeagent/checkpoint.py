@@ -347,10 +347,10 @@ class Checkpoint:
             tomb_fragments: dict[str, tuple[Tombstone, str]] = {}
             for uid in sorted(self._tombstones):
                 tomb = self._tombstones[uid]
-                cached = self._tombstone_fragments.get(uid)
+                cached_tomb = self._tombstone_fragments.get(uid)
                 text = (
-                    cached[1]
-                    if cached is not None and cached[0] is tomb
+                    cached_tomb[1]
+                    if cached_tomb is not None and cached_tomb[0] is tomb
                     else f"{_canonical(uid)}:{_canonical(_tombstone_to_json(tomb))}"
                 )
                 tomb_fragments[uid] = (tomb, text)
