@@ -311,8 +311,9 @@ class Supervisor:
                     f"not healthy within {STARTUP_TIMEOUT_S:.0f}s: {names}{more}; "
                     f"{first}'s log ends with:\n{log_tail(self.layout.log_file(first))}"
                 )
-            results = await asyncio.gather(*(self._healthy(s) for s in pending if s.info.running))
+            # Taken once: a service may stop running while its health is being asked.
             running = [s for s in pending if s.info.running]
+            results = await asyncio.gather(*(self._healthy(s) for s in running))
             for service, ok in zip(running, results, strict=True):
                 if ok:
                     service.info.healthy = True
