@@ -25,7 +25,10 @@ class MemberState(betterproto.Enum):
     ACTIVE = 1
     LOST = 2
     """
-    The node's lease expired: index freed, left out of peers' nodes config.
+    The node is gone (its IMEX side's lease expired and no peer reports it
+     connected). It keeps its index and slot while it holds claims of the domain;
+     nothing is reconfigured. It becomes ACTIVE again, with the same index, when
+     the node comes back.
     """
 
 
@@ -150,7 +153,7 @@ class Member(betterproto.Message):
     index: int = betterproto.int32_field(4)
     """
     Unique per clique within the domain, in [0, max_nodes_per_imex_domain);
-     -1 for a non-fabric node and for a lost member.
+     -1 for a non-fabric node. Never changes while the member exists (lost or not).
     """
 
     state: "MemberState" = betterproto.enum_field(5)
@@ -285,10 +288,31 @@ class DaemonStatus(betterproto.Message):
     last_log_lines: List[str] = betterproto.string_field(7)
     updated_unix_ms: int = betterproto.int64_field(8)
     peers: List[str] = betterproto.string_field(9)
-    """Peer addresses in the nodes config the daemon was last given."""
+    """
+    The address each slot of the daemon's nodes config resolves to, in slot
+     order (the placeholder address for a slot no member holds).
+    """
 
     config_generation: int = betterproto.int64_field(10)
-    """Counts rewrites of the nodes config (each followed by SIGUSR1)."""
+    """
+    Counts rewrites of the slot name resolution (each followed by SIGUSR1).
+    """
+
+    node_id: int = betterproto.int32_field(11)
+    """
+    The IMEX node ID the daemon identified itself as (its slot), -1 if unknown.
+    """
+
+    instance: str = betterproto.string_field(12)
+    """
+    The daemon instance (new at every start): a change means every import of
+     memory it exported is gone.
+    """
+
+    connected_nodes: List[str] = betterproto.string_field(13)
+    """
+    Names of the member nodes this daemon reports connected (nvidia-imex-ctl -N).
+    """
 
 
 @dataclass(eq=False, repr=False)
