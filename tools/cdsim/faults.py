@@ -11,7 +11,7 @@ from tools.cdsim import control, procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
-from tools.cdsim.services import AGENT_LEASE_TTL_S, agent_name, controller_name
+from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, controller_name, imex_agent_name
 
 
 def _check_node(layout: StateLayout, node: str) -> None:
@@ -35,9 +35,37 @@ def kill_agent(layout: StateLayout, node: str, out: TextIO, down_for_s: float | 
     _check_node(layout, node)
     answer = _kill(layout, agent_name(node), down_for_s)
     out.write(
-        f"SIGKILLed the node agent of {node} (pid {answer['pid']}); its IMEX daemon keeps running. The "
-        f"node record expires with the agent's lease ({AGENT_LEASE_TTL_S}s) unless the agent is back first; "
-        f"the supervisor starts it again in {answer['restart_in_s']}s, as a DaemonSet would.\n"
+        f"SIGKILLed the kubelet plugin of {node} (pid {answer['pid']}). Running jobs do not notice: the "
+        f"IMEX agent, its daemons and the node's record are untouched; only new prepares on {node} wait. "
+        f"The supervisor starts it again in {answer['restart_in_s']}s, as a DaemonSet would.\n"
+    )
+
+
+def kill_imex_agent(layout: StateLayout, node: str, out: TextIO, down_for_s: float | None = None) -> None:
+    _check_node(layout, node)
+    answer = _kill(layout, imex_agent_name(node), down_for_s)
+    out.write(
+        f"SIGKILLed the IMEX agent of {node} (pid {answer['pid']}); its IMEX daemons keep running and "
+        f"are adopted when it is back in {answer['restart_in_s']}s. Its node record expires with its "
+        f"lease ({IMEX_AGENT_LEASE_TTL_S}s), but the node is not lost while its peers report it connected.\n"
+    )
+
+
+def kill_node(layout: StateLayout, node: str, out: TextIO, down_for_s: float | None = None) -> None:
+    _check_node(layout, node)
+    fields: dict[str, Any] = {"node": node}
+    if down_for_s is not None:
+        fields["restart_in_s"] = down_for_s
+    try:
+        answer = control.request(layout, "kill-node", **fields)
+    except control.ControlError as exc:
+        raise CommandError(str(exc)) from None
+    killed = answer.get("killed", {})
+    out.write(
+        f"Killed node {node}: {', '.join(f'{name} (pid {pid})' for name, pid in killed.items()) or 'nothing was running'}. "
+        f"Its address no longer answers. Its domain reports NodeLost once its lease "
+        f"({IMEX_AGENT_LEASE_TTL_S}s) expires and its peers lose it; nothing else changes. "
+        f"The node comes back in {answer['restart_in_s']}s and takes its old index again.\n"
     )
 
 
@@ -60,8 +88,9 @@ def kill_imex(layout: StateLayout, node: str, out: TextIO) -> None:
         raise CommandError(f"no IMEX daemon runs on {node} (is the node in a domain?)")
     killed = procscan.kill_all(daemons, signal.SIGKILL)
     out.write(
-        f"SIGKILLed the IMEX daemon of {node} (pid {', '.join(map(str, killed))}); its node agent "
-        f"restarts it and reports the domain NotReady meanwhile.\n"
+        f"SIGKILLed the IMEX daemon of {node} (pid {', '.join(map(str, killed))}); its IMEX agent "
+        f"restarts it and reports the domain NotReady meanwhile. The new daemon is a new instance: "
+        f"peers drop the memory it exported, so a running job's imports from {node} are gone.\n"
     )
 
 

@@ -2,9 +2,9 @@
 
 Used by `cdsim check`, the demo and the tests (imports nothing from tests/).
 
-`check_store_invariants` covers invariants 1-4 (4 only at quiescence: peers' nodes configs
-converge shortly after a membership change); with `nodes` it also reads each READY member's
-nodes config file on disk. `check_domain_gone` covers invariant 5 after a domain was deleted: no
+`check_store_invariants` covers invariants 1-4; for 4 it reads each member's IMEX files on disk
+(with `nodes`): the fixed slot list, unchanged since its daemon started, and (at quiescence:
+peers catch up shortly after a membership change) the slot resolution in its hosts file. `check_domain_gone` covers invariant 5 after a domain was deleted: no
 record in the store, no file, process or checkpoint entry on any node. `check_cluster_idle`
 checks that nothing of any domain is left anywhere (the end of a demo).
 """
@@ -12,13 +12,15 @@ checks that nothing of any domain is left anywhere (the end of a demo).
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.imex.config import parse_nodes_config
+from libs.imex import slots
 from libs.state.membership import MAX_NODES_PER_IMEX_DOMAIN
 from libs.state.store import Store
 from tools.cdsim import procscan
@@ -26,6 +28,10 @@ from tools.cdsim.layout import StateLayout
 
 CDI_SPEC_PREFIX = "k8s.compute-domain.nvidia.com-claim_"
 NODES_CONFIG_FILE = "nodes_config.cfg"
+HOSTS_FILE = "hosts"
+PID_FILE = "daemon.pid"
+# /proc start times count in clock ticks (10 ms) and uptime is read a moment later.
+_CLOCK_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -36,13 +42,6 @@ class NodeLocalPaths:
     cdi_root: Path
     imex_work_dir: Path
     checkpoint_file: Path
-
-
-def _read_nodes_config(path: Path) -> list[str] | None:
-    try:
-        return parse_nodes_config(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 async def check_store_invariants(
@@ -73,11 +72,10 @@ async def check_store_invariants(
         if bound is not None and uids and bound not in uids:
             violations.append(f"inv1: node {node} is bound to {bound} but a member of {sorted(uids)}")
 
-    # 2. Index unique per clique, within [0, max); -1 only for non-fabric (or lost) members.
+    # 2. Index unique per clique, within [0, max), kept while the member exists (lost or not);
+    #    -1 only for non-fabric members.
     seen: dict[tuple[str, str, int], str] = {}
     for m in members:
-        if m.state != pb.MemberState.ACTIVE:
-            continue
         if not m.clique_id:
             if m.index != -1:
                 violations.append(
@@ -115,35 +113,99 @@ async def check_store_invariants(
                 f"inv3: claim {p.claim_uid} is prepared on {p.node_name}, which is not a member of {p.domain_uid}"
             )
 
-    # 4. Each member's daemon was given exactly the current members of its clique in that domain.
+    # 4. Each member's daemon runs on its domain-and-clique's fixed slot list, never rewritten
+    #    while it runs, and (once quiet) slot i resolves to the member holding index i.
+    local = {n.name: n for n in nodes}
+    for m in members:
+        paths = local.get(m.node_name)
+        if paths is None or not m.clique_id or m.index < 0:
+            continue
+        violations += check_daemon_files(
+            paths, m, [x for x in members if x.domain_uid == m.domain_uid], quiescent
+        )
     if quiescent:
-        by_clique: dict[tuple[str, str], list[pb.Member]] = defaultdict(list)
-        for m in members:
-            if m.state == pb.MemberState.ACTIVE and m.clique_id:
-                by_clique[(m.domain_uid, m.clique_id)].append(m)
         member_by_key = {(m.domain_uid, m.node_name): m for m in members}
-        local = {n.name: n for n in nodes}
         for d in daemons:
             me = member_by_key.get((d.domain_uid, d.node_name))
-            if me is None or me.state != pb.MemberState.ACTIVE or d.state != pb.DaemonState.READY:
+            if me is None or d.state != pb.DaemonState.READY or not d.peers:
                 continue
-            expected = [
-                x.ip_address for x in sorted(by_clique[(d.domain_uid, me.clique_id)], key=lambda x: x.index)
-            ]
+            expected = slot_addresses([x for x in members if x.domain_uid == d.domain_uid], me.clique_id)
             if list(d.peers) != expected:
                 violations.append(
-                    f"inv4: daemon of {d.node_name} in {d.domain_uid} has peers {list(d.peers)}, members are {expected}"
+                    f"inv4: daemon of {d.node_name} in {d.domain_uid} reports slot addresses "
+                    f"{list(d.peers)}, members hold {expected}"
                 )
-            paths = local.get(d.node_name)
-            if paths is not None:
-                on_disk = _read_nodes_config(paths.imex_work_dir / d.domain_uid / NODES_CONFIG_FILE)
-                if on_disk is None:
-                    violations.append(f"inv4: {d.node_name} has no readable nodes config for {d.domain_uid}")
-                elif sorted(on_disk) != sorted(expected):
-                    violations.append(
-                        f"inv4: nodes config of {d.node_name} in {d.domain_uid} lists {on_disk}, members are {expected}"
-                    )
     return violations
+
+
+def slot_addresses(domain_members: Iterable[pb.Member], clique_id: str) -> list[str]:
+    """What each slot of the clique should resolve to: its member's address or the placeholder."""
+    out = [slots.PLACEHOLDER_ADDRESS] * slots.MAX_SLOTS
+    for m in domain_members:
+        if m.clique_id == clique_id and 0 <= m.index < slots.MAX_SLOTS:
+            out[m.index] = m.ip_address
+    return out
+
+
+def check_daemon_files(
+    paths: NodeLocalPaths, me: pb.Member, domain_members: list[pb.Member], quiescent: bool
+) -> list[str]:
+    """Invariant 4 on one member's node: its files as its daemon reads them."""
+    directory = paths.imex_work_dir / me.domain_uid
+    pid = _daemon_pid(directory)
+    if pid is None:
+        return []  # no daemon runs (starting, or restarting after a crash)
+    where = f"{me.node_name} in {me.domain_uid}"
+    violations = []
+    nodes_config = directory / NODES_CONFIG_FILE
+    try:
+        text = nodes_config.read_text()
+        written = nodes_config.stat().st_mtime
+    except OSError:
+        return [f"inv4: daemon pid {pid} of {where} runs without a readable nodes config"]
+    if text != slots.render_nodes_config_slots(me.domain_uid, me.clique_id):
+        violations.append(f"inv4: nodes config of {where} is not the clique's fixed slot list")
+    started = _process_start_time(pid)
+    if started is not None and written > started + _CLOCK_SLACK_S:
+        violations.append(
+            f"inv4: nodes config of {where} was rewritten {written - started:.2f}s after its daemon "
+            f"(pid {pid}) started"
+        )
+    if quiescent:
+        try:
+            resolved = slots.parse_hosts((directory / HOSTS_FILE).read_text())
+        except OSError:
+            return [*violations, f"inv4: {where} has no readable hosts file for its slots"]
+        names = slots.slot_names(me.domain_uid, me.clique_id)
+        expected = slot_addresses(domain_members, me.clique_id)
+        wrong = [
+            f"slot {i} -> {resolved.get(name, 'unresolved')} (member address {expected[i]})"
+            for i, name in enumerate(names)
+            if resolved.get(name) != expected[i]
+        ]
+        if wrong:
+            violations.append(f"inv4: slot resolution of {where} is wrong: {'; '.join(wrong)}")
+    return violations
+
+
+def _daemon_pid(directory: Path) -> int | None:
+    try:
+        pid = int((directory / PID_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def _process_start_time(pid: int) -> float | None:
+    """Wall-clock start of a process (from /proc), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError):
+        return None
+    ticks = int(stat.rpartition(")")[2].split()[19])
+    age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
 
 
 def imex_processes_of(domain_uid: str) -> list[int]:

@@ -29,6 +29,15 @@ class ClaimRecord:
 
 
 @dataclass(frozen=True)
+class Importer:
+    """One member daemon of a job and the node IDs it imported memory from."""
+
+    node: str
+    address: str
+    sources: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -40,6 +49,8 @@ class Job:
     created_unix_ms: int
     claims: tuple[ClaimRecord, ...] = ()
     reservation_id: str = ""
+    # Who imported what once the domain was Ready (empty: the workload has not run).
+    importers: tuple[Importer, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -52,13 +63,21 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["claims"] = [asdict(c) for c in self.claims]
+        data["importers"] = [asdict(i) for i in self.importers]
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
         claims = tuple(ClaimRecord(**c) for c in data.get("claims", []))
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "claims"}
-        return cls(**fields, claims=claims)
+        importers = tuple(
+            Importer(i["node"], i["address"], tuple(i["sources"])) for i in data.get("importers", [])
+        )
+        fields = {
+            k: v
+            for k, v in data.items()
+            if k in cls.__dataclass_fields__ and k not in ("claims", "importers")
+        }
+        return cls(**fields, claims=claims, importers=importers)
 
 
 @dataclass

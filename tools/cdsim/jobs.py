@@ -26,7 +26,7 @@ from libs.state.config import EtcdConfig
 from libs.state.keys import Keys
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
-from tools.cdsim import advisor, kubelet
+from tools.cdsim import advisor, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook, JobList
 from tools.cdsim.layout import DRIVER_NAME, StateLayout
 from tools.cdsim.lifecycle import CommandError
@@ -299,6 +299,16 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
                     f"all claims are prepared but the domain is not Ready after {options.ready_timeout_s:.0f}s "
                     f"({readiness_reason(record.value if record else None)})"
                 ) from None
+            try:
+                importers = await workload.import_all(store, domain_uid, job.name, options.ready_timeout_s)
+            except TimeoutError as exc:
+                raise CommandError(
+                    f"the domain is Ready but the job's workload could not import: {exc}"
+                ) from None
+            job = replace(job, importers=tuple(importers))
+            book.update(lambda jobs: jobs.put(job))
+            timeline.imported_ms = _now_ms()
+            timeline.imports = sum(len(i.sources) for i in importers)
     out.write(f"Timeline of {job.namespace}/{job.name} (since submit):\n")
     for line in timeline.lines(len(job.claims)):
         out.write(f"  {line}\n")
@@ -454,3 +464,28 @@ async def prune_finished(layout: StateLayout, store: Store) -> JobList:
             current.remove(namespace, name)
 
     return book.update(drop)
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    name: str
+    namespace: str = "default"
+
+
+async def check_job(layout: StateLayout, options: CheckOptions, out: TextIO) -> None:
+    """Exit 0 only if every import the job's workload made is still valid."""
+    job = JobBook(layout.jobs_file).read().find(options.namespace, options.name)
+    if job is None:
+        raise CommandError(f"no job {options.namespace}/{options.name} (see `cdsim status`)")
+    if not job.importers:
+        raise CommandError(
+            f"job {job.namespace}/{job.name} has made no imports (it is made after Ready by "
+            f"`cdsim job submit --wait`)"
+        )
+    report = await workload.check(job.name, job.importers)
+    if not report.intact:
+        problems = "\n".join(f"  {p}" for p in report.problems)
+        raise CommandError(
+            f"job {job.namespace}/{job.name}: {report.valid} of {report.expected} imports valid:\n{problems}"
+        )
+    out.write(f"job {job.namespace}/{job.name}: all {report.expected} imports valid\n")

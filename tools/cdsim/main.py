@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--status", choices=("Ready", "NotReady"), default="Ready")
     wait.add_argument("--reason", default="", help="also require this Ready-condition reason (e.g. NodeLost)")
     wait.add_argument("--timeout", type=float, default=60.0)
+    check_job = job_sub.add_parser(
+        "check", parents=[common], help="exit 0 only if all of the job's IMEX imports are still valid"
+    )
+    check_job.add_argument("name")
+    check_job.add_argument("-n", "--namespace", default="default")
     delete = job_sub.add_parser("delete", parents=[common], help="unprepare and delete a job")
     delete.add_argument("name")
     delete.add_argument("-n", "--namespace", default="default")
@@ -121,8 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="keep it down this long before the supervisor restarts it (default: the usual restart delay)",
     )
-    kill_agent = fault_sub.add_parser("kill-agent", parents=[common, down_for], help="SIGKILL a node agent")
+    kill_agent = fault_sub.add_parser(
+        "kill-agent", parents=[common, down_for], help="SIGKILL a node's kubelet plugin (cd-node-agent)"
+    )
     kill_agent.add_argument("node")
+    kill_imex_agent = fault_sub.add_parser(
+        "kill-imex-agent",
+        parents=[common, down_for],
+        help="SIGKILL a node's IMEX agent (its daemons live on)",
+    )
+    kill_imex_agent.add_argument("node")
+    kill_node = fault_sub.add_parser(
+        "kill-node",
+        parents=[common, down_for],
+        help="kill everything of a node (plugin, IMEX agent, IMEX daemons): the node is lost",
+    )
+    kill_node.add_argument("node")
     kill_imex = fault_sub.add_parser("kill-imex", parents=[common], help="SIGKILL a node's IMEX daemon")
     kill_imex.add_argument("node")
     kill_controller = fault_sub.add_parser(
@@ -210,6 +229,9 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             timeout_s=args.timeout,
         )
         _run(lambda: jobs.wait(layout, wait_options, out))
+    elif args.command == "job" and args.job_command == "check":
+        check_options = jobs.CheckOptions(name=args.name, namespace=args.namespace)
+        _run(lambda: jobs.check_job(layout, check_options, out))
     elif args.command == "job" and args.job_command == "delete":
         delete_options = jobs.DeleteOptions(
             name=args.name, namespace=args.namespace, wait=args.wait, timeout_s=args.timeout
@@ -218,6 +240,10 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
     elif args.command == "fault":
         if args.fault == "kill-agent":
             faults.kill_agent(layout, args.node, out, args.down_for)
+        elif args.fault == "kill-imex-agent":
+            faults.kill_imex_agent(layout, args.node, out, args.down_for)
+        elif args.fault == "kill-node":
+            faults.kill_node(layout, args.node, out, args.down_for)
         elif args.fault == "kill-imex":
             faults.kill_imex(layout, args.node, out)
         elif args.fault == "kill-controller":

@@ -9,22 +9,31 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 
 AGENT_TARGET = "services.nodeagent.main:main"
+IMEX_AGENT_TARGET = "services.imexagent.main:main"
 CONTROLLER_TARGET = "services.controller.main:main"
 ADVISOR_TARGET = "services.advisor.main:main"
 # Imported once by the fork server (see tools.cdsim.zygote).
-PRELOAD_MODULES = ("services.nodeagent.main", "services.controller.main", "services.advisor.main")
+PRELOAD_MODULES = (
+    "services.nodeagent.main",
+    "services.imexagent.main",
+    "services.controller.main",
+    "services.advisor.main",
+)
 
-# Each node agent serves /healthz on its own loopback address, so no port has to be handed out.
+# Each node's programs serve /healthz on the node's own loopback address: no port is handed out.
 AGENT_HEALTH_PORT = 9400
-# Short enough that a killed agent's node record disappears quickly in a demo.
-AGENT_LEASE_TTL_S = 5
+IMEX_AGENT_HEALTH_PORT = 9401
+# Short enough that a dead node's record disappears quickly in a demo.
+IMEX_AGENT_LEASE_TTL_S = 5
+AGENT_KIND = "agent"  # the kubelet plugin
+IMEX_AGENT_KIND = "imex-agent"
 CONTROLLER_LEASE_TTL_S = 3
 
 
 @dataclass(frozen=True)
 class ServiceSpec:
     name: str
-    kind: str  # advisor | controller | agent
+    kind: str  # advisor | controller | agent | imex-agent
     target: str
     argv: list[str]
     health_url: str
@@ -47,6 +56,10 @@ def agent_name(node: str) -> str:
     return f"agent-{node}"
 
 
+def imex_agent_name(node: str) -> str:
+    return f"imex-{node}"
+
+
 def controller_name(replica: int) -> str:
     return f"controller-{replica}"
 
@@ -58,22 +71,26 @@ def _etcd_flags(etcd_endpoint: str) -> list[str]:
     return ["--etcd-endpoint", etcd_endpoint]
 
 
+def _hardware_flags(layout: StateLayout) -> list[str]:
+    return [
+        "--hardware", "simulated",
+        "--sim-cluster", str(layout.cluster_file),
+        "--sim-state-dir", str(layout.nodes_dir),
+    ]  # fmt: skip
+
+
 def agent_spec(
     cluster: ClusterDescription, node: str, layout: StateLayout, config: SimConfig, etcd_endpoint: str
 ) -> ServiceSpec:
+    """The node's kubelet plugin (DRA and registration sockets, checkpoint, CDI)."""
     dirs = layout.node(node)
     address = cluster.node(node).address
     argv = [
         "--node-name", node,
-        "--node-ip", address,
         "--kubelet-dir", str(dirs.kubelet_dir),
         "--cdi-root", str(dirs.cdi_root),
-        "--imex-work-dir", str(dirs.imex_dir),
-        "--hardware", "simulated",
-        "--sim-cluster", str(layout.cluster_file),
-        "--sim-state-dir", str(layout.nodes_dir),
+        *_hardware_flags(layout),
         "--claim-source", "store",
-        "--lease-ttl-s", str(AGENT_LEASE_TTL_S),
         "--health-host", address,
         "--health-port", str(AGENT_HEALTH_PORT),
         "--log-format", "json",
@@ -82,10 +99,39 @@ def agent_spec(
     ]  # fmt: skip
     return ServiceSpec(
         name=agent_name(node),
-        kind="agent",
+        kind=AGENT_KIND,
         target=AGENT_TARGET,
         argv=argv,
         health_url=f"http://{address}:{AGENT_HEALTH_PORT}/healthz",
+        restart_delay_s=config.agent_restart_delay_s,
+        node=node,
+    )
+
+
+def imex_agent_spec(
+    cluster: ClusterDescription, node: str, layout: StateLayout, config: SimConfig, etcd_endpoint: str
+) -> ServiceSpec:
+    """The node's IMEX side: node record on its lease, the IMEX daemons and their status."""
+    dirs = layout.node(node)
+    address = cluster.node(node).address
+    argv = [
+        "--node-name", node,
+        "--node-ip", address,
+        "--imex-work-dir", str(dirs.imex_dir),
+        *_hardware_flags(layout),
+        "--lease-ttl-s", str(IMEX_AGENT_LEASE_TTL_S),
+        "--health-host", address,
+        "--health-port", str(IMEX_AGENT_HEALTH_PORT),
+        "--log-format", "json",
+        "--log-level", config.log_level,
+        *_etcd_flags(etcd_endpoint),
+    ]  # fmt: skip
+    return ServiceSpec(
+        name=imex_agent_name(node),
+        kind=IMEX_AGENT_KIND,
+        target=IMEX_AGENT_TARGET,
+        argv=argv,
+        health_url=f"http://{address}:{IMEX_AGENT_HEALTH_PORT}/healthz",
         restart_delay_s=config.agent_restart_delay_s,
         node=node,
     )
@@ -141,5 +187,7 @@ def all_specs(
     etcd = f"127.0.0.1:{ports.etcd}"
     specs = [advisor_spec(ports.advisor_grpc, ports.advisor_health, config, etcd)]
     specs += [controller_spec(i, port, config, etcd) for i, port in enumerate(ports.controller_health)]
-    specs += [agent_spec(cluster, node, layout, config, etcd) for node in cluster.node_names()]
+    for node in cluster.node_names():
+        specs.append(imex_agent_spec(cluster, node, layout, config, etcd))
+        specs.append(agent_spec(cluster, node, layout, config, etcd))
     return specs

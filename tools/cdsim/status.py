@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store
+from tools.cdsim import workload
 from tools.cdsim.jobbook import JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
@@ -102,6 +104,7 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
                 "nodes": node_docs,
             }
         )
+    reports = await asyncio.gather(*(workload.check(job.name, job.importers) for job in jobs.jobs))
     job_docs = [
         {
             "name": job.name,
@@ -111,8 +114,13 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
             "claims": [
                 {"uid": c.uid, "name": c.name, "namespace": c.namespace, "node": c.node} for c in job.claims
             ],
+            # None: the workload has not imported (submitted without --wait).
+            "imports_intact": report.intact if job.importers else None,
+            "imports_valid": report.valid,
+            "imports_expected": report.expected,
+            "import_problems": list(report.problems),
         }
-        for job in jobs.jobs
+        for job, report in zip(jobs.jobs, reports, strict=True)
     ]
     return {
         "state_dir": str(layout.root),
@@ -169,5 +177,14 @@ def render(doc: dict[str, Any]) -> str:
             f"{ready}/{len(d['nodes'])} nodes ready{why}"
         )
     for job in doc["jobs"]:
-        lines.append(f"  job {job['namespace']}/{job['name']}: {job['state']}, {len(job['claims'])} claims")
+        intact = job["imports_intact"]
+        imports = (
+            "no imports yet"
+            if intact is None
+            else f"imports {job['imports_valid']}/{job['imports_expected']} valid"
+            + ("" if intact else " (BROKEN)")
+        )
+        lines.append(
+            f"  job {job['namespace']}/{job['name']}: {job['state']}, {len(job['claims'])} claims, {imports}"
+        )
     return "\n".join(lines)

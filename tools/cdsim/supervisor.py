@@ -10,6 +10,8 @@ again after a short delay (a DaemonSet / Deployment restart). It publishes what 
     {"op": "status"}                       -> {"ok": true, "state": {...run.json...}}
     {"op": "kill", "process": "agent-rack0-tray3", "restart_in_s": 8}   (restart_in_s optional)
                                            -> {"ok": true, "pid": 123, "restart_in_s": 8.0}
+    {"op": "kill-node", "node": "rack0-tray3", "restart_in_s": 30}   (IMEX agent, daemons, plugin)
+                                           -> {"ok": true, "killed": {...}, "restart_in_s": 30.0}
     {"op": "restart-etcd"}                 -> {"ok": true, "down_ms": 850}
     {"op": "shutdown"}                     -> {"ok": true}   (then stops everything and exits)
 
@@ -40,7 +42,7 @@ from libs.runtime.logging import configure_logging
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
-from tools.cdsim.services import PRELOAD_MODULES, Ports, ServiceSpec, all_specs
+from tools.cdsim.services import AGENT_KIND, IMEX_AGENT_KIND, PRELOAD_MODULES, Ports, ServiceSpec, all_specs
 from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
 from tools.etcd.server import EtcdServer, free_port
 
@@ -68,6 +70,13 @@ def describe_exit(code: int | None, sig: int) -> str:
         except ValueError:
             return f"killed by signal {sig}"
     return f"exited with code {code}"
+
+
+def _check_delay(delay: Any) -> str:
+    """'' when `delay` is a valid restart delay (or absent), else what is wrong with it."""
+    if delay is None or (isinstance(delay, int | float) and 0 <= delay <= 3600):
+        return ""
+    return f"restart_in_s must be a number of seconds in [0, 3600], got {delay!r}"
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -390,17 +399,14 @@ class Supervisor:
             if not service.info.running or not pid:
                 return {"ok": False, "error": f"{name} is not running (restart pending)"}
             delay = request.get("restart_in_s")
-            if delay is not None:
-                if not isinstance(delay, int | float) or not 0 <= delay <= 3600:
-                    return {
-                        "ok": False,
-                        "error": f"restart_in_s must be a number of seconds in [0, 3600], got {delay!r}",
-                    }
-                service.next_restart_delay_s = float(delay)
-            os.kill(pid, signal.SIGKILL)
-            log.info("killed on request", process=name, pid=pid)
+            problem = _check_delay(delay)
+            if problem:
+                return {"ok": False, "error": problem}
+            self._kill_service(service, None if delay is None else float(delay))
             restart_in = service.spec.restart_delay_s if delay is None else float(delay)
             return {"ok": True, "pid": pid, "restart_in_s": restart_in}
+        if op == "kill-node":
+            return self._kill_node(str(request.get("node", "")), request.get("restart_in_s"))
         if op == "restart-etcd":
             down_ms = await self.restart_etcd()
             return {"ok": True, "down_ms": down_ms}
@@ -408,6 +414,41 @@ class Supervisor:
             self.shutdown_requested.set()
             return {"ok": True}
         return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def _kill_service(self, service: Service, restart_in_s: float | None) -> None:
+        if restart_in_s is not None:
+            service.next_restart_delay_s = restart_in_s
+        os.kill(service.info.pid, signal.SIGKILL)
+        log.info("killed on request", process=service.spec.name, pid=service.info.pid)
+
+    def _kill_node(self, node: str, delay: Any) -> dict[str, Any]:
+        """The whole node dies: its IMEX agent, its IMEX daemons and its kubelet plugin.
+
+        The IMEX agent goes first so that it cannot restart a daemon in between; with the daemons
+        gone nothing listens on the node's address any more. Both programs come back after
+        `restart_in_s` (default: the usual restart delay), like a rebooted node's DaemonSets.
+        """
+        problem = _check_delay(delay)
+        if problem:
+            return {"ok": False, "error": problem}
+        node_services = [s for s in self.services.values() if s.spec.node == node]
+        if not node_services:
+            return {"ok": False, "error": f"no node named {node!r}"}
+        node_services.sort(key=lambda s: s.spec.kind != IMEX_AGENT_KIND)
+        killed: dict[str, int] = {}
+        for service in node_services:
+            if service.info.running and service.info.pid:
+                killed[service.spec.name] = service.info.pid
+                self._kill_service(service, None if delay is None else float(delay))
+            elif service.restart is not None and delay is not None:
+                service.restart.cancel()  # already down: keep it down as long as asked
+                self._schedule_restart(service, float(delay))
+            if service.spec.kind == IMEX_AGENT_KIND:
+                daemons = procscan.imex_daemons_under(self.layout.node(node).imex_dir)
+                for pid in procscan.kill_all(daemons, signal.SIGKILL):
+                    killed[f"imex-daemon-{pid}"] = pid
+        restart_in = max((s.spec.restart_delay_s for s in node_services), default=0.0)
+        return {"ok": True, "killed": killed, "restart_in_s": restart_in if delay is None else float(delay)}
 
     async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -525,9 +566,11 @@ class Supervisor:
         self.state.phase = "stopping" if self.state.phase != "failed" else "failed"
         self.state.save(self.layout)
         log.info("stopping the cluster")
-        # Agents first: they stop their IMEX daemons; then the control plane; etcd last.
-        await self._terminate([s for s in self.services.values() if s.spec.kind == "agent"])
-        await self._terminate([s for s in self.services.values() if s.spec.kind != "agent"])
+        # Node programs first (the IMEX daemons they leave running are killed with the leftovers
+        # below), then the control plane; etcd last.
+        node_kinds = (AGENT_KIND, IMEX_AGENT_KIND)
+        await self._terminate([s for s in self.services.values() if s.spec.kind in node_kinds])
+        await self._terminate([s for s in self.services.values() if s.spec.kind not in node_kinds])
         await self.zygote.close()
         for task in background:
             task.cancel()

@@ -21,6 +21,9 @@ class SubmitTimeline:
     # node -> when kubelet's prepare succeeded, and how many calls it took
     prepared: dict[str, tuple[int, int]] = field(default_factory=dict)
     domain_ready_ms: int = 0
+    # when the job's workload had imported memory from every other member, and how many imports
+    imported_ms: int = 0
+    imports: int = 0
 
     def _at(self, ms: int) -> str:
         return f"{max(0, ms - self.started_ms):>7d} ms"
@@ -53,5 +56,9 @@ class SubmitTimeline:
             events.append((last_ms, f"{len(self.prepared)}/{total_nodes} channel claims prepared{extra}"))
         if self.domain_ready_ms:
             events.append((self.domain_ready_ms, "ComputeDomain status: Ready"))
+        if self.imported_ms:
+            events.append(
+                (self.imported_ms, f"workload imported memory: {self.imports} imports between members")
+            )
         # Stable sort: equal times keep the causal order they were listed in.
         return [f"{self._at(ms)}  {text}" for ms, text in sorted(events, key=lambda e: e[0])]
