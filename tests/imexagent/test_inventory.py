@@ -16,7 +16,7 @@ from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.state.store import Store
-from services.nodeagent.inventory import (
+from services.imexagent.inventory import (
     InventorySettings,
     NodeInventory,
     build_node_record,

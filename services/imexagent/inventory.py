@@ -1,0 +1,326 @@
+"""The node's inventory record in the store, kept on a lease.
+
+The Node record (address, clique, GPUs, health, versions) lives at ``nodes/<node>`` attached to the
+IMEX agent's `KeptLease`: while ``cd-imex-agent`` runs the lease is refreshed, and when it dies or is
+cut off the record vanishes after one TTL, which is how the controller learns of node loss (a
+restart or upgrade of the kubelet plugin changes nothing here). After a lost lease
+the record is written again on a new one. Hardware health events (fabric state, clique, health)
+rewrite the record. A clique that is not settled yet (fabric IN_PROGRESS) or unreadable hardware
+is reported in ``fabric_message`` and retried; it never stops the agent (upstream #1264).
+
+Pure core: `build_node_record` turns a hardware snapshot into the record. Thin shell:
+`NodeInventory`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import metadata
+
+import structlog
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware import CliqueStatus, FabricState, GpuHealth, HardwareError, HardwareSnapshot, NodeHardware
+from libs.hardware.clique import parse_clique_id
+from libs.runtime.backoff import Backoff
+from libs.state.lease import KeptLease
+from libs.state.store import Store, with_retries
+
+log = structlog.get_logger(__name__)
+
+
+def _agent_version() -> str:
+    try:
+        return metadata.version("computedomains")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+AGENT_VERSION = _agent_version()
+
+
+@dataclass(frozen=True)
+class InventorySettings:
+    # Lease TTL of the Node record: node loss is noticed this long after the agent stops.
+    lease_ttl_s: int = 5
+    # This node's IMEX / peer address. "" = the simulated hardware's own address; required with
+    # real hardware (the pod IP or host IP of the node agent).
+    node_ip: str = ""
+    kubelet_dir: str = "/var/lib/kubelet"
+    cdi_root: str = "/var/run/cdi"
+    agent_version: str = AGENT_VERSION
+    # While the fabric is coming up or the hardware cannot be read, look again this often.
+    unsettled_retry_s: float = 1.0
+    # Hardware health poll interval; None = the backend's default.
+    health_poll_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl_s < 1:
+            raise ValueError(f"invalid node lease TTL {self.lease_ttl_s!r}: must be >= 1 s")
+        if self.unsettled_retry_s <= 0:
+            raise ValueError(f"invalid unsettled retry interval {self.unsettled_retry_s!r}: must be > 0")
+
+
+def node_address(hardware: NodeHardware, configured: str) -> str:
+    """The address peers reach this node at: the configured one, else the simulated node's own."""
+    if configured:
+        return configured
+    simulated = getattr(hardware, "node", None)
+    address = getattr(simulated, "address", "")
+    if isinstance(address, str) and address:
+        return address
+    raise ValueError(
+        "this node's IP address is not configured: set --node-ip (the address IMEX peers use) "
+        "when running on real hardware"
+    )
+
+
+_FABRIC_STATES = {
+    FabricState.NOT_SUPPORTED: pb.FabricState.NOT_SUPPORTED,
+    FabricState.NOT_STARTED: pb.FabricState.NOT_STARTED,
+    FabricState.IN_PROGRESS: pb.FabricState.IN_PROGRESS,
+    FabricState.COMPLETED: pb.FabricState.COMPLETED,
+}
+_HEALTH = {
+    GpuHealth.HEALTHY: pb.Health.HEALTHY,
+    GpuHealth.DEGRADED: pb.Health.DEGRADED,
+    GpuHealth.UNHEALTHY: pb.Health.UNHEALTHY,
+}
+
+
+def build_node_record(
+    name: str,
+    address: str,
+    snapshot: HardwareSnapshot | None,
+    driver_version: str,
+    settings: InventorySettings,
+    hardware_error: str = "",
+) -> pb.Node:
+    """The Node record for a hardware snapshot (None: never read successfully).
+
+    ``clique_id`` is set only for a settled fabric clique; while the fabric is PENDING or in
+    ERROR it is "" and ``fabric_message`` says why, so nobody mistakes the node for a non-fabric
+    one. A hardware read error makes health UNKNOWN and is named in ``fabric_message``.
+    """
+    node = pb.Node(
+        name=name,
+        ip_address=address,
+        agent_version=settings.agent_version,
+        driver_version=driver_version,
+        kubelet_dir=settings.kubelet_dir,
+        cdi_root=settings.cdi_root,
+        health=pb.Health.UNKNOWN,
+    )
+    messages: list[str] = []
+    if snapshot is not None:
+        clique = snapshot.clique
+        node.gpus = [
+            pb.Gpu(
+                uuid=g.uuid,
+                index=g.index,
+                memory_bytes=g.memory_bytes,
+                clique_id=clique.clique_id,
+                fabric_state=_FABRIC_STATES.get(g.fabric.state, pb.FabricState.UNSPECIFIED),
+                health=_HEALTH.get(g.health, pb.Health.UNKNOWN),
+            )
+            for g in snapshot.gpus
+        ]
+        if clique.status is CliqueStatus.FABRIC:
+            node.clique_id = clique.clique_id
+            node.cluster_uuid = parse_clique_id(clique.clique_id)[0]
+        elif clique.status is not CliqueStatus.NON_FABRIC:
+            messages.append(f"clique {clique.status.value}: {clique.reason}")
+        if not hardware_error:
+            node.health = _HEALTH.get(snapshot.health, pb.Health.UNKNOWN)
+    if hardware_error:
+        messages.append(f"hardware query failed: {hardware_error}")
+    node.fabric_message = "; ".join(messages)
+    return node
+
+
+def clique_settled(node: pb.Node) -> bool:
+    """True when the record's clique is final: a fabric clique, or a genuinely non-fabric node."""
+    return not node.fabric_message
+
+
+def _without_timestamp(node: pb.Node) -> bytes:
+    copy = pb.Node().parse(bytes(node))
+    copy.registered_unix_ms = 0
+    return bytes(copy)
+
+
+class NodeInventory:
+    """Keeps ``nodes/<node>`` on a kept lease and in step with the hardware."""
+
+    def __init__(
+        self, store: Store, node_name: str, hardware: NodeHardware, settings: InventorySettings
+    ) -> None:
+        self.store = store
+        self.node_name = node_name
+        self.hardware = hardware
+        self.settings = settings
+        self.address = node_address(hardware, settings.node_ip)
+        self.lease = KeptLease(store, settings.lease_ttl_s, on_acquired=self._on_lease_acquired)
+        self._snapshot: HardwareSnapshot | None = None
+        self._hardware_error = ""
+        self._driver_version = ""
+        self._node = self._build()
+        self._version = 0
+        # Replaced on every change; `changes()` waits on the one it saw.
+        self._changed = asyncio.Event()
+        self._registered = asyncio.Event()
+        # Serialises record writes: the lease callback and hardware updates both write.
+        self._write_lock = asyncio.Lock()
+        self._written: bytes | None = None
+        self._written_lease: int | None = None
+
+    # ---- public --------------------------------------------------------------
+
+    @property
+    def node(self) -> pb.Node:
+        """The latest record (as written, or about to be written)."""
+        return self._node
+
+    @property
+    def registered(self) -> bool:
+        return self._registered.is_set()
+
+    async def wait_registered(self, timeout_s: float) -> pb.Node:
+        """The record once it is in the store; raises TimeoutError after `timeout_s`."""
+        async with asyncio.timeout(timeout_s):
+            await self._registered.wait()
+        return self._node
+
+    async def changes(self) -> AsyncIterator[pb.Node]:
+        """The current record, then every changed record (latest only if several came quickly)."""
+        seen = -1
+        while True:
+            if self._version == seen:
+                await self._changed.wait()
+                continue
+            seen = self._version
+            yield self._node
+
+    async def run(self) -> None:
+        self._refresh_hardware()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.lease.run(), name=f"node-lease-{self.node_name}")
+            tasks.create_task(self._follow_hardware(), name=f"node-hardware-{self.node_name}")
+
+    async def deregister(self) -> None:
+        """Remove the record now (decommissioning); a plain shutdown lets it expire instead."""
+        await self.lease.revoke()
+        self._registered.clear()
+
+    # ---- internals -----------------------------------------------------------
+
+    def _build(self) -> pb.Node:
+        return build_node_record(
+            self.node_name,
+            self.address,
+            self._snapshot,
+            self._driver_version,
+            self.settings,
+            self._hardware_error,
+        )
+
+    def _refresh_hardware(self) -> None:
+        """Read the hardware once; keeps the last good snapshot when the read fails."""
+        try:
+            snapshot = self.hardware.snapshot()
+            self._driver_version = self.hardware.driver_version()
+        except HardwareError as exc:
+            if self._hardware_error != str(exc):
+                log.warning("hardware query failed", node=self.node_name, error=str(exc))
+            self._hardware_error = str(exc)
+        else:
+            self._snapshot = snapshot
+            self._hardware_error = ""
+        self._node = self._build()
+
+    def _publish_change(self) -> None:
+        self._version += 1
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def _on_lease_acquired(self, lease_id: int) -> None:
+        self._refresh_hardware()
+        await self._write(lease_id, force=True)
+        self._registered.set()
+        log.info(
+            "node registered",
+            node=self.node_name,
+            clique=self._node.clique_id,
+            address=self.address,
+            lease=lease_id,
+            fabric_message=self._node.fabric_message or None,
+        )
+
+    async def _write(self, lease_id: int, force: bool = False) -> None:
+        async with self._write_lock:
+            node = self._node
+            content = _without_timestamp(node)
+            if not force and content == self._written and lease_id == self._written_lease:
+                return
+            node.registered_unix_ms = int(time.time() * 1000)
+            key = self.store.keys.node(self.node_name)
+            await with_retries(
+                lambda: self.store.put(key, node, lease=lease_id),
+                what=f"write node record {self.node_name}",
+                deadline_s=float(self.settings.lease_ttl_s),
+            )
+            changed = content != self._written
+            self._written, self._written_lease = content, lease_id
+        if changed:
+            self._publish_change()
+
+    async def _rewrite_if_changed(self) -> None:
+        before = _without_timestamp(self._node)
+        self._refresh_hardware()
+        if _without_timestamp(self._node) == before:
+            return
+        lease_id = self.lease.lease_id
+        if lease_id is None:
+            # Not registered right now; the next lease grant writes the latest record.
+            self._publish_change()
+            return
+        try:
+            await self._write(lease_id)
+        except Exception as exc:
+            # The lease may be gone under us; KeptLease re-grants and rewrites the record.
+            log.warning(
+                "node record update failed", node=self.node_name, error=str(exc) or type(exc).__name__
+            )
+
+    async def _follow_hardware(self) -> None:
+        """Rewrite the record on hardware changes; poll faster while the picture is unsettled."""
+        backoff = Backoff(initial=self.settings.unsettled_retry_s, cap=self.settings.unsettled_retry_s * 4)
+        while True:
+            if self._snapshot is None or self._hardware_error or not clique_settled(self._node):
+                await asyncio.sleep(backoff.next_delay())
+                await self._rewrite_if_changed()
+                continue
+            backoff.reset()
+            events = self.hardware.health_events(
+                since=self._snapshot, interval=self.settings.health_poll_interval_s
+            )
+            try:
+                async for event in events:
+                    log.info(
+                        "hardware changed",
+                        node=self.node_name,
+                        changes=list(event.changes),
+                        error=event.error or None,
+                    )
+                    await self._rewrite_if_changed()
+                    if self._hardware_error or not clique_settled(self._node):
+                        break
+            finally:
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
