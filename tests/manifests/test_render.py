@@ -62,7 +62,12 @@ def test_namespace_comes_first_so_apply_creates_it_before_its_objects(tree: tupl
 def test_our_containers_run_the_image_set_by_kustomize(tree: tuple[str, list[Obj]]) -> None:
     _, objects = tree
     ours = [o for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
-    assert {o["metadata"]["name"] for o in ours} == {"cd-controller", "cd-placement-advisor", "cd-node-agent"}
+    assert {o["metadata"]["name"] for o in ours} == {
+        "cd-controller",
+        "cd-placement-advisor",
+        "cd-node-agent",
+        "cd-imex-agent",
+    }
     for workload in ours:
         for c in workload["spec"]["template"]["spec"]["containers"]:
             assert c["image"] == IMAGE, f"{workload['metadata']['name']}/{c['name']}: {c['image']}"

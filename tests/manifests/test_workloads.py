@@ -36,6 +36,7 @@ WORKLOADS = [
     ("Deployment", "cd-controller"),
     ("Deployment", "cd-placement-advisor"),
     ("DaemonSet", "cd-node-agent"),
+    ("DaemonSet", "cd-imex-agent"),
 ]
 
 
@@ -106,9 +107,12 @@ def test_services_run_in_kubernetes_mode_and_probe_their_health_port(
     workload = find(objects, kind, name)
     c = container(workload)
     given = flags(c)
-    assert given[KUBERNETES_MODE_FLAG[name]] == "kubernetes"
+    if name in KUBERNETES_MODE_FLAG:  # the IMEX agent never talks to the API server
+        assert given[KUBERNETES_MODE_FLAG[name]] == "kubernetes"
     health_port = int(given["--health-port"])
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    # The IMEX agent has no liveness probe (a restart would restart the node's daemons).
+    probes = (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"))
+    for probe, path in probes if name != "cd-imex-agent" else probes[1:]:
         http = c[probe]["httpGet"]
         assert http["path"] == path and port_number(c, http["port"]) == health_port, f"{name} {probe}"
     annotations = workload["spec"]["template"]["metadata"]["annotations"]
@@ -174,6 +178,7 @@ def test_node_agent_is_privileged_on_the_host_network(agent: Obj) -> None:
 def test_node_agent_mounts_the_host_directories(agent: Obj) -> None:
     c = container(agent)
     host = host_path_mounts(agent, c)
+    host.pop("/var/lib/computedomains/sim", None)  # the sim overlay's simulated hardware
     assert set(host) == {
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
@@ -201,9 +206,6 @@ def test_node_agent_flags_point_where_the_host_is_mounted(agent: Obj) -> None:
     # --driver-root is the root the host's /dev shows under: channel device nodes are created
     # there and CDI specs name them by their host paths.
     assert host["/dev"] == "/dev" == str(PurePosixPath(given["--driver-root"]) / "dev")
-    driver_root = PurePosixPath(host["/run/nvidia/driver"])
-    for tool in ("--nvidia-imex-binary", "--nvidia-imex-ctl-binary"):
-        assert driver_root in PurePosixPath(given[tool]).parents, f"{tool} is not in the driver root"
 
 
 def test_node_agent_knows_its_node(agent: Obj) -> None:
@@ -211,8 +213,54 @@ def test_node_agent_knows_its_node(agent: Obj) -> None:
     given = flags(c)
     assert c["command"] == ["cd-node-agent"]
     assert given["--node-name"] == "<spec.nodeName>"
-    assert given["--node-ip"] == "<status.hostIP>"
     assert given["--publish-clique-label"] == "true"
+    # The plugin runs no IMEX daemon and holds no lease.
+    assert not {"--node-ip", "--imex-work-dir", "--lease-ttl-s", "--nvidia-imex-binary"} & set(given)
+
+
+def test_node_agent_rolls_freely(agent: Obj) -> None:
+    assert agent["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+# --- IMEX agent ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def imex_agent(tree: tuple[str, list[Obj]]) -> Obj:
+    return find(tree[1], "DaemonSet", "cd-imex-agent")
+
+
+def test_imex_agent_is_replaced_only_when_its_pod_is_deleted(imex_agent: Obj) -> None:
+    """A new IMEX agent container restarts the node's daemons, which breaks running jobs."""
+    assert imex_agent["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert "livenessProbe" not in container(imex_agent)
+
+
+def test_imex_agent_runs_daemons_on_the_host_network_from_a_host_work_dir(imex_agent: Obj) -> None:
+    spec = pod_spec(imex_agent)
+    c = container(imex_agent)
+    given = flags(c)
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["command"] == ["cd-imex-agent"]
+    assert given["--node-name"] == "<spec.nodeName>"
+    assert given["--node-ip"] == "<status.hostIP>"
+    host = {path: mount["mountPath"] for path, (mount, _) in host_path_mounts(imex_agent, c).items()}
+    assert host["/var/lib/computedomains/imex"] == given["--imex-work-dir"]
+    driver_root = PurePosixPath(host["/run/nvidia/driver"])
+    for tool in ("--nvidia-imex-binary", "--nvidia-imex-ctl-binary"):
+        assert driver_root in PurePosixPath(given[tool]).parents, f"{tool} is not in the driver root"
+
+
+def test_imex_agent_has_no_kubernetes_credentials(tree: tuple[str, list[Obj]], imex_agent: Obj) -> None:
+    assert pod_spec(imex_agent)["automountServiceAccountToken"] is False
+    account = pod_spec(imex_agent)["serviceAccountName"]
+    bound = [
+        b
+        for b in tree[1]
+        if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        and any(s.get("name") == account for s in b.get("subjects", []))
+    ]
+    assert bound == []
 
 
 def test_node_agent_has_a_patient_startup_probe(agent: Obj) -> None:
