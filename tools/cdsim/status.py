@@ -89,6 +89,8 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
                     "member_state": "LOST" if m.state == pb.MemberState.LOST else "ACTIVE",
                     "status": readiness_name(shown.status) if shown else "NotReady",
                     "daemon": DAEMON_STATES.get(daemon.state, "-") if daemon else "-",
+                    "daemon_pid": daemon.pid if daemon else 0,
+                    "connected": sorted(daemon.connected_nodes) if daemon else [],
                 }
             )
         domain_docs.append(
