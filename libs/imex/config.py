@@ -5,14 +5,17 @@ Two files configure an IMEX daemon:
 * ``config.cfg``: ``KEY=VALUE`` lines with the keys nvidia-imex reads (names and defaults as in
   NVIDIA's IMEX guide and the upstream ComputeDomain daemon template). Lines starting with ``#``
   are comments to nvidia-imex.
-* the nodes config (``IMEX_NODE_CONFIG_FILE``): one peer address per line; a node's index in the
-  IMEX domain is its line number (0-based), so every member must get the identical file.
+* the nodes config (``IMEX_NODE_CONFIG_FILE``): one entry per line, a host name or a literal IP
+  address; a node's ID in the IMEX domain is its line number (0-based), so every member must get
+  the identical file. ComputeDomains write fixed slot names (``libs.imex.slots``) resolved
+  through a hosts file.
 
-The simulated daemon also needs the domain identity (the ComputeDomain UID) so that a peer of
-another domain reusing an address is refused (upstream issue #1447). It is carried as a *comment*
-directive, ``# SIM_DOMAIN_ID=<uid>``, which nvidia-imex ignores like any comment, so the very same
-file starts either the real daemon or the simulator. Other ``# SIM_*`` directives tune the
-simulator only (heartbeats, reconnect backoff, SIGUSR1 rate limit).
+Both files are read once, at daemon start. The simulator reads its extras from *comment*
+directives, ``# SIM_X=value``, which nvidia-imex ignores like any comment, so the very same file
+starts either the real daemon or the simulator: ``# SIM_HOSTS_FILE`` is the hosts(5) file the
+simulator resolves names through (the real daemon uses the system resolver, i.e. /etc/hosts),
+``# SIM_DOMAIN_ID`` an extra identity check in its handshake, and the ``*_S`` directives tune
+timing for tests (heartbeats, reconnect backoff, SIGUSR1 throttle).
 
 This module is imported by the simulated daemon at start-up, so it imports nothing at run time
 (start-up time is a product target: many daemons start at once).
@@ -49,6 +52,8 @@ IMEX_NODE_DISCONNECTED_GRACE_TIME = "IMEX_NODE_DISCONNECTED_GRACE_TIME"
 SIM_PREFIX = "SIM_"
 SIM_DOMAIN_ID = "SIM_DOMAIN_ID"
 SIM_NODE_NAME = "SIM_NODE_NAME"
+SIM_HOSTS_FILE = "SIM_HOSTS_FILE"
+SIM_RECONNECT_INITIAL_S = "SIM_RECONNECT_INITIAL_S"
 SIM_HEARTBEAT_INTERVAL_S = "SIM_HEARTBEAT_INTERVAL_S"
 SIM_RECONNECT_MAX_S = "SIM_RECONNECT_MAX_S"
 SIM_SIGUSR1_MIN_INTERVAL_S = "SIM_SIGUSR1_MIN_INTERVAL_S"
@@ -93,7 +98,9 @@ def render_imex_config(
     log_file_max_size_mb: int = 1024,
     log_max_rotate_count: int = 3,
     node_disconnected_grace_time_s: int = -1,
+    hosts_file: str = "",
     heartbeat_interval_s: float | None = None,
+    reconnect_initial_s: float | None = None,
     reconnect_max_s: float | None = None,
     sigusr1_min_interval_s: float | None = None,
     overrides: Mapping[str, str] | None = None,
@@ -102,7 +109,9 @@ def render_imex_config(
 
     ``bind_interface_ip`` is the node's IMEX address (the daemon listens on it at
     ``server_port``); ``cmd_bind_interface_ip``/``cmd_port`` is where ``nvidia-imex-ctl`` finds
-    the daemon. ``domain_id`` and ``node_name`` become simulator comment directives. The
+    the daemon. ``domain_id``, ``node_name`` and ``hosts_file`` (absolute path of the hosts file
+    the simulator resolves the nodes config's names through; empty: only literal IPs resolve)
+    become simulator comment directives. The
     ``*_s`` simulator settings are rendered only when given. ``overrides`` sets further real
     keys (or replaces rendered ones), except the keys in ``MANAGED_KEYS``. Raises ValueError on
     a value that would corrupt the file (newline, bad port, unknown quorum mode, ...).
@@ -122,6 +131,7 @@ def render_imex_config(
     _check_token("SIM_NODE_NAME", node_name, allow_empty=True)
     _check_line_value("IMEX_NODE_CONFIG_FILE", nodes_config_file)
     _check_line_value("LOG_FILE_NAME", log_file_name)
+    _check_token("SIM_HOSTS_FILE", hosts_file, allow_empty=True)
     if not nodes_config_file:
         raise ValueError("IMEX_NODE_CONFIG_FILE must not be empty")
 
@@ -185,8 +195,11 @@ def render_imex_config(
     directives: list[tuple[str, str]] = [(SIM_DOMAIN_ID, domain_id)]
     if node_name:
         directives.append((SIM_NODE_NAME, node_name))
+    if hosts_file:
+        directives.append((SIM_HOSTS_FILE, hosts_file))
     for key, seconds in (
         (SIM_HEARTBEAT_INTERVAL_S, heartbeat_interval_s),
+        (SIM_RECONNECT_INITIAL_S, reconnect_initial_s),
         (SIM_RECONNECT_MAX_S, reconnect_max_s),
         (SIM_SIGUSR1_MIN_INTERVAL_S, sigusr1_min_interval_s),
     ):
@@ -197,7 +210,8 @@ def render_imex_config(
 
     lines = [
         "# nvidia-imex configuration rendered by the ComputeDomain node agent.",
-        "# It is read once at daemon start; the nodes config is re-read on SIGUSR1.",
+        "# It and the nodes config are read once, at daemon start; SIGUSR1 re-resolves the",
+        "# nodes config's names and reconnects to every peer.",
         "",
     ]
     for comment, entries in sections:
@@ -232,22 +246,23 @@ def parse_imex_config(text: str) -> dict[str, str]:
 
 
 def render_nodes_config(addresses: Sequence[str]) -> str:
-    """Return the nodes config text: one address per line, in the given (index) order.
+    """Return the nodes config text: one entry (host name or address) per line, in ID order.
 
-    Every member of a domain must receive the identical text, so the caller passes the member
-    addresses ordered by index. Raises ValueError on an empty, malformed or repeated address.
+    Every member of a domain must receive the identical text, so the caller passes the entries
+    ordered by index. Raises ValueError on an empty, malformed or repeated entry.
     """
     seen: set[str] = set()
     for address in addresses:
         _check_token("address", address, allow_empty=False)
-        if address in seen:
+        if address.lower() in seen:  # host names are case-insensitive
             raise ValueError(f"address {address!r} listed twice in the nodes config")
-        seen.add(address)
+        seen.add(address.lower())
     return "".join(f"{address}\n" for address in addresses)
 
 
 def parse_nodes_config(text: str) -> list[str]:
-    """Return the addresses of a nodes config in order (blank lines and # comments skipped)."""
+    """Return the entries (names or addresses) of a nodes config in order (blank lines and #
+    comments skipped)."""
     addresses: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()

@@ -6,17 +6,24 @@ plain text format on purpose: the daemon avoids importing json/asyncio to start 
 
 Peer link (client = the node that dials, server = the node that accepts):
 
-* client -> server ``HELLO domain=<uid> addr=<client address> instance=<random id>``
-* server -> client ``WELCOME domain=<uid> addr=<server address> instance=<id>`` or
-  ``REFUSE code=<code> reason=<text>`` (then the server closes)
+* client -> server ``HELLO domain=<uid> node_id=<client's ID> instance=<client's instance>
+  addr=<client address> map=<nodes map digest>``
+* server -> client ``WELCOME domain=<uid> node_id=<server's ID> instance=<id> addr=<address>
+  map=<digest>`` or ``REFUSE code=<code> reason=<text>`` (then the server closes)
 * either side ``PING`` (heartbeat, sent when the link was quiet for one interval) and ``BYE``
-  (the sender is shutting down).
+  (the sender is shutting down: its exports are gone).
 
 Command service (one request line, the reply, then the daemon closes the connection):
 
-* ``STATUS`` -> ``STATUS state=<state> pid=.. addr=.. domain=.. version=.. host=.. nodes=<a,b,..>
-  conn.<addr>=<connection status> why.<addr>=<reason>``
-* ``CRASH`` | ``HANG`` | ``DROP addr=<address>`` | ``HEAL`` -> ``OK`` (or ``ERR reason=..``)
+* ``STATUS`` -> ``STATUS state=.. pid=.. instance=.. node_id=.. addr=.. domain=.. version=..
+  host=.. map=.. nodes=<name,name,..> dropped=<id,..>`` and per node ID i ``addr.<i>=<resolved
+  address> conn.<i>=<connection status> why.<i>=<reason> inst.<i>=<peer instance>``
+* ``IMPORT job=<name> node=<id>`` -> ``OK instance=<exporter instance>`` or ``ERR reason=..``
+* ``IMPORTS`` -> ``IMPORTS n=<count>`` and per entry k ``job.<k> node.<k> inst.<k> valid.<k>
+  (1|0) why.<k>``
+* ``UNIMPORT job=<name>`` -> ``OK removed=<count>``
+* ``CRASH`` | ``HANG`` | ``DROP node=<id>`` (or ``addr=<address>``) | ``HEAL`` -> ``OK`` (or
+  ``ERR reason=..``)
 """
 
 from __future__ import annotations
@@ -50,9 +57,10 @@ PING = "PING"
 BYE = "BYE"
 
 # Refusal codes.
-REFUSE_DOMAIN_MISMATCH = "domain-mismatch"
+REFUSE_NODE_MAP_MISMATCH = "node-map-mismatch"  # different nodes config (or SIM_DOMAIN_ID)
+REFUSE_INVALID_NODE_ID = "invalid-node-id"  # out of range, or the acceptor's own ID
 REFUSE_DROPPED = "dropped"
-REFUSE_ADDRESS_MISMATCH = "address-mismatch"
+REFUSE_ADDRESS_MISMATCH = "address-mismatch"  # source address is not what the ID's name resolves to
 REFUSE_SHUTTING_DOWN = "shutting-down"
 
 # Command verbs.
@@ -61,10 +69,13 @@ CMD_CRASH = "CRASH"
 CMD_HANG = "HANG"
 CMD_DROP = "DROP"
 CMD_HEAL = "HEAL"
+CMD_IMPORT = "IMPORT"
+CMD_IMPORTS = "IMPORTS"
+CMD_UNIMPORT = "UNIMPORT"
 REPLY_OK = "OK"
 REPLY_ERR = "ERR"
 
-SIM_VERSION = "sim-1"
+SIM_VERSION = "sim-2"
 MAX_LINE = 1 << 16  # longest accepted line; a peer sending more is cut off
 
 _EMPTY = "-"  # stands for an empty value so that fields stay non-empty
