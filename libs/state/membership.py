@@ -1,10 +1,16 @@
-"""Domain membership: joining, leaving and losing nodes, with central index assignment.
+"""Domain membership: joining, leaving, losing and reviving nodes, with central index assignment.
 
 Shared by the node agent (join on first prepare, leave on last unprepare), the
-controller (node loss) and the tests. Each step is one etcd transaction that
-compares what it read, so concurrent joins never hand out an index twice and
-a node is never in two domains (SPEC §4 invariants 1 and 2). Upstream assigns
-indices client-side and races (#816, #1050); here the store arbitrates.
+controller (node loss and return) and the tests. Each step is one etcd
+transaction that compares what it read, so concurrent joins never hand out an
+index twice and a node is never in two domains (SPEC §4 invariants 1 and 2).
+Upstream assigns indices client-side and races (#816, #1050); here the store
+arbitrates.
+
+A member's index never changes while the member exists: a LOST member keeps
+its index and its `memberindex/` claim (its slot in every peer's nodes config
+stays its own), and becomes ACTIVE again at that index when its node returns.
+Only a release (`leave_domain`, the controller's ReleaseMember) frees an index.
 """
 
 from __future__ import annotations
@@ -51,6 +57,14 @@ class NodeBusy(RuntimeError):
 
 class CliqueFull(RuntimeError):
     """Every index of the node's clique in this domain is taken."""
+
+
+class IndexConflict(RuntimeError):
+    """A member's own index claim names another node: the store broke invariant 2.
+
+    Raised instead of moving the member to another index: its slot is what peers'
+    daemons know it by, so a silent move would cut it off from a running job.
+    """
 
 
 def lowest_free_index(used: Iterable[int], limit: int) -> int | None:
@@ -191,8 +205,20 @@ async def join_domain(
         binding, member = view.binding, view.member
         if binding is not None and binding.value.domain_uid != domain_uid:
             raise NodeBusy(node.name, binding.value.domain_uid)
-        if member is not None and member.value.state == pb.MemberState.ACTIVE:
-            return JoinResult(member.value, False, attempt)
+        if member is not None and holds_index(member.value):
+            current = member.value
+            if current.state == pb.MemberState.ACTIVE and current.ip_address == (
+                node.ip_address or current.ip_address
+            ):
+                return JoinResult(current, False, attempt)
+            # Already a member, lost or at an old address: it keeps its index; only its state and
+            # address change. Nothing here ever hands a member a second index.
+            resumed = await _resume_membership(store, domain_uid, node, attempt, max_attempts)
+            if resumed is not None:
+                return resumed
+            # Released meanwhile: join afresh.
+            view = _join_view(store, (await store.txn([], reads)).reads)
+            continue
 
         compares: list[Compare] = [
             Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
@@ -278,10 +304,11 @@ async def leave_domain(store: Store, domain_uid: str, node_name: str, max_attemp
 async def mark_member_lost(
     store: Store, domain_uid: str, node_name: str, extra_compares: Iterable[Compare] = ()
 ) -> bool:
-    """The node's lease expired: free its index and drop it from peers' config, keep its binding.
+    """The node is gone: the member becomes LOST and keeps everything else.
 
-    The binding stays so that the node cannot join another domain while this
-    domain still counts it; the returning agent leaves or rejoins. Returns
+    Its index and `memberindex/` claim stay (its slot in the peers' nodes config is still
+    its own, so nothing is reconfigured and it can take it up again), and so does its
+    binding (the node cannot join another domain while this one still counts it). Returns
     False if the member was not active (nothing to do) or a concurrent write won.
     """
     keys = store.keys
@@ -291,11 +318,184 @@ async def mark_member_lost(
         return False
     lost = pb.Member().parse(bytes(member.value))
     lost.state = pb.MemberState.LOST
-    lost.index = NON_FABRIC_INDEX
-    ops: list[Op] = [Put(member_key, lost)]
-    if member.value.index >= 0:
-        ops.append(Delete(keys.member_index(domain_uid, member.value.clique_id, member.value.index)))
-    result = await store.txn([Unchanged(member_key, member.mod_revision), *extra_compares], ops)
+    result = await store.txn(
+        [Unchanged(member_key, member.mod_revision), *extra_compares], [Put(member_key, lost)]
+    )
     if result.succeeded:
-        log.warning("member lost", cd_uid=domain_uid, node=node_name, clique=member.value.clique_id)
+        log.warning(
+            "member lost",
+            cd_uid=domain_uid,
+            node=node_name,
+            clique=member.value.clique_id,
+            index=member.value.index,
+        )
+    return result.succeeded
+
+
+def holds_index(member: pb.Member) -> bool:
+    """The member has the index it keeps for life: any non-fabric member, a fabric one at >= 0.
+
+    A fabric member at -1 is a LOST member written before indices were kept; it takes a
+    fresh index on its next join, like a newcomer.
+    """
+    return not member.clique_id or member.index >= 0
+
+
+def _claim_guard(
+    store: Store, domain_uid: str, member: pb.Member, claim: RawKV | None
+) -> tuple[list[Compare], list[Op]]:
+    """Compares and writes that keep the member's own index claim in place.
+
+    The claim exists whenever the member does. Should it be missing, it is written again at
+    the member's index, on the condition that the key is still absent: the member never moves
+    to another index, and an index taken by someone else meanwhile fails the transaction.
+    A claim naming another node is a broken invariant that no retry fixes: IndexConflict.
+    """
+    if not member.clique_id or member.index < 0:
+        return [], []
+    key = store.keys.member_index(domain_uid, member.clique_id, member.index)
+    own = pb.IndexClaim(domain_uid, member.clique_id, member.index, member.node_name)
+    if claim is None:
+        log.warning(
+            "member's index claim missing; restoring it at the same index",
+            cd_uid=domain_uid,
+            node=member.node_name,
+            clique=member.clique_id,
+            index=member.index,
+        )
+        return [Absent(key)], [Put(key, own)]
+    held = store.decode_kv(claim, pb.IndexClaim)
+    if held is not None and held.value.node_name != member.node_name:
+        raise IndexConflict(
+            f"index {member.index} of clique {member.clique_id} in domain {domain_uid} is claimed by "
+            f"{held.value.node_name}, but member {member.node_name} holds it; not moving the member"
+        )
+    # An undecodable claim at the member's own index is rewritten (the member record says whose it is).
+    return [Unchanged(key, claim.mod_revision)], ([] if held is not None else [Put(key, own)])
+
+
+async def _read_for_resume(
+    store: Store, domain_uid: str, node_name: str
+) -> tuple[Versioned[pb.NodeBinding] | None, Versioned[pb.Member] | None, RawKV | None]:
+    keys = store.keys
+    first = await store.txn(
+        [], [Read(keys.node_binding(node_name)), Read(keys.member(domain_uid, node_name))]
+    )
+    binding = store.decode_kv(first.reads[0][0], pb.NodeBinding) if first.reads[0] else None
+    member = store.decode_kv(first.reads[1][0], pb.Member) if first.reads[1] else None
+    claim: RawKV | None = None
+    if member is not None and member.value.clique_id and member.value.index >= 0:
+        key = keys.member_index(domain_uid, member.value.clique_id, member.value.index)
+        # A second round trip (the key depends on the member); the writer compares both as read.
+        second = await store.txn([], [Read(key)])
+        claim = second.reads[0][0] if second.reads[0] else None
+    return binding, member, claim
+
+
+async def _resume_membership(
+    store: Store, domain_uid: str, node: pb.Node, attempt: int, max_attempts: int
+) -> JoinResult | None:
+    """The node already is a member: ACTIVE at the same index, address from its node record.
+
+    An active member with the right address is left alone (no write). A LOST member is made
+    ACTIVE again in one transaction comparing the member, its binding and its index claim
+    as read, so it never takes an index another member holds. None: the member is gone.
+    """
+    keys = store.keys
+    member_key = keys.member(domain_uid, node.name)
+    binding_key = keys.node_binding(node.name)
+    backoff = Backoff(initial=0.002, cap=0.1)
+    for tries in range(attempt, max_attempts + 1):
+        binding, member, claim = await _read_for_resume(store, domain_uid, node.name)
+        if binding is not None and binding.value.domain_uid != domain_uid:
+            raise NodeBusy(node.name, binding.value.domain_uid)
+        if member is None or not holds_index(member.value):
+            return None  # released (or rewritten) meanwhile: the caller joins afresh
+        current = member.value
+        address = node.ip_address or current.ip_address
+        if current.state == pb.MemberState.ACTIVE and current.ip_address == address:
+            return JoinResult(current, False, tries)
+        resumed = pb.Member().parse(bytes(current))
+        resumed.state = pb.MemberState.ACTIVE
+        resumed.ip_address = address
+        if node.clique_id != current.clique_id:
+            log.warning(
+                "node's clique differs from its member's; keeping the member's clique and index",
+                cd_uid=domain_uid,
+                node=node.name,
+                member_clique=current.clique_id,
+                node_clique=node.clique_id,
+            )
+        claim_compares, claim_ops = _claim_guard(store, domain_uid, current, claim)
+        compares: list[Compare] = [
+            Unchanged(member_key, member.mod_revision),
+            Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
+            *claim_compares,
+        ]
+        ops: list[Op] = [Put(member_key, resumed), *claim_ops]
+        if binding is None:
+            # A member always has its binding; put back one that went missing.
+            ops.append(Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid)))
+        if (await store.txn(compares, ops)).succeeded:
+            was_lost = current.state == pb.MemberState.LOST
+            log.info(
+                "member active again" if was_lost else "member address updated",
+                cd_uid=domain_uid,
+                node=node.name,
+                clique=current.clique_id,
+                index=current.index,
+                address=address,
+            )
+            return JoinResult(resumed, was_lost, tries)
+        await asyncio.sleep(backoff.next_delay())
+    raise ConflictError(f"join of {node.name} to domain {domain_uid} lost {max_attempts} races")
+
+
+async def activate_member(
+    store: Store,
+    domain_uid: str,
+    node_name: str,
+    expected_revision: int,
+    extra_compares: Iterable[Compare] = (),
+) -> bool:
+    """The controller's side of a node's return: its member ACTIVE again, same index.
+
+    The address comes from the node record, which must exist (compared in the same
+    transaction), as must the member at `expected_revision`. Also refreshes the address of
+    an active member whose node record shows a new one. False when there is nothing to do
+    or a concurrent write won.
+    """
+    keys = store.keys
+    member_key = keys.member(domain_uid, node_name)
+    node_key = keys.node(node_name)
+    _, member, claim = await _read_for_resume(store, domain_uid, node_name)
+    record = await store.get(node_key, pb.Node)
+    if member is None or member.mod_revision != expected_revision or record is None:
+        return False
+    current = member.value
+    if not holds_index(current):
+        return False
+    address = record.value.ip_address or current.ip_address
+    if current.state == pb.MemberState.ACTIVE and current.ip_address == address:
+        return False
+    resumed = pb.Member().parse(bytes(current))
+    resumed.state = pb.MemberState.ACTIVE
+    resumed.ip_address = address
+    claim_compares, claim_ops = _claim_guard(store, domain_uid, current, claim)
+    compares: list[Compare] = [
+        Unchanged(member_key, member.mod_revision),
+        Unchanged(node_key, record.mod_revision),
+        *claim_compares,
+        *extra_compares,
+    ]
+    result = await store.txn(compares, [Put(member_key, resumed), *claim_ops])
+    if result.succeeded:
+        log.info(
+            "member active again" if current.state == pb.MemberState.LOST else "member address updated",
+            cd_uid=domain_uid,
+            node=node_name,
+            clique=current.clique_id,
+            index=current.index,
+            address=address,
+        )
     return result.succeeded

@@ -12,7 +12,9 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import encode
 from libs.state.membership import (
     CliqueFull,
+    IndexConflict,
     NodeBusy,
+    activate_member,
     join_domain,
     leave_domain,
     lowest_free_index,
@@ -69,19 +71,117 @@ async def test_non_fabric_node_joins_without_index(store: Store) -> None:
     assert items == []
 
 
-async def test_lost_member_frees_index_but_keeps_node_bound(store: Store) -> None:
+async def claim_of(store: Store, uid: str, clique: str, index: int) -> str | None:
+    got = await store.get(store.keys.member_index(uid, clique, index), pb.IndexClaim)
+    return got.value.node_name if got is not None else None
+
+
+async def member_of(store: Store, uid: str, name: str) -> pb.Member:
+    got = await store.get(store.keys.member(uid, name), pb.Member)
+    assert got is not None, f"{name} is not a member of {uid}"
+    return got.value
+
+
+async def test_lost_member_keeps_its_index_claim_and_binding(store: Store) -> None:
     await join_domain(store, "d1", "ns", node("a"))
     await join_domain(store, "d1", "ns", node("b"))
     assert await mark_member_lost(store, "d1", "a")
-    lost = await store.get(store.keys.member("d1", "a"), pb.Member)
-    assert lost is not None and lost.value.state == pb.MemberState.LOST and lost.value.index == -1
+    lost = await member_of(store, "d1", "a")
+    assert lost.state == pb.MemberState.LOST and lost.index == 0
+    assert await claim_of(store, "d1", "c1", 0) == "a"
+    assert not await mark_member_lost(store, "d1", "a")  # already lost: nothing to do
     with pytest.raises(NodeBusy):
         await join_domain(store, "d2", "ns", node("a"))
+    # A replacement takes a free index, never the lost member's.
     newcomer = await join_domain(store, "d1", "ns", node("c"))
-    assert newcomer.member.index == 0
-    # The lost node comes back and rejoins: it gets a fresh free index.
+    assert newcomer.member.index == 2
+    assert await check_store_invariants(store) == []
+
+
+async def test_lost_node_rejoins_at_the_same_index_with_its_new_address(store: Store) -> None:
+    first = await join_domain(store, "d1", "ns", node("a", ip="127.9.1.1"))
+    await join_domain(store, "d1", "ns", node("b"))
+    assert await mark_member_lost(store, "d1", "a")
+    await join_domain(store, "d1", "ns", node("c"))
+    back = await join_domain(store, "d1", "ns", node("a", ip="127.9.1.2"))
+    assert back.joined_now and back.member.index == 0 and back.member.state == pb.MemberState.ACTIVE
+    stored = await member_of(store, "d1", "a")
+    assert (stored.state, stored.index, stored.ip_address) == (pb.MemberState.ACTIVE, 0, "127.9.1.2")
+    # Everything else about the membership is what it was.
+    assert stored.joined_unix_ms == first.member.joined_unix_ms and stored.namespace == "ns"
+    assert await claim_of(store, "d1", "c1", 0) == "a"
+    again = await join_domain(store, "d1", "ns", node("a", ip="127.9.1.2"))
+    assert not again.joined_now and again.member.index == 0
+    assert await check_store_invariants(store) == []
+
+
+async def test_active_member_at_a_new_address_keeps_its_index(store: Store) -> None:
+    await join_domain(store, "d1", "ns", node("a", ip="127.9.2.1"))
+    await join_domain(store, "d1", "ns", node("b"))
+    moved = await join_domain(store, "d1", "ns", node("b", ip="127.9.2.9"))
+    assert not moved.joined_now and moved.member.index == 1
+    assert (await member_of(store, "d1", "b")).ip_address == "127.9.2.9"
+
+
+async def test_missing_claim_of_a_lost_member_is_restored_at_its_own_index(store: Store) -> None:
+    await join_domain(store, "d1", "ns", node("a"))
+    await join_domain(store, "d1", "ns", node("b"))
+    assert await mark_member_lost(store, "d1", "a")
+    await store.delete(store.keys.member_index("d1", "c1", 0))
     back = await join_domain(store, "d1", "ns", node("a"))
-    assert back.joined_now and back.member.index == 2
+    assert back.member.index == 0
+    assert await claim_of(store, "d1", "c1", 0) == "a"
+    assert await check_store_invariants(store) == []
+
+
+async def test_lost_member_whose_index_another_node_claims_is_not_moved(store: Store) -> None:
+    """A broken store (claim of another node at the member's index) stops the join loudly."""
+    await join_domain(store, "d1", "ns", node("a"))
+    assert await mark_member_lost(store, "d1", "a")
+    await store.put(store.keys.member_index("d1", "c1", 0), pb.IndexClaim("d1", "c1", 0, "intruder"))
+    with pytest.raises(IndexConflict, match="intruder"):
+        await join_domain(store, "d1", "ns", node("a"))
+    still = await member_of(store, "d1", "a")
+    assert (still.state, still.index) == (pb.MemberState.LOST, 0)
+
+
+async def test_leaving_frees_the_index_of_a_lost_member(store: Store) -> None:
+    await join_domain(store, "d1", "ns", node("a"))
+    await join_domain(store, "d1", "ns", node("b"))
+    assert await mark_member_lost(store, "d1", "a")
+    assert await leave_domain(store, "d1", "a")
+    assert await claim_of(store, "d1", "c1", 0) is None
+    assert await store.get(store.keys.node_binding("a"), pb.NodeBinding) is None
+    assert (await join_domain(store, "d1", "ns", node("c"))).member.index == 0
+    assert await check_store_invariants(store) == []
+
+
+async def test_activate_member_needs_the_node_record_and_the_member_as_seen(store: Store) -> None:
+    await join_domain(store, "d1", "ns", node("a", ip="127.9.3.1"))
+    assert await mark_member_lost(store, "d1", "a")
+    lost = await store.get(store.keys.member("d1", "a"), pb.Member)
+    assert lost is not None
+    # No node record: the node has not come back.
+    assert not await activate_member(store, "d1", "a", lost.mod_revision)
+    await store.put(store.keys.node("a"), node("a", ip="127.9.3.7"))
+    assert not await activate_member(store, "d1", "a", lost.mod_revision - 1)  # stale decision
+    assert await activate_member(store, "d1", "a", lost.mod_revision)
+    back = await member_of(store, "d1", "a")
+    assert (back.state, back.index, back.ip_address) == (pb.MemberState.ACTIVE, 0, "127.9.3.7")
+    current = await store.get(store.keys.member("d1", "a"), pb.Member)
+    assert current is not None
+    assert not await activate_member(store, "d1", "a", current.mod_revision)  # nothing to do
+    assert await check_store_invariants(store) == []
+
+
+async def test_legacy_lost_member_without_index_takes_a_fresh_one(store: Store) -> None:
+    """A LOST member written before indices were kept (index -1) joins like a newcomer."""
+    await join_domain(store, "d1", "ns", node("b"))
+    legacy = pb.Member("d1", "a", "c1", -1, pb.MemberState.LOST, "127.9.4.1", 1, "ns")
+    await store.put(store.keys.member("d1", "a"), legacy)
+    await store.put(store.keys.node_binding("a"), pb.NodeBinding(node_name="a", domain_uid="d1"))
+    back = await join_domain(store, "d1", "ns", node("a"))
+    assert back.joined_now and back.member.index == 1
     assert await check_store_invariants(store) == []
 
 
