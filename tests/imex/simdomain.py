@@ -1,4 +1,9 @@
-"""Test helper: simulated IMEX daemons as real processes on real loopback addresses."""
+"""Test helper: simulated IMEX daemons as real processes on real loopback addresses.
+
+Every node gets the layout the IMEX agent writes: ``config.cfg``, ``nodes_config.cfg`` (the 18
+slot names of its domain and clique, or names a test chooses) and ``hosts`` (slot name ->
+address; empty slots map to the placeholder address).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libs.imex import slots
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT, render_imex_config, render_nodes_config
 from libs.imex.simulator import client
 from libs.imex.simulator.launch import simulator_daemon_argv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CLIQUE = "clique-a.1"
 
 
 def free_loopback_addresses(count: int) -> list[str]:
@@ -43,14 +50,21 @@ def _port_free(address: str, port: int) -> bool:
     return True
 
 
+def slot_addresses(members: Sequence[str]) -> list[str]:
+    """Slot i -> members[i]; the remaining slots -> the placeholder."""
+    return list(members) + [slots.PLACEHOLDER_ADDRESS] * (slots.MAX_SLOTS - len(members))
+
+
 @dataclass
 class SimNode:
     address: str
     directory: Path
-    domain_id: str
+    domain_uid: str
+    clique_id: str = CLIQUE
     heartbeat_s: float | None = None
-    wait_for_quorum: str = "RECOVERY"
-    sigusr1_min_interval_s: float | None = None
+    reconnect_initial_s: float | None = 0.05
+    reconnect_max_s: float | None = 0.25
+    sigusr1_min_interval_s: float | None = 0.0
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -62,32 +76,48 @@ class SimNode:
         return self.directory / "nodes_config.cfg"
 
     @property
+    def hosts_path(self) -> Path:
+        return self.directory / "hosts"
+
+    @property
     def log_path(self) -> Path:
         return self.directory / "nvidia-imex.log"
 
-    def write_config(self, members: list[str]) -> None:
+    def slot_name(self, index: int) -> str:
+        return slots.slot_name(self.domain_uid, self.clique_id, index)
+
+    def write_config(self, members: Sequence[str], names: Sequence[str] | None = None) -> None:
+        """config.cfg, nodes config (slot names unless ``names``) and hosts (slot i -> members[i])."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.write_nodes(members)
+        if names is None:
+            self.nodes_path.write_text(slots.render_nodes_config_slots(self.domain_uid, self.clique_id))
+        else:
+            self.nodes_path.write_text(render_nodes_config(names))
+        self.write_slots(members)
         self.config_path.write_text(
             render_imex_config(
                 bind_interface_ip=self.address,
                 nodes_config_file=str(self.nodes_path),
                 cmd_bind_interface_ip=self.address,
                 log_file_name=str(self.log_path),
-                domain_id=self.domain_id,
+                domain_id=self.domain_uid,
                 node_name=f"node-{self.address}",
-                wait_for_quorum=self.wait_for_quorum,
+                hosts_file=str(self.hosts_path),
                 heartbeat_interval_s=self.heartbeat_s,
-                reconnect_max_s=0.25,
+                reconnect_initial_s=self.reconnect_initial_s,
+                reconnect_max_s=self.reconnect_max_s,
                 sigusr1_min_interval_s=self.sigusr1_min_interval_s,
             )
         )
 
-    def write_nodes(self, members: list[str]) -> None:
-        # Written atomically, as the supervisor must: the daemon may re-read it at any time.
-        tmp = self.nodes_path.with_suffix(".tmp")
-        tmp.write_text(render_nodes_config(members))
-        os.replace(tmp, self.nodes_path)
+    def write_slots(self, members: Sequence[str]) -> None:
+        self.write_hosts(slots.render_hosts(slot_addresses(members), self.domain_uid, self.clique_id))
+
+    def write_hosts(self, text: str) -> None:
+        # Atomically (temp + rename), as the IMEX agent does: the daemon may read it at any time.
+        tmp = self.hosts_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.hosts_path)
 
     def spawn(self, *, via_module: bool = False) -> subprocess.Popen[bytes]:
         if via_module:
@@ -100,14 +130,8 @@ class SimNode:
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
-    async def state(self, timeout_s: float = 1.0) -> str:
-        return await client.query_state(self.address, DEFAULT_CMD_PORT, timeout_s)
-
     async def status(self, timeout_s: float = 1.0) -> client.DaemonStatus:
         return await client.query_status(self.address, DEFAULT_CMD_PORT, timeout_s)
-
-    async def wait_state(self, wanted: str, timeout_s: float = 5.0) -> None:
-        await self.wait_until(lambda status: status.state == wanted, f"state {wanted}", timeout_s)
 
     async def wait_until(
         self, predicate: Callable[[client.DaemonStatus], bool], what: str, timeout_s: float = 5.0
@@ -124,6 +148,23 @@ class SimNode:
                 last = str(exc)
             await asyncio.sleep(0.01)
         raise AssertionError(f"{self.address}: no {what} after {timeout_s} s: {last}\n{self.log_text()}")
+
+    async def wait_connected(self, node_ids: Sequence[int], timeout_s: float = 5.0) -> client.DaemonStatus:
+        return await self.wait_until(
+            lambda st: all(st.connections.get(i) == "CONNECTED" for i in node_ids),
+            f"connections to {list(node_ids)}",
+            timeout_s,
+        )
+
+    async def wait_log(self, text: str, count: int = 1, timeout_s: float = 5.0) -> str:
+        """Wait until ``text`` occurs ``count`` times in the log."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            log = self.log_text()
+            if log.count(text) >= count:
+                return log
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.address}: {text!r} not logged {count}x in {timeout_s} s\n{self.log_text()}")
 
     def signal(self, signum: signal.Signals) -> None:
         assert self.proc is not None
@@ -146,25 +187,16 @@ class SimCluster:
         self.root = root
         self.nodes: list[SimNode] = []
 
-    def domain(
-        self,
-        size: int,
-        domain_id: str = "cd-uid-1",
-        *,
-        heartbeat_s: float | None = None,
-        wait_for_quorum: str = "RECOVERY",
-    ) -> list[SimNode]:
+    def domain(self, size: int, domain_uid: str = "cd-uid-1", **timing: float | None) -> list[SimNode]:
+        """``size`` members holding slots 0..size-1 of one domain's 18-slot map."""
         addresses = free_loopback_addresses(size)
-        nodes = [
-            SimNode(a, self.root / a, domain_id, heartbeat_s=heartbeat_s, wait_for_quorum=wait_for_quorum)
-            for a in addresses
-        ]
+        nodes = [self.node(a, domain_uid, **timing) for a in addresses]
         for node in nodes:
             node.write_config(addresses)
-        self.nodes.extend(nodes)
         return nodes
 
-    def add(self, node: SimNode) -> SimNode:
+    def node(self, address: str, domain_uid: str = "cd-uid-1", **timing: float | None) -> SimNode:
+        node = SimNode(address, self.root / f"{domain_uid}-{address}", domain_uid, **timing)  # type: ignore[arg-type]
         self.nodes.append(node)
         return node
 
@@ -173,3 +205,11 @@ class SimCluster:
             node.kill()
             if node.proc is not None and node.proc.stderr is not None:
                 node.proc.stderr.close()
+
+
+async def start(nodes: Sequence[SimNode], members: int | None = None) -> None:
+    """Spawn ``nodes`` and wait until each is connected to the first ``members`` node IDs."""
+    for node in nodes:
+        node.spawn()
+    for node in nodes:
+        await node.wait_connected(range(len(nodes) if members is None else members))

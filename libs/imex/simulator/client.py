@@ -1,23 +1,47 @@
 """Async client of the simulated daemon's command service (the in-process form of the ctl tool).
 
-The node agent polls readiness with these calls instead of spawning a ctl process per poll. Every
-call opens one short TCP connection and is bounded by its ``timeout`` (seconds; a parameter by
-design, so no caller can forget it); a daemon that is not
-running, refuses, hangs or answers garbage raises ``DaemonUnavailable`` (``query_ready`` returns
-False instead).
+The IMEX agent polls its daemons with these calls instead of spawning a ctl process per poll, and
+simulated jobs import memory through them. Every call opens one short TCP connection to one
+daemon and is bounded by its ``timeout`` (seconds); a daemon that is not running, refuses, hangs
+or answers garbage raises ``DaemonUnavailable`` (``query_state``/``query_ready`` answer
+UNAVAILABLE/False instead). A command the daemon declines raises ``CommandRejected``.
+
+* ``query_status(host, port, timeout)`` -> ``DaemonStatus`` (``.ready``, ``.node_id``,
+  ``.instance``, ``.nodes``, ``.addresses``/``.connections``/``.reasons`` keyed by node ID)
+* ``import_memory(host, port, job, node_id, timeout)`` -> the exporter's instance
+* ``list_imports(host, port, timeout)`` -> ``list[Import]``
+* ``unimport(host, port, job, timeout)`` -> how many imports were dropped
+* ``inject_fault(host, port, fault, peer=None, timeout)``
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any
 
 from libs.imex import config as keys
 from libs.imex.config import parse_imex_config, parse_nodes_config
 from libs.imex.simulator import protocol as proto
-from libs.imex.simulator.domain_status import DaemonStatus, build_nodes_report
+from libs.imex.simulator.domain_status import DaemonStatus, Import
+
+__all__ = [
+    "CommandEndpointError",
+    "CommandRejected",
+    "DaemonStatus",
+    "DaemonUnavailable",
+    "Import",
+    "command_endpoint",
+    "import_memory",
+    "inject_fault",
+    "list_imports",
+    "query_ready",
+    "query_state",
+    "query_status",
+    "read_config",
+    "read_nodes",
+    "request",
+    "unimport",
+]
 
 DEFAULT_TIMEOUT_S = 2.0
 FAULTS = ("crash", "hang", "drop-peer", "heal")
@@ -59,7 +83,7 @@ def read_config(config_path: str) -> dict[str, str]:
 
 
 def read_nodes(config: dict[str, str]) -> list[str]:
-    """Read the nodes config named by parsed config.cfg values (OSError if it cannot be read)."""
+    """The entries of the nodes config named by parsed config.cfg values (OSError if unreadable)."""
     path = config.get(keys.IMEX_NODE_CONFIG_FILE) or keys.DEFAULT_NODES_CONFIG_FILE
     with open(path, encoding="utf-8") as f:
         return parse_nodes_config(f.read())
@@ -109,7 +133,7 @@ async def query_status(
     cmd_port: int,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
 ) -> DaemonStatus:
-    """Return the daemon's own status (state, peers and their connection status)."""
+    """The daemon's own status: state, node ID, instance, and its link to every node ID."""
     verb, fields = await request(cmd_host, cmd_port, proto.encode(proto.CMD_STATUS), timeout)
     if verb != proto.CMD_STATUS:
         raise DaemonUnavailable(f"unexpected reply {verb} to STATUS from {cmd_host}:{cmd_port}")
@@ -140,49 +164,78 @@ async def query_ready(
     return await query_state(cmd_host, cmd_port, timeout) == proto.STATE_READY
 
 
-async def query_nodes(
-    addresses: Sequence[str],
-    cmd_port: int = keys.DEFAULT_CMD_PORT,
+def _timeout(timeout: float, timeout_s: float | None) -> float:
+    return timeout if timeout_s is None else timeout_s
+
+
+async def import_memory(
+    cmd_host: str,
+    cmd_port: int,
+    job: str,
+    node_id: int,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
     *,
-    with_hostnames: bool = False,
-) -> dict[str, Any]:
-    """Return the ``-N -j`` document for the domain whose nodes config lists ``addresses``.
+    timeout_s: float | None = None,
+) -> str:
+    """Record that local ``job`` imported memory exported by node ``node_id``'s daemon.
 
-    Like nvidia-imex-ctl, each listed node's command service is queried at
-    ``<address>:<cmd_port>`` (concurrently, each bounded by ``timeout``).
+    Works only while the daemon's link to that node is CONNECTED; returns the exporter's
+    instance. Raises CommandRejected otherwise, DaemonUnavailable if the daemon cannot be asked.
+    (``timeout_s`` is an alias of ``timeout``.)
     """
-
-    async def one(address: str) -> DaemonStatus | None:
-        try:
-            return await query_status(address, cmd_port, timeout)
-        except DaemonUnavailable:
-            return None
-
-    statuses = await asyncio.gather(*(one(address) for address in addresses))
-    return build_nodes_report(list(addresses), statuses, with_hostnames=with_hostnames)
+    message = proto.encode(proto.CMD_IMPORT, {"job": job, "node": str(node_id)})
+    verb, fields = await request(cmd_host, cmd_port, message, _timeout(timeout, timeout_s))
+    if verb != proto.REPLY_OK:
+        raise CommandRejected(fields.get("reason", verb))
+    return fields.get("instance", "")
 
 
-async def query_nodes_from_config(
-    config_path: str,
+async def list_imports(
+    cmd_host: str,
+    cmd_port: int,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
     *,
-    with_hostnames: bool = False,
-) -> dict[str, Any]:
-    """``query_nodes`` for the nodes config and command port named in ``config_path``."""
-    config = read_config(config_path)
-    _, port = command_endpoint(config)
-    return await query_nodes(read_nodes(config), port, timeout, with_hostnames=with_hostnames)
+    timeout_s: float | None = None,
+) -> list[Import]:
+    """Every import of the daemon's local jobs, valid or not (invalid ones say why)."""
+    verb, fields = await request(
+        cmd_host, cmd_port, proto.encode(proto.CMD_IMPORTS), _timeout(timeout, timeout_s)
+    )
+    if verb != proto.CMD_IMPORTS:
+        raise DaemonUnavailable(f"unexpected reply {verb} to IMPORTS from {cmd_host}:{cmd_port}")
+    try:
+        return Import.list_from_fields(fields)
+    except ValueError as exc:
+        raise DaemonUnavailable(str(exc)) from None
+
+
+async def unimport(
+    cmd_host: str,
+    cmd_port: int,
+    job: str,
+    timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+    *,
+    timeout_s: float | None = None,
+) -> int:
+    """Drop every import of ``job`` (the job ended); returns how many there were."""
+    message = proto.encode(proto.CMD_UNIMPORT, {"job": job})
+    verb, fields = await request(cmd_host, cmd_port, message, _timeout(timeout, timeout_s))
+    if verb != proto.REPLY_OK:
+        raise CommandRejected(fields.get("reason", verb))
+    removed = fields.get("removed", "0")
+    return int(removed) if removed.isdigit() else 0
 
 
 async def inject_fault(
     cmd_host: str,
     cmd_port: int,
     fault: str,
-    peer: str | None = None,
+    peer: str | int | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
 ) -> None:
     """Inject a fault: ``crash``, ``hang``, ``drop-peer`` (needs ``peer``) or ``heal``.
+
+    ``peer`` of drop-peer is a node ID (an int or a string of digits) or a peer's address.
 
     Raises ValueError for an unknown fault, DaemonUnavailable if the daemon cannot be told, and
     CommandRejected if it refuses.
@@ -194,9 +247,10 @@ async def inject_fault(
     elif fault == "heal":
         message = proto.encode(proto.CMD_HEAL)
     elif fault == "drop-peer":
-        if not peer:
-            raise ValueError("drop-peer needs the peer address")
-        message = proto.encode(proto.CMD_DROP, {"addr": peer})
+        if peer is None or peer == "":
+            raise ValueError("drop-peer needs the peer's node ID or address")
+        key = "node" if isinstance(peer, int) or peer.isdigit() else "addr"
+        message = proto.encode(proto.CMD_DROP, {key: str(peer)})
     else:
         raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
     verb, fields = await request(cmd_host, cmd_port, message, timeout)

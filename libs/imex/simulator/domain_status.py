@@ -1,28 +1,35 @@
-"""Domain status as ``nvidia-imex-ctl -N`` reports it, built from each daemon's own status (pure).
+"""One daemon's view of its IMEX domain, as ``nvidia-imex-ctl -N`` shows it (pure).
 
-JSON shape (``-N -j``), mimicking nvidia-imex-ctl::
+``DaemonStatus`` is the parsed reply to the STATUS command: the daemon's state, its node ID and
+instance, its node map (the names of the nodes config) and, per node ID, the address the name
+resolved to, the connection status, why it is not up and the peer's instance.
 
-    {"nodes": {"0": {"status": "READY", "host": "10.0.0.1", "hostName": "node-a",   # -H only
+JSON shape of ``-N -j``, nvidia-imex-ctl's shape with this daemon's row filled in::
+
+    {"nodes": {"0": {"status": "READY", "host": "10.0.0.1", "hostName": "s0.<..>.invalid",  # -H
                      "connections": {"0": {"host": "10.0.0.1", "status": "CONNECTED",
                                            "changed": true}, ...},
-                     "changed": true, "version": "..."}, ...},
-     "timestamp": "9/4/2026 00:37:39.905", "status": "UP"}
+                     "changed": true, "version": "..."},
+               "1": {"status": "READY", "host": "10.0.0.2", "connections": {}, ...}, ...},
+     "nodeId": 0, "instance": "...", "timestamp": "9/4/2026 00:37:39.905", "status": "UP"}
 
-Nodes are keyed by their index (line number in the nodes config). A node whose daemon cannot be
-queried is ``UNAVAILABLE`` with every connection ``INVALID``. Domain status: ``UP`` when every
-node is READY and fully connected, ``DOWN`` when no node is READY, else ``DEGRADED``. The
-simulator adds ``reason`` to a connection that is not up (an additive field). ``changed`` is
-always true: a single ``-N`` query has no previous report to compare with.
+The simulator's ``-N`` is local only: the other nodes' rows carry no connections, and their
+``status`` is READY while this daemon is connected to them, else UNAVAILABLE. A connection that
+is not up carries ``reason``; a known peer instance ``instance`` (additive fields). Domain
+status: ``UP`` when this daemon is READY and connected to every node whose name resolves to a
+real address (not the placeholder of an empty slot), ``DOWN`` when it is not READY, else
+``DEGRADED``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from libs.imex.simulator import protocol as proto
+from libs.imex.slots import PLACEHOLDER_ADDRESS
 
 DOMAIN_UP = "UP"
 DOMAIN_DEGRADED = "DEGRADED"
@@ -35,14 +42,19 @@ class DaemonStatus:
 
     state: str
     pid: int
-    address: str
-    domain_id: str
-    version: str
-    hostname: str
-    nodes: tuple[str, ...]
-    connections: Mapping[str, str] = field(default_factory=dict)  # peer address -> CONN_* status
-    reasons: Mapping[str, str] = field(default_factory=dict)  # peer address -> why it is not up
-    dropped: tuple[str, ...] = ()
+    instance: str
+    node_id: int
+    nodes: list[str]  # the nodes config, in node ID order
+    addresses: dict[int, str] = field(default_factory=dict)  # node ID -> resolved address
+    connections: dict[int, str] = field(default_factory=dict)  # node ID -> CONN_* status
+    reasons: dict[int, str] = field(default_factory=dict)  # node ID -> why it is not up
+    peer_instances: dict[int, str] = field(default_factory=dict)  # node ID -> instance seen last
+    address: str = ""  # BIND_INTERFACE_IP
+    domain_id: str = ""
+    version: str = ""
+    hostname: str = ""
+    map_digest: str = ""
+    dropped: tuple[int, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -51,75 +63,111 @@ class DaemonStatus:
     @classmethod
     def from_fields(cls, fields: Mapping[str, str]) -> DaemonStatus:
         """Build from the fields of a STATUS reply. Raises ValueError if one is malformed."""
-        try:
-            pid = int(fields.get("pid", "0"))
-        except ValueError:
-            raise ValueError(f"bad pid {fields.get('pid')!r} in STATUS reply") from None
+        pid = _int(fields, "pid", "0")
+        node_id = _int(fields, "node_id", "-1")
         return cls(
             state=fields.get("state", proto.STATE_UNAVAILABLE),
             pid=pid,
+            instance=fields.get("instance", ""),
+            node_id=node_id,
+            nodes=_split(fields.get("nodes", "")),
+            addresses=_per_node(fields, "addr."),
+            connections=_per_node(fields, "conn."),
+            reasons={i: why for i, why in _per_node(fields, "why.").items() if why},
+            peer_instances={i: inst for i, inst in _per_node(fields, "inst.").items() if inst},
             address=fields.get("addr", ""),
             domain_id=fields.get("domain", ""),
             version=fields.get("version", ""),
             hostname=fields.get("host", ""),
-            nodes=_split(fields.get("nodes", "")),
-            connections={k[5:]: v for k, v in fields.items() if k.startswith("conn.")},
-            reasons={k[4:]: v for k, v in fields.items() if k.startswith("why.")},
-            dropped=_split(fields.get("dropped", "")),
+            map_digest=fields.get("map", ""),
+            dropped=tuple(int(i) for i in _split(fields.get("dropped", "")) if i.isdigit()),
         )
 
 
-def build_nodes_report(
-    addresses: Sequence[str],
-    statuses: Sequence[DaemonStatus | None],
-    *,
-    now: float | None = None,
-    with_hostnames: bool = False,
-) -> dict[str, Any]:
-    """Return the ``-N -j`` document for the nodes at ``addresses`` (index order).
+@dataclass(frozen=True)
+class Import:
+    """One memory import of a local job from node ``node_id``'s daemon ``instance``."""
 
-    ``statuses[i]`` is node i's own report, or None when its daemon could not be queried.
-    """
-    if len(addresses) != len(statuses):
-        raise ValueError("one status (or None) per address is required")
+    job: str
+    node_id: int
+    instance: str
+    valid: bool
+    reason: str = ""  # why it is no longer valid
+
+    @classmethod
+    def list_from_fields(cls, fields: Mapping[str, str]) -> list[Import]:
+        """Parse an IMPORTS reply. Raises ValueError if it is malformed."""
+        count = _int(fields, "n", "0")
+        return [
+            cls(
+                job=fields.get(f"job.{k}", ""),
+                node_id=_int(fields, f"node.{k}", "-1"),
+                instance=fields.get(f"inst.{k}", ""),
+                valid=fields.get(f"valid.{k}", "0") == "1",
+                reason=fields.get(f"why.{k}", ""),
+            )
+            for k in range(count)
+        ]
+
+
+def build_nodes_report(
+    status: DaemonStatus | None, *, now: float | None = None, with_hostnames: bool = False
+) -> dict[str, Any]:
+    """The ``-N -j`` document from one daemon's own status (None: the daemon was unreachable)."""
+    if status is None:
+        return {"nodes": {}, "timestamp": format_timestamp(now), "status": DOMAIN_DOWN}
     nodes: dict[str, Any] = {}
-    for index, (address, status) in enumerate(zip(addresses, statuses, strict=True)):
-        connections: dict[str, Any] = {}
-        for peer_index, peer in enumerate(addresses):
-            conn_status = proto.CONN_INVALID
-            if status is not None:
-                conn_status = (
-                    proto.CONN_CONNECTED if peer == address else status.connections.get(peer, conn_status)
-                )
-            entry: dict[str, Any] = {"host": peer, "status": conn_status, "changed": True}
-            if status is not None and conn_status != proto.CONN_CONNECTED and status.reasons.get(peer):
-                entry["reason"] = status.reasons[peer]
-            connections[str(peer_index)] = entry
-        node: dict[str, Any] = {
-            "status": status.state if status is not None else proto.STATE_UNAVAILABLE,
-            "host": address,
+    connections: dict[str, Any] = {}
+    for i, name in enumerate(status.nodes):
+        entry: dict[str, Any] = {
+            "host": status.addresses.get(i, ""),
+            "status": status.connections.get(i, proto.CONN_INVALID),
+            "changed": True,
         }
         if with_hostnames:
-            node["hostName"] = (status.hostname if status is not None else "") or address
-        node["connections"] = connections
+            entry["hostName"] = name
+        if entry["status"] != proto.CONN_CONNECTED and status.reasons.get(i):
+            entry["reason"] = status.reasons[i]
+        if status.peer_instances.get(i):
+            entry["instance"] = status.peer_instances[i]
+        connections[str(i)] = entry
+    for i, name in enumerate(status.nodes):
+        mine = i == status.node_id
+        node: dict[str, Any] = {
+            "status": status.state
+            if mine
+            else (
+                proto.STATE_READY
+                if status.connections.get(i) == proto.CONN_CONNECTED
+                else proto.STATE_UNAVAILABLE
+            ),
+            "host": status.addresses.get(i, ""),
+        }
+        if with_hostnames:
+            node["hostName"] = name
+        node["connections"] = connections if mine else {}
         node["changed"] = True
-        node["version"] = status.version if status is not None else ""
-        nodes[str(index)] = node
-    return {"nodes": nodes, "timestamp": format_timestamp(now), "status": domain_state(nodes)}
+        node["version"] = status.version if mine else ""
+        nodes[str(i)] = node
+    return {
+        "nodes": nodes,
+        "nodeId": status.node_id,
+        "instance": status.instance,
+        "timestamp": format_timestamp(now),
+        "status": domain_state(status),
+    }
 
 
-def domain_state(nodes: Mapping[str, Any]) -> str:
-    """UP / DEGRADED / DOWN for the ``nodes`` part of a report."""
-    entries = list(nodes.values())
-    ready = [node for node in entries if node["status"] == proto.STATE_READY]
-    if not ready:
+def domain_state(status: DaemonStatus) -> str:
+    """UP / DEGRADED / DOWN as this daemon sees its domain (empty slots do not count)."""
+    if not status.ready:
         return DOMAIN_DOWN
-    fully_connected = all(
-        conn["status"] == proto.CONN_CONNECTED for node in entries for conn in node["connections"].values()
-    )
-    if len(ready) == len(entries) and fully_connected:
-        return DOMAIN_UP
-    return DOMAIN_DEGRADED
+    for i in range(len(status.nodes)):
+        if status.addresses.get(i, "") == PLACEHOLDER_ADDRESS:
+            continue
+        if status.connections.get(i) != proto.CONN_CONNECTED:
+            return DOMAIN_DEGRADED
+    return DOMAIN_UP
 
 
 def format_timestamp(now: float | None = None) -> str:
@@ -131,9 +179,9 @@ def format_timestamp(now: float | None = None) -> str:
 
 
 def format_nodes_table(report: Mapping[str, Any]) -> str:
-    """Human-readable ``-N`` output (legend, node list, connectivity matrix, domain state)."""
+    """Human-readable ``-N`` output (legend, this daemon's links, domain state)."""
     nodes: Mapping[str, Any] = report["nodes"]
-    order = sorted(nodes, key=int)
+    own = str(report.get("nodeId", ""))
     lines = [
         "Connectivity Table Legend:",
         "I - Invalid - Node wasn't reachable, no connection status available",
@@ -145,20 +193,55 @@ def format_nodes_table(report: Mapping[str, Any]) -> str:
         str(report["timestamp"]),
         "Nodes:",
     ]
-    for key in order:
+    connections: Mapping[str, Any] = nodes[own]["connections"] if own in nodes else {}
+    for key in sorted(nodes, key=int):
         node = nodes[key]
-        host = node["host"] + (f" ({node['hostName']})" if node.get("hostName") else "")
-        lines.append(f"Node #{key:<3} - {host:<15} - {node['status']:<20} - Version: {node['version']}")
+        host = node["host"] or "-"
+        if node.get("hostName"):
+            host += f" ({node['hostName']})"
+        conn = connections.get(key, {})
+        mark = "*" if key == own else "-"
+        line = f"Node #{key:<3} {mark} {host:<15} - {node['status']:<12} - {conn.get('status', 'INVALID')}"
+        if conn.get("reason"):
+            line += f" ({conn['reason']})"
+        lines.append(line)
     lines.append("")
+    order = sorted(nodes, key=int)
     lines.append(" Nodes From\\To  " + "".join(f"{key:<4}" for key in order))
-    for key in order:
-        row = nodes[key]["connections"]
-        cells = "".join(f"{proto.CONN_LEGEND.get(row[col]['status'], '?'):<4}" for col in order)
-        lines.append(f"{key:>8}        {cells}")
+    if own in nodes:
+        cells = "".join(
+            f"{proto.CONN_LEGEND.get(connections.get(col, {}).get('status', ''), 'I'):<4}" for col in order
+        )
+        lines.append(f"{own:>8}        {cells}")
     lines.append("")
     lines.append(f"Domain State: {report['status']}")
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def _split(value: str) -> tuple[str, ...]:
-    return tuple(item for item in value.split(",") if item)
+def format_imports_table(imports: list[Import]) -> str:
+    """Human-readable ``--imports`` output."""
+    lines = [f"{'JOB':<24} {'NODE':>4}  {'VALID':<5}  INSTANCE / REASON"]
+    for entry in imports:
+        detail = entry.instance + (f"  ({entry.reason})" if entry.reason else "")
+        lines.append(f"{entry.job:<24} {entry.node_id:>4}  {'yes' if entry.valid else 'NO':<5}  {detail}")
+    return "\n".join(lines) + "\n"
+
+
+def _int(fields: Mapping[str, str], key: str, default: str) -> int:
+    raw = fields.get(key, default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"bad {key} {raw!r} in reply") from None
+
+
+def _per_node(fields: Mapping[str, str], prefix: str) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for key, value in fields.items():
+        if key.startswith(prefix) and key[len(prefix) :].isdigit():
+            out[int(key[len(prefix) :])] = value
+    return out
+
+
+def _split(value: str) -> list[str]:
+    return [item for item in value.split(",") if item]
