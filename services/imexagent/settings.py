@@ -1,0 +1,197 @@
+"""Settings of ``cd-imex-agent``: the command line / environment (``--name`` or ``CD_NAME``), and
+the tuning of daemon supervision that tools and tests set in code (`ImexSettings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from libs.hardware import ImexBackendName
+from libs.hardware.factory import HARDWARE_KINDS
+from libs.imex import config as imexcfg
+from libs.imex import slots
+from libs.runtime.settings import positive, setting
+from libs.state.config import EtcdConfig
+from services.imexagent.lifecycle import LifecyclePolicy
+
+BackendChoice = Literal["auto", "nvidia", "simulated"]
+
+
+@dataclass(frozen=True)
+class ImexSettings:
+    """How daemons are started, polled, told to re-resolve, restarted and stopped."""
+
+    # "nvidia" (nvidia-imex) or "simulated"; None = what the node's hardware backend says.
+    backend: ImexBackendName | None = None
+    nvidia_imex_binary: str = "nvidia-imex"
+    nvidia_imex_ctl_binary: str = "nvidia-imex-ctl"
+    # Replaces the backend's daemon command (argv before "-c <config>"); tests use it.
+    daemon_command: tuple[str, ...] = ()
+    server_port: int = imexcfg.DEFAULT_SERVER_PORT
+    cmd_port: int = imexcfg.DEFAULT_CMD_PORT
+    # Where the command service listens; "" = this node's address.
+    cmd_bind_ip: str = ""
+    wait_for_quorum: str = imexcfg.QUORUM_RECOVERY
+    log_file_max_size_mb: int = 64
+    # What an empty slot resolves to: an address nothing listens on.
+    placeholder_address: str = slots.PLACEHOLDER_ADDRESS
+    # Probing: fast while starting or just after a change, slow once READY (a READY daemon is
+    # still probed, for the peers it reports connected).
+    poll_interval_starting_s: float = 0.025
+    poll_interval_ready_s: float = 1.0
+    query_timeout_s: float = 1.0
+    not_ready_debounce_s: float = 0.5
+    waiting_detail_after_s: float = 5.0
+    unresponsive_kill_s: float = 20.0
+    failed_after: int = 3
+    restart_backoff_initial_s: float = 0.2
+    restart_backoff_cap_s: float = 10.0
+    stable_after_s: float = 10.0
+    # SIGTERM -> SIGKILL grace period when stopping a daemon.
+    stop_grace_s: float = 5.0
+    # At most one SIGUSR1 this often (nvidia-imex ignores repeats within 5 s).
+    reload_min_interval_s: float = 5.2
+    # A status change that only concerns peers / connections / generation is written at most
+    # this often; state changes are written at once.
+    status_coalesce_s: float = 0.2
+    log_tail_lines: int = 10
+    # Deadline of one blocking file operation or spawn done in a worker thread.
+    io_timeout_s: float = 30.0
+    # Simulator tuning (rendered as simulator-only comment directives; None = its default).
+    sim_sigusr1_min_interval_s: float | None = None
+    sim_heartbeat_interval_s: float | None = None
+    sim_reconnect_initial_s: float | None = None
+    sim_reconnect_max_s: float | None = None
+    # Stop the daemons when the supervisor ends (default: leave them for the next incarnation).
+    stop_daemons_on_exit: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "poll_interval_starting_s",
+            "poll_interval_ready_s",
+            "query_timeout_s",
+            "io_timeout_s",
+        ):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0")
+        for name in ("stop_grace_s", "reload_min_interval_s", "status_coalesce_s"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0")
+        if self.wait_for_quorum not in imexcfg.WAIT_FOR_QUORUM_VALUES:
+            problems.append(f"wait_for_quorum must be one of {imexcfg.WAIT_FOR_QUORUM_VALUES}")
+        if not self.placeholder_address or any(ch.isspace() for ch in self.placeholder_address):
+            problems.append("placeholder_address must be one address")
+        if problems:
+            raise ValueError("invalid IMEX settings: " + "; ".join(problems))
+        self.lifecycle_policy()  # validates its part
+
+    def lifecycle_policy(self) -> LifecyclePolicy:
+        return LifecyclePolicy(
+            not_ready_debounce_s=self.not_ready_debounce_s,
+            failed_after=self.failed_after,
+            restart_backoff_initial_s=self.restart_backoff_initial_s,
+            restart_backoff_cap_s=self.restart_backoff_cap_s,
+            stable_after_s=self.stable_after_s,
+            unresponsive_kill_s=self.unresponsive_kill_s,
+            waiting_detail_after_s=self.waiting_detail_after_s,
+        )
+
+
+def _required(value: Any) -> str | None:
+    return None if value else "is required"
+
+
+def _port(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
+
+
+def _address(value: Any) -> str | None:
+    return None if value and not any(ch.isspace() or ch == "#" for ch in value) else "must be one address"
+
+
+@dataclass(frozen=True)
+class ImexAgentSettings:
+    node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
+    node_ip: str = setting(
+        "", "Address IMEX peers reach this node at; required with real hardware (simulation: the node's own)."
+    )
+    # ---- state store
+    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd host:port.")
+    etcd_prefix: str = setting("/cd/v1/", "Key prefix of this deployment in etcd.")
+    etcd_ca_file: str = setting("", "CA bundle for etcd TLS (enables TLS).")
+    etcd_cert_file: str = setting("", "Client certificate for etcd TLS.")
+    etcd_key_file: str = setting("", "Client key for etcd TLS.")
+    etcd_username: str = setting("", "etcd user (RBAC).")
+    etcd_password: str = setting("", "etcd password (RBAC).", secret=True)
+    etcd_timeout_s: float = setting(5.0, "Deadline of each etcd call, seconds.", validate=positive)
+    # ---- hardware
+    hardware: str = setting("nvml", "Hardware backend.", choices=HARDWARE_KINDS)
+    sim_cluster: str = setting("", "Simulated cluster description file (--hardware simulated).")
+    sim_state_dir: str = setting(
+        "", "Base of simulated node state directories (default: nodes/ next to the cluster file)."
+    )
+    proc_devices: str = setting("/proc/devices", "Where to read the IMEX channel major (nvml).")
+    driver_root: str = setting("/", "Host root of the NVIDIA driver's /dev (nvml).")
+    # ---- node record
+    lease_ttl_s: int = setting(
+        5, "TTL of the node record's lease (node loss is seen after it), seconds.", validate=positive
+    )
+    kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (recorded in the node record).")
+    cdi_root: str = setting("/var/run/cdi", "CDI spec directory (recorded in the node record).")
+    # ---- IMEX
+    imex_work_dir: str = setting("/var/lib/compute-domain/imex", "Per-domain IMEX daemon directories.")
+    imex_backend: str = setting(
+        "auto",
+        "IMEX daemon: auto (by hardware), nvidia or simulated.",
+        choices=("auto", "nvidia", "simulated"),
+    )
+    nvidia_imex_binary: str = setting("nvidia-imex", "The nvidia-imex daemon.")
+    nvidia_imex_ctl_binary: str = setting("nvidia-imex-ctl", "The nvidia-imex-ctl tool.")
+    placeholder_address: str = setting(
+        slots.PLACEHOLDER_ADDRESS,
+        "Address an empty IMEX slot resolves to (nothing may listen there).",
+        validate=_address,
+    )
+    stop_daemons_on_exit: bool = setting(
+        False,
+        "Stop the IMEX daemons when the agent stops (default: leave them running; the next "
+        "agent adopts them, so running jobs survive an agent restart or upgrade).",
+    )
+    # ---- process
+    health_host: str = setting("0.0.0.0", "Address of the /healthz /readyz /metrics server.")
+    health_port: int = setting(8083, "Port of the health server (0 = any free port).", validate=_port)
+    log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if shown["etcd_password"]:
+            shown["etcd_password"] = "<redacted>"
+        return f"ImexAgentSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def etcd_config(self) -> EtcdConfig:
+        return EtcdConfig(
+            endpoint=self.etcd_endpoint,
+            prefix=self.etcd_prefix,
+            ca_file=self.etcd_ca_file or None,
+            cert_file=self.etcd_cert_file or None,
+            key_file=self.etcd_key_file or None,
+            username=self.etcd_username or None,
+            password=self.etcd_password or None,
+            timeout_s=self.etcd_timeout_s,
+        )
+
+    def imex_settings(self) -> ImexSettings:
+        backend: ImexBackendName | None = None
+        if self.imex_backend == "nvidia":
+            backend = "nvidia"
+        elif self.imex_backend == "simulated":
+            backend = "simulated"
+        return ImexSettings(
+            backend=backend,
+            nvidia_imex_binary=self.nvidia_imex_binary,
+            nvidia_imex_ctl_binary=self.nvidia_imex_ctl_binary,
+            placeholder_address=self.placeholder_address,
+            stop_daemons_on_exit=self.stop_daemons_on_exit,
+        )
