@@ -20,6 +20,7 @@ of the agent disturbs no job), and stops every other leftover daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
@@ -160,7 +161,12 @@ class ImexSupervisor:
             binding_watch.cancel()
             if self._members_task is not None:
                 self._members_task.cancel()
-            await asyncio.shield(self._shutdown())
+            # Finish the shutdown even if cancelled again meanwhile: stopping daemons and
+            # deleting their status must not be cut off halfway (the caller closes the store next).
+            shutdown = asyncio.ensure_future(self._shutdown())
+            while not shutdown.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(shutdown)
 
     # ---- watches ------------------------------------------------------------------------
 

@@ -37,11 +37,12 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.store import Store
 from libs.state.watch import watch_prefix
+from services.imexagent.inventory import InventorySettings, NodeInventory
+from services.imexagent.settings import ImexSettings
+from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import StoreClaimSource
 from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
-from services.nodeagent.imexsupervisor import ImexSettings, ImexSupervisor, PrefixWatcher
-from services.nodeagent.inventory import InventorySettings, NodeInventory
 from services.nodeagent.main import keep_running
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path

@@ -24,7 +24,7 @@ from libs.fsio.atomic import write_atomic
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.logging import configure_logging
 from libs.state.config import EtcdConfig
-from services.nodeagent.imexsupervisor import ImexSettings
+from services.imexagent.settings import ImexSettings
 from tools.scalesim.agent import AgentOptions
 from tools.scalesim.host import ScaleHost, spread_nodes
 

@@ -27,7 +27,7 @@ import structlog
 
 from libs.state.store import Store, Versioned
 from libs.state.watch import M, Resync, WatchEvent, watch_prefix
-from services.nodeagent.imexsupervisor import PrefixWatcher
+from services.imexagent.supervisor import PrefixWatcher
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,247 @@
+"""``cd-imex-agent``: the IMEX side of a node as one long-lived asyncio program.
+
+It holds the node's liveness: the node record on its lease (`NodeInventory`), and runs the IMEX
+daemons of the domains the node is in (`ImexSupervisor`). It is separate from the kubelet plugin
+(``cd-node-agent``) so that a plugin restart or upgrade changes nothing in the store and no
+daemon. A restart of this program adopts the running daemons (same pid; no job notices); by
+default the daemons outlive it (``--stop-daemons-on-exit`` stops them).
+
+Start order: health server -> etcd (retried: etcd may still be starting) -> inventory and
+supervisor as background tasks. A background task that fails is logged, shown on ``/healthz``
+and restarted with capped backoff; the problem clears once it has run for a while again.
+Shutdown on SIGTERM/SIGINT (or `stop`): the tasks end (daemons left running unless configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from libs.hardware.errors import HardwareError
+from libs.hardware.factory import open_node_hardware
+from libs.hardware.interface import NodeHardware
+from libs.runtime.backoff import Backoff
+from libs.runtime.health import Health, start_health_server
+from libs.runtime.logging import configure_logging
+from libs.runtime.settings import load_settings_or_exit
+from libs.state.store import Store, with_retries
+from libs.state.watch import watch_prefix
+from services.imexagent.inventory import InventorySettings, NodeInventory
+from services.imexagent.lifecycle import READY
+from services.imexagent.settings import ImexAgentSettings, ImexSettings
+from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
+
+log = structlog.get_logger(__name__)
+
+# A restarted background task that then runs this long counts as recovered.
+_STABLE_AFTER_S = 60.0
+
+
+async def keep_running(
+    name: str,
+    run: Callable[[], Awaitable[object]],
+    health: Health,
+    stable_after_s: float = _STABLE_AFTER_S,
+    backoff: Backoff | None = None,
+) -> None:
+    """Run a task that should never end; on failure log, report in health, restart with backoff.
+    The health problem clears once the restarted task has run ``stable_after_s``."""
+    loop = asyncio.get_running_loop()
+    backoff = backoff or Backoff(initial=0.5, cap=30.0)
+    problem = f"task:{name}"
+    while True:
+        started = loop.time()
+        recovered = (
+            loop.call_later(stable_after_s, health.clear_problem, problem)
+            if problem in health.problems
+            else None
+        )
+        try:
+            await run()
+            message = "exited unexpectedly"
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            log.exception("background task failed; restarting", task=name)
+        finally:
+            if recovered is not None:
+                recovered.cancel()
+        if loop.time() - started >= stable_after_s:
+            backoff.reset()
+        health.set_problem(problem, message)
+        await asyncio.sleep(backoff.next_delay())
+        log.info("restarting background task", task=name)
+
+
+@dataclass
+class ImexAgent:
+    """The IMEX side of one node: its record on the lease and its daemons."""
+
+    inventory: NodeInventory
+    supervisor: ImexSupervisor
+
+    def tasks(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
+        """The background tasks to keep running (name, coroutine function)."""
+        return [("inventory", self.inventory.run), ("imex-supervisor", self.supervisor.run)]
+
+    async def run(self, health: Health) -> None:
+        """Run both tasks (each restarted on failure) until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            for name, run in self.tasks():
+                group.create_task(keep_running(name, run, health), name=f"{name}-{self.inventory.node_name}")
+
+
+def compose_imex_agent(
+    store: Store,
+    node_name: str,
+    hardware: NodeHardware,
+    work_dir: Path,
+    imex: ImexSettings,
+    inventory: InventorySettings,
+    watch: PrefixWatcher = watch_prefix,
+) -> ImexAgent:
+    """The IMEX agent's parts on a given store and hardware (``run_imex_agent`` and tools that
+    host many simulated nodes in one process build it the same way)."""
+    return ImexAgent(
+        inventory=NodeInventory(store, node_name, hardware, inventory),
+        supervisor=ImexSupervisor(store, node_name, hardware, work_dir, imex, watch=watch),
+    )
+
+
+class DaemonCollector(Collector):
+    """Scrape-time gauges of the supervisor's daemons (nothing to keep in step)."""
+
+    def __init__(self, supervisor: ImexSupervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        restarts = GaugeMetricFamily(
+            "cd_imex_daemon_restarts", "Restarts of this node's IMEX daemon, per domain.", labels=["cd_uid"]
+        )
+        ready = GaugeMetricFamily(
+            "cd_imex_daemon_ready", "1 while this node's IMEX daemon is READY, per domain.", labels=["cd_uid"]
+        )
+        reloads = GaugeMetricFamily(
+            "cd_imex_daemon_sigusr1",
+            "SIGUSR1 sent to the current daemon supervision, per domain.",
+            labels=["cd_uid"],
+        )
+        for runner in self.supervisor.runners():
+            restarts.add_metric([runner.uid], runner.lifecycle.restarts)
+            ready.add_metric([runner.uid], 1.0 if runner.lifecycle.state == READY else 0.0)
+            reloads.add_metric([runner.uid], runner.sigusr1_sent)
+        yield restarts
+        yield ready
+        yield reloads
+
+
+async def _mark_registered(inventory: NodeInventory, health: Health, warn_after_s: float = 30.0) -> None:
+    """Ready once the node record is in the store (peers and the plugin depend on it)."""
+    while True:
+        try:
+            await inventory.wait_registered(warn_after_s)
+        except TimeoutError:
+            log.warning("node not registered in the store yet; waiting", node=inventory.node_name)
+            continue
+        health.set_ready("registered", True)
+        return
+
+
+def open_hardware(settings: ImexAgentSettings) -> NodeHardware:
+    return open_node_hardware(
+        settings.hardware,
+        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
+        node=settings.node_name,
+        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
+        proc_devices=Path(settings.proc_devices),
+        dev_root=Path(settings.driver_root),
+    )
+
+
+async def run_imex_agent(
+    settings: ImexAgentSettings,
+    stop: asyncio.Event | None = None,
+    imex: ImexSettings | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Run until `stop` is set (or SIGTERM/SIGINT when `handle_signals`).
+
+    `imex` replaces the daemon tuning derived from `settings` (tests and tools shorten timings)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    node_name = settings.node_name
+    health = Health()
+    health.set_ready("registered", False)
+    registry = CollectorRegistry()
+    hardware = open_hardware(settings)
+    store = Store(settings.etcd_config())
+    health_runner = None
+    agent_task: asyncio.Task[None] | None = None
+    try:
+        health_runner, health_port = await start_health_server(
+            health, settings.health_host, settings.health_port, registry
+        )
+        # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
+        await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
+        agent = compose_imex_agent(
+            store,
+            node_name,
+            hardware,
+            Path(settings.imex_work_dir),
+            imex or settings.imex_settings(),
+            InventorySettings(
+                lease_ttl_s=settings.lease_ttl_s,
+                node_ip=settings.node_ip,
+                kubelet_dir=settings.kubelet_dir,
+                cdi_root=settings.cdi_root,
+            ),
+        )
+        registry.register(DaemonCollector(agent.supervisor))
+        agent_task = asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}")
+        log.info("IMEX agent running", node=node_name, health_port=health_port, hardware=settings.hardware)
+        registered = asyncio.create_task(_mark_registered(agent.inventory, health))
+        try:
+            await stop.wait()
+        finally:
+            registered.cancel()
+        log.info("shutting down", node=node_name)
+    finally:
+        health.set_ready("registered", False)
+        if agent_task is not None:
+            agent_task.cancel()
+            await asyncio.gather(agent_task, return_exceptions=True)
+        if health_runner is not None:
+            await health_runner.cleanup()
+        await store.close()
+        hardware.close()
+        log.info("IMEX agent stopped", node=node_name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = load_settings_or_exit(
+        ImexAgentSettings,
+        argv,
+        prog="cd-imex-agent",
+        description="ComputeDomain IMEX agent (node record on its lease, IMEX daemons).",
+    )
+    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+    try:
+        asyncio.run(run_imex_agent(settings))
+    except (HardwareError, ValueError, OSError) as exc:
+        log.error("IMEX agent cannot run", error=str(exc))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
