@@ -1,4 +1,5 @@
-"""The simulated IMEX daemon as real processes talking TCP on real loopback addresses."""
+"""The simulated IMEX daemon as real processes talking TCP on real loopback addresses: start-up,
+links, name resolution, handshake checks, SIGUSR1 and faults."""
 
 from __future__ import annotations
 
@@ -8,21 +9,21 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from libs.imex.config import DEFAULT_CMD_PORT
+from libs.imex import slots
+from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.imex.simulator import client
-from tests.imex.simdomain import REPO_ROOT, SimCluster, SimNode, free_loopback_addresses
+from libs.imex.simulator import protocol as proto
+from tests.imex.simdomain import REPO_ROOT, SimCluster, SimNode, free_loopback_addresses, start
 
 READY = "READY"
-WAITING = "WAITING_FOR_PEERS"
 
 
-async def ctl(node: SimNode | Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+async def ctl(node: SimNode | None, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the ctl tool as a process, as a user or script would (``-c <config>`` unless None)."""
-    target = [] if node is None else ["-c", str(node.config_path if isinstance(node, SimNode) else node)]
+    target = [] if node is None else ["-c", str(node.config_path)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -39,194 +40,243 @@ async def ctl(node: SimNode | Path | None, *args: str) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
 
 
-async def start(nodes: list[SimNode]) -> None:
-    for node in nodes:
-        node.spawn()
-    for node in nodes:
-        await node.wait_state(READY)
-
-
-async def test_three_daemons_form_a_ready_domain_and_ctl_reports_it(cluster: SimCluster):
+async def test_members_identify_their_slots_connect_and_ctl_shows_this_daemons_view(cluster: SimCluster):
     nodes = cluster.domain(3)
     nodes[0].spawn(via_module=True)  # the documented command line works too
-    for node in nodes[1:]:
-        node.spawn()
-    for node in nodes:
-        await node.wait_state(READY)
+    await start(nodes[1:], members=3)
+    await nodes[0].wait_connected(range(3))
+    for i, node in enumerate(nodes):
+        assert f"Identified this node as ID {i}, using bind address of '{node.slot_name(i)}'" in node.log_text()
 
-    quick = await ctl(nodes[1], "-q")
-    assert (quick.returncode, quick.stdout) == (0, "READY\n")
+    assert (await ctl(nodes[1], "-q")).stdout == "READY\n"
     direct = await ctl(None, "-i", nodes[2].address, str(DEFAULT_CMD_PORT), "-q")
     assert (direct.returncode, direct.stdout) == (0, "READY\n")
 
     full = await ctl(nodes[0], "-N", "-j", "-H")
     assert full.returncode == 0, full.stderr
     report = json.loads(full.stdout)
-    assert report["status"] == "UP"
-    assert [report["nodes"][str(i)]["host"] for i in range(3)] == [n.address for n in nodes]
-    for entry in report["nodes"].values():
-        assert entry["status"] == READY
-        assert entry["hostName"] == f"node-{entry['host']}"
-        assert [c["status"] for c in entry["connections"].values()] == ["CONNECTED"] * 3
-
+    assert report["status"] == "UP"  # empty slots (the placeholder) do not count
+    assert report["nodeId"] == 0
+    links = report["nodes"]["0"]["connections"]
+    assert [links[str(i)]["host"] for i in range(3)] == [n.address for n in nodes]
+    assert [links[str(i)]["status"] for i in range(3)] == ["CONNECTED"] * 3
+    assert links["5"] == {
+        "host": slots.PLACEHOLDER_ADDRESS,
+        "status": "NEVER_CONNECTED",
+        "changed": True,
+        "hostName": nodes[0].slot_name(5),
+        "reason": links["5"]["reason"],
+    }
+    assert len(report["nodes"]) == slots.MAX_SLOTS
+    table = (await ctl(nodes[0], "-N")).stdout
+    assert "Domain State: UP" in table and "C   C   C   N" in table
     log = nodes[0].log_text()
-    assert f"Connection established to node 1 with ip address {nodes[1].address}" in log
-    assert "-> READY" in log
+    assert f"Connection established to node 1 with address {nodes[0].slot_name(1)}" in log
 
 
-async def test_peer_of_another_domain_is_refused_and_logged(cluster: SimCluster):
-    # B forms its own one-node domain; A (another domain) lists B as a peer, as after an
-    # address is reused by a different ComputeDomain (upstream #1447).
+async def test_ready_alone_with_no_peer_up(cluster: SimCluster):
+    n0, n1, _ = cluster.domain(3)
+    n0.spawn()
+    status = await n0.wait_until(lambda st: st.ready, "READY")
+    assert (status.node_id, status.connections[1], status.connections[2]) == (
+        0,
+        "NEVER_CONNECTED",
+        "NEVER_CONNECTED",
+    )
+    quick = await ctl(n0, "-q")
+    assert (quick.returncode, quick.stdout) == (0, "READY\n")
+    n1.spawn()  # a late peer is reached by the reconnect loop
+    await n0.wait_connected([1])
+
+
+async def test_start_refused_without_an_own_entry_or_with_a_repeated_one(cluster: SimCluster):
+    (n0,) = cluster.domain(1)
+    other = free_loopback_addresses(2)[1]
+    n0.write_slots([other])  # no slot resolves to BIND_INTERFACE_IP
+    n0.spawn()
+    assert n0.wait_exit() == 1
+    assert "[ERROR]" in n0.log_text()
+    assert "No matching network interface found for any IP addresses in the node configuration file" in (
+        n0.log_text()
+    )
+
+    repeated = cluster.node(n0.address, "cd-uid-2")
+    repeated.write_config([n0.address], names=["s0.x.invalid", "s1.x.invalid"])
+    repeated.nodes_path.write_text("s0.x.invalid\nS0.X.invalid\n")
+    repeated.spawn()
+    assert repeated.wait_exit() == 1
+    assert "listed twice" in repeated.log_text()
+
+    missing = cluster.node(n0.address, "cd-uid-3")
+    missing.write_config([n0.address])
+    missing.nodes_path.unlink()
+    missing.spawn()
+    assert missing.wait_exit() == 1
+    assert "Failed to read node configuration file" in missing.log_text()
+
+
+async def test_nodes_config_is_not_reread_on_sigusr1(cluster: SimCluster):
+    a_addr, b_addr, c_addr = free_loopback_addresses(3)
+    names = ["node-a.test.invalid", "node-b.test.invalid"]
+    a, b = cluster.node(a_addr), cluster.node(b_addr)
+    hosts = f"{a_addr} {names[0]}\n{b_addr} {names[1]}\n{c_addr} node-c.test.invalid\n"
+    for node in (a, b):
+        node.write_config([], names=names)
+        node.write_hosts(hosts)
+    await start([a, b])
+    dialled_c: list[str] = []
+    server = await asyncio.start_server(
+        lambda r, w: (dialled_c.append("x"), w.close()), c_addr, DEFAULT_SERVER_PORT
+    )
+    async with server:
+        a.nodes_path.write_text("\n".join([*names, "node-c.test.invalid"]) + "\n")
+        a.signal(signal.SIGUSR1)
+        # SIGUSR1 re-dials every outgoing link at once: once b is reconnected, c would have been
+        # dialled too had the list been re-read.
+        await a.wait_log(f"Connection established to node 1 with address {names[1]}", count=2)
+        await a.wait_connected([1])
+        status = await a.status()
+        assert status.nodes == names and len(status.connections) == 2
+        assert dialled_c == []
+
+
+@pytest.mark.parametrize("via_sigusr1", [True, False], ids=["sigusr1", "reconnect-loop"])
+async def test_a_readdressed_slot_is_reached(cluster: SimCluster, via_sigusr1: bool):
+    # Slot 1's member dies and a new member takes slot 1 on another address. With SIGUSR1 the
+    # survivor re-resolves at once (its backoff is long here); without it the reconnect loop
+    # re-resolves at its next attempt.
+    backoff = 5.0 if via_sigusr1 else 0.1
+    a_addr, b_addr, new_addr = free_loopback_addresses(3)
+    a = cluster.node(a_addr, reconnect_initial_s=backoff, reconnect_max_s=backoff)
+    b, new_b = cluster.node(b_addr), cluster.node(new_addr)
+    for node in (a, b):
+        node.write_config([a_addr, b_addr])
+    new_b.write_config([a_addr, new_addr])
+    b.spawn()  # b first: a's first dial must find it (a's backoff may be long)
+    await b.wait_until(lambda st: st.ready, "READY")
+    await start([a], members=2)
+    b.kill()
+    await a.wait_until(lambda st: st.connections[1] != "CONNECTED", "link to node 1 down")
+    new_b.spawn()
+    await new_b.wait_until(lambda st: st.ready, "READY")  # a refuses it until slot 1 says new_addr
+    began = time.monotonic()
+    a.write_slots([a_addr, new_addr])
+    if via_sigusr1:
+        a.signal(signal.SIGUSR1)
+    status = await a.wait_until(
+        lambda st: (st.connections[1], st.addresses[1]) == ("CONNECTED", new_addr), "link to the new node 1"
+    )
+    if via_sigusr1:
+        assert time.monotonic() - began < backoff * 0.9  # not the reconnect loop
+    assert status.peer_instances[1] != ""
+    await new_b.wait_connected([0, 1])  # a accepts it: its source address is what slot 1 resolves to
+
+
+async def test_sigusr1_is_throttled_to_one_per_5_seconds_by_default(cluster: SimCluster):
+    (n0,) = cluster.domain(1, sigusr1_min_interval_s=None)  # the default
+    n0.spawn()
+    await n0.wait_until(lambda st: st.ready, "READY")
+    n0.signal(signal.SIGUSR1)
+    await n0.wait_log("Received SIGUSR1: re-resolving node names and restarting all peer connections")
+    n0.signal(signal.SIGUSR1)
+    log = await n0.wait_log("Received SIGUSR1 within 5 s of the last one, ignored")
+    assert log.count("Received SIGUSR1: re-resolving") == 1
+
+
+async def test_daemons_of_different_maps_refuse_each_other(cluster: SimCluster):
+    # B's domain maps slot 0 to B; A's domain (another uid, so other slot names) maps its slot 1
+    # to B's address, as after an address is reused by a different ComputeDomain (#1447).
     a_addr, b_addr = free_loopback_addresses(2)
-    b = cluster.add(SimNode(b_addr, cluster.root / "b", "domain-b"))
+    b = cluster.node(b_addr, "domain-b")
     b.write_config([b_addr])
-    a = cluster.add(SimNode(a_addr, cluster.root / "a", "domain-a"))
+    a = cluster.node(a_addr, "domain-a")
     a.write_config([a_addr, b_addr])
-    b.spawn()
-    await b.wait_state(READY)
     a.spawn()
-    await a.wait_state(WAITING)
-    await asyncio.sleep(0.5)  # several connection attempts
-
-    assert await a.state() == WAITING
-    assert await b.state() == READY
-    status = await a.status()
-    assert status.connections[b_addr] == "NODE_MAP_MISMATCH"
-    assert "domain-b" in status.reasons[b_addr]
-    assert f"Refused connection from {a_addr}: node map mismatch: peer domain domain-a" in b.log_text()
-    assert f"({b_addr}) refused by the peer: node map mismatch" in a.log_text()
-    table = await ctl(a, "-N")
-    assert "!M!" in table.stdout and "Domain State: DEGRADED" in table.stdout
+    b.spawn()
+    status = await a.wait_until(lambda st: st.connections[1] == "NODE_MAP_MISMATCH", "map mismatch")
+    assert "node map mismatch" in status.reasons[1]
+    await b.wait_log(f"Refused connection from {a_addr}: node map mismatch")
+    table = (await ctl(a, "-N")).stdout
+    assert "!M!" in table and "Domain State: DEGRADED" in table
 
 
-async def test_sigusr1_applies_a_new_member_set_without_restart(cluster: SimCluster):
+async def test_hello_checks_node_id_and_source_address(cluster: SimCluster):
+    n0, n1 = cluster.domain(2)
+    n0.spawn()
+    status = await n0.wait_until(lambda st: st.ready, "READY")
+    stranger = free_loopback_addresses(3)[2]
+
+    async def hello(source: str, node_id: str, digest: str = status.map_digest) -> tuple[str, dict[str, str]]:
+        reader, writer = await asyncio.open_connection(n0.address, DEFAULT_SERVER_PORT, local_addr=(source, 0))
+        fields = {"domain": "cd-uid-1", "node_id": node_id, "instance": "x", "addr": source, "map": digest}
+        writer.write(proto.encode(proto.HELLO, fields))
+        reply = proto.decode(await asyncio.wait_for(reader.readline(), 2))
+        writer.close()
+        return reply
+
+    assert (await hello(stranger, "1"))[1]["code"] == "address-mismatch"  # slot 1 is n1's address
+    assert (await hello(n1.address, "0"))[1]["code"] == "invalid-node-id"  # n0's own ID
+    assert (await hello(n1.address, "18"))[1]["code"] == "invalid-node-id"
+    assert (await hello(n1.address, "1", "0" * 16))[1]["code"] == "node-map-mismatch"
+    verb, fields = await hello(n1.address, "1")
+    assert (verb, fields["node_id"], fields["instance"]) == ("WELCOME", "0", status.instance)
+
+
+async def test_sigterm_says_bye_and_crash_does_not(cluster: SimCluster):
     n0, n1, n2 = cluster.domain(3)
     await start([n0, n1, n2])
-    pids = (n0.proc.pid, n1.proc.pid)  # type: ignore[union-attr]
-
-    # Scale: n2 leaves, n3 joins. The new member starts with the new list; the others keep
-    # running and are reconfigured in place.
-    (n3_addr,) = [a for a in free_loopback_addresses(4) if a not in {n0.address, n1.address, n2.address}][:1]
-    n3 = cluster.add(SimNode(n3_addr, cluster.root / n3_addr, n0.domain_id))
-    members = [n0.address, n1.address, n3_addr]
-    n3.write_config(members)
-    for node in (n0, n1):
-        node.write_nodes(members)
-    n3.spawn()
-    await n3.wait_state(READY)  # n0/n1 accept it as a same-domain peer before their reload
-    assert (await n0.status()).nodes == (n0.address, n1.address, n2.address)  # not re-read yet
-
-    for node in (n0, n1):
-        node.signal(signal.SIGUSR1)
-    n2.signal(signal.SIGTERM)
-    assert n2.wait_exit() == 0
-    for node in (n0, n1):
-        status = await node.wait_until(
-            lambda st: st.nodes == tuple(members) and st.state == READY, "READY with the new members"
-        )
-        assert status.connections == dict.fromkeys(members, "CONNECTED")
-    assert (n0.proc.pid, n1.proc.pid) == pids and n0.proc.poll() is None and n1.proc.poll() is None  # type: ignore[union-attr]
-    assert f"Peers added: ['{n3_addr}']; removed: ['{n2.address}']" in n0.log_text()
-    report = await client.query_nodes(members, DEFAULT_CMD_PORT, 1.0)
-    assert report["status"] == "UP"
-
-
-async def test_sigterm_exits_zero_and_peers_notice_at_once(cluster: SimCluster):
-    n0, n1 = cluster.domain(2)
-    await start([n0, n1])
     n1.signal(signal.SIGTERM)
     assert n1.wait_exit() == 0
-    await n0.wait_state(WAITING, timeout_s=1.0)  # BYE, not a heartbeat timeout
+    await n0.wait_until(lambda st: st.connections[1] == "DISCONNECTED", "node 1 gone")
     assert "peer is shutting down" in n0.log_text()
     assert "Received SIGTERM, shutting down" in n1.log_text()
 
-
-async def test_crash_fault_exits_non_zero_and_a_restarted_peer_is_reconnected(cluster: SimCluster):
-    n0, n1 = cluster.domain(2)
-    await start([n0, n1])
-    await client.inject_fault(n1.address, DEFAULT_CMD_PORT, "crash")
-    assert n1.wait_exit() == 1
-    await n0.wait_state(WAITING, timeout_s=1.0)
-    assert "Fault injected: crash" in n1.log_text()
-
-    n1.spawn()  # what the supervisor does after a crash
-    await n1.wait_state(READY)
-    await n0.wait_state(READY, timeout_s=2.0)
+    await client.inject_fault(n2.address, DEFAULT_CMD_PORT, "crash")
+    assert n2.wait_exit() == 1
+    await n0.wait_until(lambda st: st.connections[2] == "DISCONNECTED", "node 2 gone")
+    n2.spawn()  # what the supervisor does after a crash
+    await n0.wait_connected([2])
 
 
 async def test_hang_fault_makes_queries_time_out_and_peers_drop_it(cluster: SimCluster):
     n0, n1 = cluster.domain(2, heartbeat_s=0.2)
     await start([n0, n1])
     assert (await ctl(n1, "--inject", "hang")).stdout == "OK\n"
-
-    began = time.monotonic()
     quick = await ctl(n1, "-q", "--timeout", "0.5")
     assert (quick.returncode, quick.stdout) == (1, "UNAVAILABLE\n")
     assert "no reply" in quick.stderr
-    assert time.monotonic() - began < 5
-    assert not await client.query_ready(n1.address, DEFAULT_CMD_PORT, 0.3)
-
-    await n0.wait_state(WAITING, timeout_s=2.0)  # heartbeat timeout: 3 x 0.2 s
+    await n0.wait_until(lambda st: st.connections[1] == "DISCONNECTED", "heartbeat timeout", 3.0)
     assert "heartbeat timeout" in n0.log_text()
     n1.signal(signal.SIGTERM)  # a hung daemon does not even handle SIGTERM
     with pytest.raises(subprocess.TimeoutExpired):
         n1.wait_exit(timeout=0.3)
-    n1.kill()
 
 
 async def test_drop_peer_until_heal_or_sigusr1(cluster: SimCluster):
     n0, n1, n2 = cluster.domain(3)
     await start([n0, n1, n2])
-
-    await client.inject_fault(n0.address, DEFAULT_CMD_PORT, "drop-peer", n1.address)
-    await n0.wait_state(WAITING, timeout_s=1.0)
-    await n1.wait_state(WAITING, timeout_s=1.0)  # n0 refuses it too
-    await asyncio.sleep(0.4)  # retries keep failing while dropped
-    assert await n0.state() == WAITING and await n1.state() == WAITING
-    assert await n2.state() == READY
-    assert (await n0.status()).dropped == (n1.address,)
-
+    await client.inject_fault(n0.address, DEFAULT_CMD_PORT, "drop-peer", 1)
+    status = await n0.wait_until(lambda st: st.connections[1] == "DISCONNECTED", "node 1 dropped")
+    assert status.dropped == (1,) and status.connections[2] == "CONNECTED"
+    refused = await n1.wait_until(lambda st: "dropped" in st.reasons.get(0, ""), "n0 refusing n1")
+    assert refused.connections[0] != "CONNECTED"
     await client.inject_fault(n0.address, DEFAULT_CMD_PORT, "heal")
-    for node in (n0, n1):
-        await node.wait_state(READY, timeout_s=2.0)
+    await n0.wait_connected([1])
+    await n1.wait_connected([0])
 
-    assert (await ctl(n0, "--inject", "drop-peer", n2.address)).returncode == 0
-    await n0.wait_state(WAITING, timeout_s=1.0)
+    assert (await ctl(n0, "--inject", "drop-peer", n2.address)).returncode == 0  # by address
+    await n0.wait_until(lambda st: st.dropped == (2,), "node 2 dropped")
     n0.signal(signal.SIGUSR1)  # also heals
-    await n0.wait_state(READY, timeout_s=2.0)
-
-
-async def test_quorum_none_is_ready_without_its_peers(cluster: SimCluster):
-    (n0, _absent) = cluster.domain(2, wait_for_quorum="NONE")
-    n0.spawn()
-    await n0.wait_state(READY, timeout_s=3.0)
-    assert (await n0.status()).connections[_absent.address] == "NEVER_CONNECTED"
+    await n0.wait_connected([1, 2])
 
 
 async def test_ctl_without_a_daemon_or_config(cluster: SimCluster):
     (n0,) = cluster.domain(1)
     quick = await ctl(n0, "-q", "--timeout", "0.5")
     assert (quick.returncode, quick.stdout) == (1, "UNAVAILABLE\n")
-    full = json.loads((await ctl(n0, "-N", "-j", "--timeout", "0.5")).stdout)
-    assert full["status"] == "DOWN" and full["nodes"]["0"]["status"] == "UNAVAILABLE"
-    missing = await ctl(cluster.root / "nope.cfg", "-q")
+    assert (await ctl(n0, "-N", "-j", "--timeout", "0.5")).returncode == 1
+    missing = await ctl(None, "-c", str(cluster.root / "nope.cfg"), "-q")
     assert missing.returncode == 255 and "Failed to read configuration file" in missing.stderr
-
-
-async def test_start_failures_exit_non_zero_with_the_reason_in_the_log(cluster: SimCluster):
-    n0, n1 = cluster.domain(2)
-    n0.spawn()
-    await n0.wait_state(WAITING)  # listening (n1 is not up)
-    twin = cluster.add(SimNode(n0.address, cluster.root / "twin", n0.domain_id))
-    twin.write_config([n0.address, n1.address])
-    twin.spawn()
-    assert twin.wait_exit() == 1
-    assert "failed to bind the peer service" in twin.log_text()
-
-    n1.nodes_path.unlink()
-    n1.spawn()
-    assert n1.wait_exit() == 1
-    assert "Failed to read node configuration file" in n1.log_text()
 
 
 def test_eighteen_daemons_form_a_domain_quickly(cluster: SimCluster):
@@ -234,49 +284,23 @@ def test_eighteen_daemons_form_a_domain_quickly(cluster: SimCluster):
     began = time.monotonic()
     for node in nodes:
         node.spawn()
-    elapsed = asyncio.run(_wait_all_ready(nodes, began, deadline_s=20.0))
-    print(f"\n18-daemon domain: spawn -> all READY in {elapsed * 1000:.0f} ms")
+    elapsed = asyncio.run(_wait_all_connected(nodes, began, deadline_s=30.0))
+    print(f"\n18-daemon domain: spawn -> fully connected in {elapsed * 1000:.0f} ms")
 
 
-async def _wait_all_ready(nodes: list[SimNode], began: float, deadline_s: float) -> float:
-    pending = [node.address for node in nodes]
+async def _wait_all_connected(nodes: list[SimNode], began: float, deadline_s: float) -> float:
+    async def connected(node: SimNode) -> bool:
+        try:
+            status = await node.status(0.5)
+        except client.DaemonUnavailable:
+            return False
+        return list(status.connections.values()) == ["CONNECTED"] * len(nodes)
+
+    pending = list(nodes)
     while pending and time.monotonic() - began < deadline_s:
-        states = await asyncio.gather(*(client.query_state(a, DEFAULT_CMD_PORT, 0.5) for a in pending))
-        pending = [a for a, state in zip(pending, states, strict=True) if state != READY]
+        done = await asyncio.gather(*(connected(node) for node in pending))
+        pending = [node for node, ok in zip(pending, done, strict=True) if not ok]
         if pending:
-            await asyncio.sleep(0.005)
-    assert not pending, f"not READY after {deadline_s} s: {pending}"
+            await asyncio.sleep(0.01)
+    assert not pending, f"not fully connected after {deadline_s} s: {[n.address for n in pending]}"
     return time.monotonic() - began
-
-
-async def test_optional_sigusr1_rate_limit_ignores_a_quick_repeat(cluster: SimCluster):
-    # nvidia-imex processes SIGUSR1 at most once per 5 s; the simulator can be told to do the same.
-    n0, n1 = free_loopback_addresses(2)
-    node = cluster.add(SimNode(n0, cluster.root / n0, "cd-uid-1", sigusr1_min_interval_s=5.0))
-    node.write_config([n0])
-    node.spawn()
-    await node.wait_state(READY)
-
-    node.write_nodes([n0, n1])
-    node.signal(signal.SIGUSR1)
-    await node.wait_until(lambda st: st.nodes == (n0, n1), "the first reload")
-    node.write_nodes([n0])
-    node.signal(signal.SIGUSR1)
-    await asyncio.sleep(0.3)
-    assert (await node.status()).nodes == (n0, n1)
-    assert "Received SIGUSR1 within the rate-limit window, ignored" in node.log_text()
-
-
-async def test_one_sided_link_stays_up_across_heartbeat_timeouts(cluster: SimCluster):
-    # B lists A but A does not list B (A was not reloaded yet): only B dials, and the link must
-    # still be kept alive by heartbeats in both directions.
-    a_addr, b_addr = free_loopback_addresses(2)
-    a = cluster.add(SimNode(a_addr, cluster.root / "a", "cd-uid-1", heartbeat_s=0.1))
-    a.write_config([a_addr])
-    b = cluster.add(SimNode(b_addr, cluster.root / "b", "cd-uid-1", heartbeat_s=0.1))
-    b.write_config([a_addr, b_addr])
-    await start([a, b])
-    await asyncio.sleep(1.0)  # more than three timeouts (3 x 0.1 s)
-    assert await b.state() == READY
-    assert "timeout" not in a.log_text() + b.log_text()
-    assert "a same-domain node not in the nodes config" in a.log_text()
