@@ -164,7 +164,9 @@ class SimNode:
             if log.count(text) >= count:
                 return log
             await asyncio.sleep(0.01)
-        raise AssertionError(f"{self.address}: {text!r} not logged {count}x in {timeout_s} s\n{self.log_text()}")
+        raise AssertionError(
+            f"{self.address}: {text!r} not logged {count}x in {timeout_s} s\n{self.log_text()}"
+        )
 
     def signal(self, signum: signal.Signals) -> None:
         assert self.proc is not None

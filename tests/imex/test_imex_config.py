@@ -76,9 +76,22 @@ def _render(**overrides: object) -> str:
     cmd_port=port,
     quorum=st.sampled_from(["NONE", "RECOVERY"]),
     heartbeat=st.none() | st.floats(min_value=0.001, max_value=60),
+    hosts_file=st.just("") | path,
+    reconnect_initial=st.none() | st.floats(min_value=0.001, max_value=60),
 )
 def test_render_then_parse_gives_back_every_setting(
-    bind_ip, cmd_ip, nodes_file, log_file, domain_id, node_name, server_port, cmd_port, quorum, heartbeat
+    bind_ip,
+    cmd_ip,
+    nodes_file,
+    log_file,
+    domain_id,
+    node_name,
+    server_port,
+    cmd_port,
+    quorum,
+    heartbeat,
+    hosts_file,
+    reconnect_initial,
 ):
     text = render_imex_config(
         bind_interface_ip=bind_ip,
@@ -91,6 +104,8 @@ def test_render_then_parse_gives_back_every_setting(
         cmd_port=cmd_port,
         wait_for_quorum=quorum,
         heartbeat_interval_s=heartbeat,
+        hosts_file=hosts_file,
+        reconnect_initial_s=reconnect_initial,
     )
     parsed = parse_imex_config(text)
     assert parsed[keys.BIND_INTERFACE_IP] == bind_ip
@@ -106,6 +121,9 @@ def test_render_then_parse_gives_back_every_setting(
         assert keys.SIM_HEARTBEAT_INTERVAL_S not in parsed
     else:
         assert float(parsed[keys.SIM_HEARTBEAT_INTERVAL_S]) == heartbeat
+    assert parsed.get(keys.SIM_HOSTS_FILE, "") == hosts_file
+    if reconnect_initial is not None:
+        assert float(parsed[keys.SIM_RECONNECT_INITIAL_S]) == reconnect_initial
     # The real daemon sees only keys it knows; the simulator's identity stays in comments.
     assert set(real_lines(text)) <= REAL_KEYS
     assert all(line.startswith("# SIM_") for line in text.splitlines() if "SIM_" in line)
@@ -144,6 +162,8 @@ def test_overrides_replace_or_add_real_keys_but_not_managed_ones():
         {"wait_for_quorum": "SOMETIMES"},
         {"overrides": {"SIM_DOMAIN_ID": "other"}},
         {"heartbeat_interval_s": -1.0},
+        {"reconnect_initial_s": -0.5},
+        {"hosts_file": "/run/imex/d1/hosts file"},
     ],
 )
 def test_values_that_would_corrupt_the_file_are_rejected(bad):
@@ -178,9 +198,18 @@ def test_nodes_config_round_trip_keeps_index_order_and_is_stable(addresses):
     assert text.count("\n") == len(addresses)
 
 
-def test_nodes_config_rejects_repeated_or_malformed_addresses():
+def test_nodes_config_takes_names_and_rejects_repeated_or_malformed_entries():
+    names = ["s0.abc.uid.imex.invalid", "s1.abc.uid.imex.invalid", "127.0.0.9"]
+    assert parse_nodes_config(render_nodes_config(names)) == names
     with pytest.raises(ValueError, match="twice"):
         render_nodes_config(["127.0.0.2", "127.0.0.3", "127.0.0.2"])
+    with pytest.raises(ValueError, match="twice"):
+        render_nodes_config(["s0.abc.invalid", "S0.ABC.invalid"])
     for bad in ["", "127.0.0.2 127.0.0.3", "127.0.0.2\n", "#127.0.0.2"]:
         with pytest.raises(ValueError):
             render_nodes_config([bad])
+
+
+def test_rendered_header_does_not_promise_a_reread_of_the_nodes_config():
+    header = _render().split("\n\n")[0]
+    assert "read once, at daemon start" in header and "re-read" not in header

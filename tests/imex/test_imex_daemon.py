@@ -46,7 +46,9 @@ async def test_members_identify_their_slots_connect_and_ctl_shows_this_daemons_v
     await start(nodes[1:], members=3)
     await nodes[0].wait_connected(range(3))
     for i, node in enumerate(nodes):
-        assert f"Identified this node as ID {i}, using bind address of '{node.slot_name(i)}'" in node.log_text()
+        assert (
+            f"Identified this node as ID {i}, using bind address of '{node.slot_name(i)}'" in node.log_text()
+        )
 
     assert (await ctl(nodes[1], "-q")).stdout == "READY\n"
     direct = await ctl(None, "-i", nodes[2].address, str(DEFAULT_CMD_PORT), "-q")
@@ -207,7 +209,9 @@ async def test_hello_checks_node_id_and_source_address(cluster: SimCluster):
     stranger = free_loopback_addresses(3)[2]
 
     async def hello(source: str, node_id: str, digest: str = status.map_digest) -> tuple[str, dict[str, str]]:
-        reader, writer = await asyncio.open_connection(n0.address, DEFAULT_SERVER_PORT, local_addr=(source, 0))
+        reader, writer = await asyncio.open_connection(
+            n0.address, DEFAULT_SERVER_PORT, local_addr=(source, 0)
+        )
         fields = {"domain": "cd-uid-1", "node_id": node_id, "instance": "x", "addr": source, "map": digest}
         writer.write(proto.encode(proto.HELLO, fields))
         reply = proto.decode(await asyncio.wait_for(reader.readline(), 2))

@@ -29,9 +29,21 @@ def test_malformed_lines_are_rejected():
         proto.decode(b"STATUS \xff=1\n")
 
 
-def status(address: str, state: str, connections: dict[str, str], **extra: str) -> DaemonStatus:
-    fields = {"state": state, "pid": "42", "addr": address, "version": "sim-1", "host": f"n-{address}"}
-    fields.update({f"conn.{peer}": value for peer, value in connections.items()})
+PLACEHOLDER = "127.255.255.254"
+
+
+def status(state: str, connections: list[str], addresses: list[str], **extra: str) -> DaemonStatus:
+    """Node 0's STATUS reply for a map of len(connections) nodes named n0, n1, ..."""
+    fields = {
+        "state": state,
+        "pid": "42",
+        "instance": "42.1",
+        "node_id": "0",
+        "version": "sim-2",
+        "nodes": ",".join(f"n{i}" for i in range(len(connections))),
+    }
+    for i, (conn, addr) in enumerate(zip(connections, addresses, strict=True)):
+        fields.update({f"conn.{i}": conn, f"addr.{i}": addr, f"why.{i}": "", f"inst.{i}": f"{i}.1"})
     fields.update(extra)
     return DaemonStatus.from_fields(fields)
 
@@ -39,39 +51,45 @@ def status(address: str, state: str, connections: dict[str, str], **extra: str) 
 A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 
-def test_fully_connected_ready_domain_is_up():
-    conns = {A: "CONNECTED", B: "CONNECTED", C: "CONNECTED"}
+def test_status_reply_is_keyed_by_node_id():
+    st = status("READY", ["CONNECTED", "DISCONNECTED"], [A, B], **{"why.1": "peer is shutting down"})
+    assert st.ready and (st.node_id, st.instance, st.nodes) == (0, "42.1", ["n0", "n1"])
+    assert st.addresses == {0: A, 1: B}
+    assert st.connections == {0: "CONNECTED", 1: "DISCONNECTED"}
+    assert st.reasons == {1: "peer is shutting down"}
+    assert st.peer_instances == {0: "0.1", 1: "1.1"}
+
+
+def test_connected_to_every_real_slot_is_up_and_empty_slots_do_not_count():
     report = build_nodes_report(
-        [A, B, C], [status(x, "READY", conns) for x in (A, B, C)], with_hostnames=True
+        status("READY", ["CONNECTED", "CONNECTED", "NEVER_CONNECTED"], [A, B, PLACEHOLDER]),
+        with_hostnames=True,
     )
     json.dumps(report)  # serialisable as -j prints it
-    assert report["status"] == "UP"
-    assert [report["nodes"][i]["host"] for i in ("0", "1", "2")] == [A, B, C]
-    assert report["nodes"]["1"]["hostName"] == f"n-{B}"
-    assert report["nodes"]["2"]["connections"]["0"] == {"host": A, "status": "CONNECTED", "changed": True}
+    assert (report["status"], report["nodeId"], report["instance"]) == ("UP", 0, "42.1")
+    mine = report["nodes"]["0"]
+    assert mine["connections"]["1"] == {
+        "host": B,
+        "status": "CONNECTED",
+        "changed": True,
+        "hostName": "n1",
+        "instance": "1.1",
+    }
+    assert report["nodes"]["1"]["status"] == "READY" and report["nodes"]["2"]["status"] == "UNAVAILABLE"
 
 
-def test_unreachable_node_is_unavailable_with_invalid_connections_and_degrades_the_domain():
-    conns = {A: "CONNECTED", B: "CONNECTED", C: "NEVER_CONNECTED"}
-    report = build_nodes_report(
-        [A, B, C], [status(A, "WAITING_FOR_PEERS", conns), status(B, "READY", conns), None]
-    )
-    assert report["status"] == "DEGRADED"
-    assert report["nodes"]["2"]["status"] == "UNAVAILABLE"
-    assert {c["status"] for c in report["nodes"]["2"]["connections"].values()} == {"INVALID"}
-    assert report["nodes"]["0"]["connections"]["2"]["status"] == "NEVER_CONNECTED"
-
-
-def test_domain_without_a_ready_node_is_down():
-    assert build_nodes_report([A, B], [None, None])["status"] == "DOWN"
+def test_a_lost_peer_degrades_and_a_daemon_not_ready_or_unreachable_is_down():
+    lost = status("READY", ["CONNECTED", "DISCONNECTED"], [A, B])
+    assert build_nodes_report(lost)["status"] == "DEGRADED"
+    assert build_nodes_report(status("SHUTTING_DOWN", ["CONNECTED"], [A]))["status"] == "DOWN"
+    assert build_nodes_report(None)["status"] == "DOWN"
 
 
 def test_table_shows_a_node_map_mismatch_and_its_reason_reaches_json():
-    mine = status(
-        A, "WAITING_FOR_PEERS", {A: "CONNECTED", B: "NODE_MAP_MISMATCH"}, **{f"why.{B}": "other domain"}
-    )
-    report = build_nodes_report([A, B], [mine, None])
+    mine = status("READY", ["CONNECTED", "NODE_MAP_MISMATCH"], [A, B], **{"why.1": "other domain"})
+    report = build_nodes_report(mine)
     assert report["nodes"]["0"]["connections"]["1"]["reason"] == "other domain"
     table = format_nodes_table(report)
-    assert "!M!" in table.splitlines()[-4]  # row of node 0
-    assert table.rstrip().endswith("Domain State: DOWN")
+    assert "!M!" in table.splitlines()[-3]  # row of node 0
+    assert "(other domain)" in table
+    assert table.rstrip().endswith("Domain State: DEGRADED")

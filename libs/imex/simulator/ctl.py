@@ -39,7 +39,9 @@ DEFAULT_CONFIG = "/etc/nvidia-imex/config.cfg"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="imex-sim-ctl", description="Query or poke a simulated IMEX daemon.")
+    parser = argparse.ArgumentParser(
+        prog="imex-sim-ctl", description="Query or poke a simulated IMEX daemon."
+    )
     target = parser.add_mutually_exclusive_group()
     target.add_argument(
         "-c", dest="config", metavar="CONFIG", help=f"nvidia-imex config path ({DEFAULT_CONFIG})"

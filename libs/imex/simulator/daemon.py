@@ -607,7 +607,9 @@ class Daemon:
         if previous is not None and previous != instance:
             self.log.write("WARNING", f"Node {node_id} is a new IMEX instance ({previous} -> {instance})")
         for entry in self.imports.exporter_seen(node_id, instance):
-            self.log.write("WARNING", f"Import of job {entry.job} from node {node_id} invalid: {entry.reason}")
+            self.log.write(
+                "WARNING", f"Import of job {entry.job} from node {node_id} invalid: {entry.reason}"
+            )
 
     def _exporter_gone(self, conn: Conn) -> None:
         for entry in self.imports.exporter_gone(conn.node_id, conn.instance):

@@ -54,7 +54,9 @@ class ImportTable:
         hit = []
         for entry in self.entries.values():
             if entry.node_id == node_id and entry.valid and entry.instance != instance:
-                entry.invalidate(f"exporter node {node_id} restarted (instance {entry.instance} -> {instance})")
+                entry.invalidate(
+                    f"exporter node {node_id} restarted (instance {entry.instance} -> {instance})"
+                )
                 hit.append(entry)
         return hit
 

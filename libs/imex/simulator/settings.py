@@ -49,9 +49,7 @@ class Settings:
         self.heartbeat_s = _seconds(values, keys.SIM_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_INTERVAL_S)
         if self.heartbeat_s <= 0:
             raise ConfigError(f"{keys.SIM_HEARTBEAT_INTERVAL_S} must be > 0")
-        self.reconnect_initial_s = _seconds(
-            values, keys.SIM_RECONNECT_INITIAL_S, DEFAULT_RECONNECT_INITIAL_S
-        )
+        self.reconnect_initial_s = _seconds(values, keys.SIM_RECONNECT_INITIAL_S, DEFAULT_RECONNECT_INITIAL_S)
         if self.reconnect_initial_s <= 0:
             raise ConfigError(f"{keys.SIM_RECONNECT_INITIAL_S} must be > 0")
         self.reconnect_max_s = max(
