@@ -98,9 +98,7 @@ class PrefixWatch(Generic[M]):
                 raise asyncio.CancelledError
             watch = None
             try:
-                watch = await self.store.client.watch_prefix(
-                    self.prefix.encode(), start_revision=self.revision + 1
-                )
+                watch = await _create_watch(self.store, self.prefix, self.revision + 1)
                 if task is not None and task.cancelling():
                     raise asyncio.CancelledError
                 self.backoff.reset()
@@ -155,6 +153,28 @@ class PrefixWatch(Generic[M]):
                             await watch.cancel()
                     except Exception:
                         pass
+
+
+async def _create_watch(store: Store, prefix: str, start_revision: int) -> aetcd.rtypes.Watch:
+    """Create an etcd watch; a cancellation waits for the creation to finish, then cancels it.
+
+    aetcd matches a "created" answer to whichever creation is pending on the stream: a creation
+    cancelled half-way leaves its answer to the NEXT watch created, which then silently watches
+    the cancelled one's keys (and its own answer is cancelled as unexpected). Letting the
+    creation complete keeps the pairing right.
+    """
+    creating = asyncio.ensure_future(
+        store.client.watch_prefix(prefix.encode(), start_revision=start_revision)
+    )
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        try:
+            watch = await creating
+            await watch.cancel()
+        except Exception:
+            pass
+        raise
 
 
 def watch_prefix(store: Store, prefix: str, cls: type[M]) -> PrefixWatch[M]:
