@@ -1,9 +1,14 @@
-"""``cd-node-agent``: the per-node agent as one asyncio program.
+"""``cd-node-agent``: the kubelet DRA plugin of a node as one asyncio program.
 
-Start order: health server -> node inventory (record on a lease) and IMEX supervisor ->
+The IMEX side (node record on a lease, IMEX daemons, their DaemonStatus records) is a program of
+its own, ``cd-imex-agent``. The plugin holds no lease and writes nothing on its own account at
+start: it reads its node record and its daemon's readiness from the store, so a restart or an
+upgrade of the plugin changes nothing there.
+
+Start order: health server -> store -> node view (waits until the node record was seen) ->
 reconcile checkpoint / store / CDI directory -> DRA socket -> registration socket (kubelet
 starts calling only then). Shutdown on SIGTERM/SIGINT in reverse: registration and DRA sockets
-close first, then the background tasks end (the supervisor stops its daemons if configured).
+close first, then the background tasks (store watches) end.
 
 A background task that fails is logged, shown on ``/healthz`` and restarted with capped
 backoff; the problem clears once it has run for a while again.
@@ -21,7 +26,6 @@ from typing import Any
 import structlog
 
 from libs.cdi.specdir import ClaimSpecDir
-from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware
 from libs.hardware.interface import NodeHardware
@@ -32,10 +36,10 @@ from libs.runtime.settings import load_settings_or_exit
 from libs.state.store import Store, with_retries
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
+from services.nodeagent.daemonview import DaemonView
 from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
-from services.nodeagent.imexsupervisor import ImexSettings, ImexSupervisor
-from services.nodeagent.inventory import InventorySettings, NodeInventory
 from services.nodeagent.metrics import AgentMetrics
+from services.nodeagent.nodeview import NodeView
 from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.state import STORE_FAILURES, DeviceState
@@ -45,7 +49,6 @@ log = structlog.get_logger(__name__)
 
 # A restarted background task that then runs this long counts as recovered.
 _STABLE_AFTER_S = 60.0
-_DAEMON_METRICS_INTERVAL_S = 10.0
 
 
 async def keep_running(
@@ -84,23 +87,6 @@ async def keep_running(
         log.info("restarting background task", task=name)
 
 
-async def _export_daemon_metrics(store: Store, node_name: str, metrics: AgentMetrics) -> None:
-    """Mirror this node's IMEX daemon restart count (kept in the store by the supervisor)."""
-    while True:
-        try:
-            binding = await store.get(store.keys.node_binding(node_name), pb.NodeBinding)
-            metrics.daemon_restarts.clear()
-            if binding is not None:
-                status = await store.get(
-                    store.keys.daemon(binding.value.domain_uid, node_name), pb.DaemonStatus
-                )
-                if status is not None:
-                    metrics.daemon_restarts.labels(cd_uid=binding.value.domain_uid).set(status.value.restarts)
-        except STORE_FAILURES as exc:
-            log.debug("daemon metrics refresh failed", error=str(exc) or type(exc).__name__)
-        await asyncio.sleep(_DAEMON_METRICS_INTERVAL_S)
-
-
 def _open_hardware(settings: AgentSettings) -> NodeHardware:
     return open_node_hardware(
         settings.hardware,
@@ -134,12 +120,17 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
     metrics = AgentMetrics()
     health.set_ready("serving", False)
     hardware = _open_hardware(settings)
-    store = Store(settings.etcd_config())
-    # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
-    await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
     health_runner, health_port = await start_health_server(
         health, settings.health_host, settings.health_port, metrics.registry
     )
+    store = Store(settings.etcd_config())
+    try:
+        # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
+        await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
+    except BaseException:
+        await health_runner.cleanup()
+        hardware.close()
+        raise
     kube_api: Any = None
     background: list[asyncio.Task[None]] = []
     dra: DraServer | None = None
@@ -149,32 +140,10 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         background.append(asyncio.create_task(keep_running(name, run, health), name=name))
 
     try:
-        inventory = NodeInventory(
-            store,
-            node_name,
-            hardware,
-            InventorySettings(
-                lease_ttl_s=settings.lease_ttl_s,
-                node_ip=settings.node_ip,
-                kubelet_dir=settings.kubelet_dir,
-                cdi_root=settings.cdi_root,
-            ),
-        )
-        supervisor = ImexSupervisor(
-            store,
-            node_name,
-            hardware,
-            Path(settings.imex_work_dir),
-            ImexSettings(
-                backend=None if settings.imex_backend == "auto" else settings.imex_backend,  # type: ignore[arg-type]
-                nvidia_imex_binary=settings.nvidia_imex_binary,
-                nvidia_imex_ctl_binary=settings.nvidia_imex_ctl_binary,
-                stop_daemons_on_exit=settings.stop_daemons_on_exit,
-            ),
-        )
-        spawn("inventory", inventory.run)
-        spawn("imex-supervisor", supervisor.run)
-        spawn("daemon-metrics", lambda: _export_daemon_metrics(store, node_name, metrics))
+        node_view = NodeView(store, node_name)
+        daemons = DaemonView(store, node_name, metrics)
+        spawn("node-view", node_view.run)
+        spawn("daemon-view", daemons.run)
         claims: ClaimSource
         if settings.claim_source == "kubernetes":
             from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
@@ -190,20 +159,20 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
                     request_timeout_s=settings.kube_timeout_s,
                 ),
             )
-            spawn("resource-slice", lambda: publisher.run(inventory.changes()))
+            spawn("resource-slice", lambda: publisher.run(node_view.changes()))
         else:
             claims = StoreClaimSource(store)
 
-        # Serve kubelet only once the node record is in the store (joins need its clique).
-        if not await _until_registered(inventory, stop, settings.register_timeout_s):
+        # Serve kubelet only once the node record was seen (joins need its address and clique).
+        if not await _until_registered(node_view, stop, settings.register_timeout_s):
             return
 
         kubelet_dir = settings.kubelet_path
         state = DeviceState(
             store=store,
-            identity=inventory,
+            identity=node_view,
             claims=claims,
-            daemons=supervisor,
+            daemons=daemons,
             hardware=hardware,
             checkpoint=Checkpoint.load(
                 checkpoint_path(kubelet_dir),
@@ -227,7 +196,8 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
                     "reconcile failed; retrying", error=str(exc) or type(exc).__name__, retry_in_s=delay
                 )
                 await asyncio.sleep(delay)
-        spawn("memberships", lambda: state.keep_memberships(settings.membership_check_interval_s))
+        # Follow the held domain's daemon from the start (its restart count is a metric).
+        daemons.follow(state.held_domain())
 
         dra = DraServer(ClaimDispatcher(state, metrics), dra_socket_path(kubelet_dir))
         await dra.start()
@@ -263,12 +233,12 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         log.info("node agent stopped", node=node_name)
 
 
-async def _until_registered(inventory: NodeInventory, stop: asyncio.Event, warn_after_s: float) -> bool:
-    """Wait for the node record to be in the store; False if asked to stop first."""
+async def _until_registered(view: NodeView, stop: asyncio.Event, warn_after_s: float) -> bool:
+    """Wait until the node record was seen in the store; False if asked to stop first."""
     stopping = asyncio.create_task(stop.wait())
     try:
         while True:
-            registered = asyncio.create_task(inventory.wait_registered(warn_after_s))
+            registered = asyncio.create_task(view.wait_registered(warn_after_s))
             await asyncio.wait({registered, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stopping.done():
                 registered.cancel()
@@ -277,7 +247,10 @@ async def _until_registered(inventory: NodeInventory, stop: asyncio.Event, warn_
                 registered.result()
                 return True
             except TimeoutError:
-                log.warning("node not registered in the store yet; waiting", node=inventory.node_name)
+                log.warning(
+                    "node record not in the store yet (is cd-imex-agent running on this node?); waiting",
+                    node=view.node_name,
+                )
     finally:
         stopping.cancel()
 

@@ -26,7 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
-from services.nodeagent.inventory import clique_settled
+from services.imexagent.inventory import clique_settled
 
 log = structlog.get_logger(__name__)
 
@@ -131,7 +131,7 @@ def clique_label_patch(clique_id: str) -> dict[str, Any]:
 
 
 class ResourceSlicePublisher:
-    """Keeps this node's ResourceSlice (and optionally its clique label) in step with the inventory."""
+    """Keeps this node's ResourceSlice (and optionally its clique label) in step with the node record."""
 
     def __init__(self, api: ApiClient, node_name: str, settings: ResourceSliceSettings) -> None:
         self.api = api
@@ -146,7 +146,7 @@ class ResourceSlicePublisher:
         self.labelled_clique: str | None = None
 
     async def run(self, nodes: AsyncIterator[pb.Node]) -> None:
-        """Publish for every settled record `nodes` yields (e.g. ``NodeInventory.changes()``)."""
+        """Publish for every settled record `nodes` yields (``NodeView.changes()``)."""
         latest: pb.Node | None = None
         wake = asyncio.Event()
 

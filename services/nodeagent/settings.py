@@ -1,4 +1,9 @@
-"""Settings of the node agent: flags ``--name`` or environment ``CD_NAME``."""
+"""Settings of the kubelet plugin (``cd-node-agent``): flags ``--name`` or environment ``CD_NAME``.
+
+The IMEX side (daemons, node record, lease) is ``cd-imex-agent``'s, with settings of its own. The
+plugin still opens the node's hardware: the IMEX channel major (``/proc/devices``), the channel
+device nodes it creates and the host ``/dev`` root its CDI specs name.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +27,6 @@ def _port(value: Any) -> str | None:
 @dataclass(frozen=True)
 class AgentSettings:
     node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
-    node_ip: str = setting(
-        "", "Address IMEX peers reach this node at; required with real hardware (simulation: the node's own)."
-    )
     kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (plugin and registration sockets).")
     cdi_root: str = setting("/var/run/cdi", "CDI spec directory.")
     # ---- state store
@@ -44,24 +46,9 @@ class AgentSettings:
     )
     proc_devices: str = setting("/proc/devices", "Where to read the IMEX channel major (nvml).")
     driver_root: str = setting("/", "Host root of the NVIDIA driver's /dev (nvml).")
-    # ---- IMEX
-    imex_work_dir: str = setting("/var/lib/compute-domain/imex", "Per-domain IMEX config directories.")
-    imex_backend: str = setting(
-        "auto",
-        "IMEX daemon: auto (by hardware), nvidia or simulated.",
-        choices=("auto", "nvidia", "simulated"),
-    )
-    nvidia_imex_binary: str = setting("nvidia-imex", "The nvidia-imex daemon.")
-    nvidia_imex_ctl_binary: str = setting("nvidia-imex-ctl", "The nvidia-imex-ctl tool.")
-    stop_imex_daemons_on_exit: str = setting(
-        "auto",
-        "Stop IMEX daemons when the agent stops: auto (yes with simulated hardware, where they are "
-        "the agent's children; no with real hardware, so running jobs survive an agent upgrade), true, false.",
-        choices=("auto", "true", "false"),
-    )
     # ---- prepare
     prepare_budget_s: float = setting(
-        45.0, "How long a prepare waits for the IMEX daemon, seconds.", validate=positive
+        45.0, "How long a prepare waits for this node's IMEX daemon to be READY, seconds.", validate=positive
     )
     tombstone_ttl_s: float = setting(
         300.0, "How long an unprepared claim refuses stale prepares, seconds.", validate=non_negative
@@ -74,12 +61,10 @@ class AgentSettings:
     boot_id_file: str = setting(
         "/proc/sys/kernel/random/boot_id", "Kernel boot id (checkpoint reboot detection)."
     )
-    membership_check_interval_s: float = setting(
-        10.0, "How often to rejoin domains whose membership was marked lost, seconds.", validate=positive
-    )
     register_timeout_s: float = setting(
         30.0,
-        "Log a warning if the node record is not in the store after this long, seconds.",
+        "Log a warning if this node's record (written by the IMEX agent) is not in the store "
+        "after this long, seconds; the plugin serves kubelet only once it was seen.",
         validate=positive,
     )
     # ---- claims and Kubernetes
@@ -93,7 +78,6 @@ class AgentSettings:
     )
     delete_resource_slice_on_exit: bool = setting(False, "Delete this node's ResourceSlice on shutdown.")
     # ---- process
-    lease_ttl_s: int = setting(5, "TTL of the node record's lease, seconds.", validate=positive)
     health_host: str = setting("0.0.0.0", "Address of the /healthz /readyz /metrics server.")
     health_port: int = setting(8082, "Port of the health server (0 = any free port).", validate=_port)
     log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
@@ -116,12 +100,6 @@ class AgentSettings:
             password=self.etcd_password or None,
             timeout_s=self.etcd_timeout_s,
         )
-
-    @property
-    def stop_daemons_on_exit(self) -> bool:
-        if self.stop_imex_daemons_on_exit == "auto":
-            return self.hardware == "simulated"
-        return self.stop_imex_daemons_on_exit == "true"
 
     @property
     def kubelet_path(self) -> Path:

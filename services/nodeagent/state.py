@@ -40,7 +40,7 @@ from libs.cdi.specdir import ClaimSpecDir
 from libs.fsio.atomic import TEMP_SUFFIX
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
-from libs.state.membership import CliqueFull, NodeBusy, join_domain, leave_domain
+from libs.state.membership import CliqueFull, IndexConflict, NodeBusy, join_domain, leave_domain
 from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
 from services.nodeagent.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
@@ -67,18 +67,21 @@ STORE_FAILURES: tuple[type[BaseException], ...] = (
 
 
 class NodeIdentity(Protocol):
-    """This node's record as registered in the store (``NodeInventory`` provides it)."""
+    """This node's record as the IMEX agent registered it in the store (``NodeView`` provides it)."""
 
     @property
     def node(self) -> pb.Node: ...
 
 
 class DaemonReadiness(Protocol):
-    """This node's IMEX daemons (``ImexSupervisor`` provides it)."""
+    """This node's IMEX daemons, run by the IMEX agent (``DaemonView`` provides it from the store).
 
-    def nudge(self, domain_uid: str) -> None: ...
+    The IMEX agent acts on membership changes through its own watch: nothing needs telling."""
 
-    async def wait_ready(self, domain_uid: str, timeout_s: float) -> bool: ...
+    async def wait_ready(self, domain_uid: str, timeout_s: float, node_id: int | None = None) -> bool:
+        """True once this node's daemon for the domain is READY (as IMEX node `node_id`, when
+        given: a READY left from before a rejoin at another index does not count)."""
+        ...
 
 
 class ChannelHardware(Protocol):
@@ -106,7 +109,6 @@ class ReconcileReport:
     removed_cdi_specs: list[str] = field(default_factory=list)
     dropped_store_records: list[str] = field(default_factory=list)
     left_domains: list[str] = field(default_factory=list)
-    rejoined_domains: list[str] = field(default_factory=list)
 
 
 def _now_ms() -> int:
@@ -168,7 +170,7 @@ class DeviceState:
         node = self.identity.node
         # A node takes part in one domain at a time: fetch that domain's record alongside the
         # claim (one round trip for both); a claim naming another domain costs one more read.
-        held = self._held_domain()
+        held = self.held_domain()
         if held is not None:
             claim, domain = await asyncio.gather(self.claims.resolve(ref), self._get_domain(held))
         else:
@@ -230,12 +232,12 @@ class DeviceState:
                 )
             except StalePrepareError as exc:
                 raise PermanentError(str(exc)) from None
-            joined_now = False
+            joined_now, index = False, None
             if not membership_held:
                 self._save_checkpoint()
                 put = asyncio.ensure_future(self.store.put(record_key, record))
                 try:
-                    joined_now = await self._join(config.domain_id, ref.namespace, node)
+                    joined_now, index = await self._join(config.domain_id, ref.namespace, node)
                 finally:
                     await put
         bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=config.domain_id, node=node.name)
@@ -243,10 +245,8 @@ class DeviceState:
             bound.info("prepare: node joined domain")
 
         if fabric:
-            if not membership_held:
-                self.daemons.nudge(config.domain_id)  # act on the join without waiting for the watch
             remaining = max(deadline - self._clock(), 0.0)
-            if not await self.daemons.wait_ready(config.domain_id, remaining):
+            if not await self.daemons.wait_ready(config.domain_id, remaining, node_id=index):
                 raise RetryableError(await self._not_ready_message(config.domain_id, node.name))
             await self._ensure_channels(channels)
 
@@ -300,7 +300,7 @@ class DeviceState:
         with contextlib.suppress(*STORE_FAILURES):
             await self.store.put(key, started)
 
-    def _held_domain(self) -> str | None:
+    def held_domain(self) -> str | None:
         """The domain of this node's completed claims, if any."""
         for entry in self.checkpoint.entries.values():
             if entry.state is ClaimState.PREPARE_COMPLETED:
@@ -329,18 +329,18 @@ class DeviceState:
         assert decoded is not None
         return decoded
 
-    async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> bool:
-        """Make this node an active member; True if it joined now. One read when it already is."""
+    async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> tuple[bool, int]:
+        """Make this node an active member: (joined now, its index). One read when it already is."""
         current = await self.store.get(self.store.keys.member(domain_uid, node.name), pb.Member)
         if current is not None and current.value.state == pb.MemberState.ACTIVE:
-            return False
+            return False, current.value.index
         try:
             result = await join_domain(self.store, domain_uid, namespace, node)
         except NodeBusy as exc:
             raise RetryableError(f"node busy: {exc}") from None
-        except CliqueFull as exc:
+        except (CliqueFull, IndexConflict) as exc:
             raise RetryableError(str(exc)) from None
-        return result.joined_now
+        return result.joined_now, result.member.index
 
     async def _not_ready_message(self, domain_uid: str, node_name: str) -> str:
         base = f"IMEX daemon for domain {domain_uid} on node {node_name} not READY within {self.prepare_budget_s:g}s"
@@ -448,7 +448,6 @@ class DeviceState:
             else:
                 await self.store.delete(record_key)
                 left = await leave_domain(self.store, entry.domain_uid, entry.node)
-                self.daemons.nudge(entry.domain_uid)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
                 self.checkpoint.remove(claim_uid)
@@ -463,7 +462,10 @@ class DeviceState:
         Run once at start, before serving kubelet. Store records this checkpoint lacks (it was
         corrupt, or the node rebooted) are taken back; half-prepared claims whose claim is gone
         are unprepared; CDI specs of claims we do not hold are removed; a membership without a
-        held claim is left; a membership marked lost while we were away is taken up again.
+        held claim is left. When everything already agrees nothing is written: a plugin restart
+        or upgrade changes nothing in the store. A membership the controller marked LOST is not
+        touched: the controller makes it ACTIVE again (same index) once the node record is back,
+        which is the IMEX agent's to keep, not the plugin's.
         """
         report = ReconcileReport()
         node_name = self.identity.node.name
@@ -506,9 +508,7 @@ class DeviceState:
         binding = await self.store.get(self.store.keys.node_binding(node_name), pb.NodeBinding)
         if binding is not None and binding.value.domain_uid not in held:
             await leave_domain(self.store, binding.value.domain_uid, node_name)
-            self.daemons.nudge(binding.value.domain_uid)
             report.left_domains.append(binding.value.domain_uid)
-        report.rejoined_domains = await self.rejoin_lost_memberships()
         for action in ("rebuilt_from_store", "unprepared_gone", "removed_cdi_specs", "left_domains"):
             count = len(getattr(report, action))
             if count:
@@ -539,41 +539,6 @@ class DeviceState:
                     prep.claim_uid, prep.cdi_device_ids, request_names=request_names
                 )
         self._save_checkpoint()
-
-    async def rejoin_lost_memberships(self) -> list[str]:
-        """Take up again the memberships the controller marked lost while this node was away,
-        for domains in which it still holds prepared claims. Returns the domains rejoined."""
-        node = self.identity.node
-        completed = {
-            e.domain_uid: e.namespace
-            for e in self.checkpoint.entries.values()
-            if e.state is ClaimState.PREPARE_COMPLETED
-        }
-        rejoined: list[str] = []
-        for domain_uid, namespace in sorted(completed.items()):
-            async with self._domain_locks.hold(domain_uid):
-                member = await self.store.get(self.store.keys.member(domain_uid, node.name), pb.Member)
-                if member is None or member.value.state != pb.MemberState.LOST:
-                    continue
-                try:
-                    await join_domain(self.store, domain_uid, namespace, node)
-                except (NodeBusy, CliqueFull) as exc:
-                    log.warning("cannot rejoin domain", cd_uid=domain_uid, node=node.name, error=str(exc))
-                    continue
-            self.daemons.nudge(domain_uid)
-            rejoined.append(domain_uid)
-            log.info("rejoined domain after membership loss", cd_uid=domain_uid, node=node.name)
-        return rejoined
-
-    async def keep_memberships(self, interval_s: float = 10.0) -> None:
-        """Long-running: periodically :meth:`rejoin_lost_memberships` (after a lease loss the
-        controller marks this node's memberships lost; the held claims still need them)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.rejoin_lost_memberships()
-            except STORE_FAILURES as exc:
-                log.warning("membership check failed", error=str(exc) or type(exc).__name__)
 
 
 def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:

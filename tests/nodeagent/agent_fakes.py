@@ -90,17 +90,13 @@ class FakeIdentity:
 
 @dataclass
 class FakeDaemons:
-    """Stands in for the IMEX supervisor: ready unless told otherwise."""
+    """Stands in for the store view of the IMEX agent's daemons: ready unless told otherwise."""
 
     ready: bool = True
-    nudged: list[str] = field(default_factory=list)
     waited: list[str] = field(default_factory=list)
     became_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def nudge(self, domain_uid: str) -> None:
-        self.nudged.append(domain_uid)
-
-    async def wait_ready(self, domain_uid: str, timeout_s: float) -> bool:
+    async def wait_ready(self, domain_uid: str, timeout_s: float, node_id: int | None = None) -> bool:
         self.waited.append(domain_uid)
         if self.ready:
             return True

@@ -21,16 +21,29 @@ def test_settings_defaults_flags_and_environment() -> None:
         45.0,
         "store",
     )
-    assert s.hardware == "nvml" and not s.stop_daemons_on_exit  # real daemons outlive an agent upgrade
+    assert s.hardware == "nvml"
     s = load_settings(
         AgentSettings,
         ["--hardware", "simulated", "--prepare-budget-s", "3"],
         env={"CD_NODE_NAME": "n2", "CD_ETCD_PASSWORD": "pw", "CD_ETCD_USERNAME": "agent"},
     )
-    assert s.node_name == "n2" and s.prepare_budget_s == 3.0 and s.stop_daemons_on_exit
+    assert s.node_name == "n2" and s.prepare_budget_s == 3.0
     config = s.etcd_config()
     assert config.username == "agent" and config.password == "pw"
     assert "pw" not in repr(config) and "'pw'" not in repr(s)
+
+
+def test_imex_and_lease_settings_are_the_imex_agents() -> None:
+    """The plugin holds no lease and runs no daemon: those flags are refused, not ignored."""
+    for flag, value in (
+        ("--imex-work-dir", "/x"),
+        ("--lease-ttl-s", "3"),
+        ("--node-ip", "10.0.0.1"),
+        ("--nvidia-imex-binary", "nvidia-imex"),
+        ("--stop-imex-daemons-on-exit", "true"),
+    ):
+        with pytest.raises(SettingsError, match=flag.lstrip("-").split("-")[0]):
+            load_settings(AgentSettings, ["--node-name", "n", flag, value], env={})
 
 
 def test_settings_refuse_bad_values_by_name() -> None:

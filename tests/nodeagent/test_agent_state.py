@@ -1,4 +1,4 @@
-"""Prepare / unprepare / reconcile of the node agent against a real etcd (IMEX supervisor faked)."""
+"""Prepare / unprepare / reconcile of the kubelet plugin against a real etcd (daemon readiness faked)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ async def test_prepare_single_on_fabric_node(store: Store, tmp_path: Path) -> No
     assert (
         entry is not None and entry.state is ClaimState.PREPARE_COMPLETED and entry.domain_uid == domain.uid
     )
-    assert n.daemons.waited == [domain.uid] and domain.uid in n.daemons.nudged
+    assert n.daemons.waited == [domain.uid]
     assert n.hardware.ensured == {0}
     assert await check_store_invariants(store) == []
 
@@ -128,7 +128,7 @@ async def test_claim_naming_a_domain_of_another_namespace_changes_nothing(
     assert "team-a" not in message and "secret-cd" not in message  # the other tenant's names stay hidden
     assert await store_dump(store) == before_store
     assert file_tree(tmp_path) == before_files
-    assert n.daemons.nudged == [] and n.daemons.waited == []
+    assert n.daemons.waited == []
 
 
 async def test_missing_domain_is_a_permanent_error(store: Store, tmp_path: Path) -> None:
@@ -439,19 +439,35 @@ async def test_reboot_discards_the_checkpoint_but_keeps_claims_as_started(
     assert (n.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{ref.uid}.json").exists()
 
 
-async def test_lost_membership_of_a_held_claim_is_taken_up_again(store: Store, tmp_path: Path) -> None:
+async def test_restart_reconcile_writes_nothing_when_all_agrees(store: Store, tmp_path: Path) -> None:
+    """A plugin restart or upgrade changes nothing in the store: not even a LOST membership,
+    which is the controller's to revive once the node record is back."""
     from libs.state.membership import mark_member_lost
 
-    n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
+    node = fabric_node("rack0-tray0")
+    n = make_device_state(store, tmp_path, node, daemons=FakeDaemons(ready=False), budget_s=0.1)
     domain = await put_domain(store)
-    ref = await put_claim(store, "rack0-tray0", domain.uid)
-    await n.state.prepare(ref)
-    assert await mark_member_lost(store, domain.uid, "rack0-tray0")  # controller: lease expired
+    done, started = (
+        await put_claim(store, "rack0-tray0", domain.uid),
+        await put_claim(store, "rack0-tray0", domain.uid),
+    )
+    n.daemons.ready = True
+    first = await n.state.prepare(done)
+    n.daemons.ready = False
+    with pytest.raises(RetryableError):
+        await n.state.prepare(started)  # stays PrepareStarted: its claim still exists
+    assert await mark_member_lost(store, domain.uid, "rack0-tray0")
+    before_store, before_files = await store_dump(store), file_tree(tmp_path)
 
-    assert await n.state.rejoin_lost_memberships() == [domain.uid]
+    restarted = make_device_state(store, tmp_path, node)
+    report = await restarted.state.reconcile()
+
+    assert report == type(report)()
+    assert await store_dump(store) == before_store
+    assert file_tree(tmp_path) == before_files
+    assert await restarted.state.prepare(done) == first  # answered from the checkpoint
     m = await member(store, domain.uid, "rack0-tray0")
-    assert m is not None and m.state == pb.MemberState.ACTIVE and m.index == 0
-    assert await check_store_invariants(store) == []
+    assert m is not None and m.state == pb.MemberState.LOST
 
 
 async def test_failed_store_delete_in_unprepare_is_finished_by_the_retry(
