@@ -69,6 +69,10 @@ class ReadinessProbe(Protocol):
 class SimulatorProbe:
     """In-process query of the simulated daemon's command service (one short TCP exchange)."""
 
+    def __init__(self, placeholder: str = "") -> None:
+        # Empty slots resolve here; never connecting to them is no news worth a status line.
+        self.placeholder = placeholder
+
     async def probe(self, config_path: Path, cmd_host: str, cmd_port: int, timeout_s: float) -> ProbeResult:
         try:
             status = await simclient.query_status(cmd_host, cmd_port, timeout_s)
@@ -78,7 +82,7 @@ class SimulatorProbe:
         detail = "; ".join(
             f"node {i} ({status.addresses.get(i, '?')}): {conn}{': ' + reasons[i] if reasons.get(i) else ''}"
             for i, conn in sorted(status.connections.items())
-            if conn != CONNECTED and i != status.node_id
+            if conn != CONNECTED and i != status.node_id and status.addresses.get(i) != self.placeholder
         )
         return ProbeResult(
             state=status.state,

@@ -111,7 +111,7 @@ class ImexSupervisor:
 
     def make_probe(self) -> ReadinessProbe:
         if self.backend == "simulated":
-            return SimulatorProbe()
+            return SimulatorProbe(self.settings.placeholder_address)
         return NvidiaCtlProbe(self.settings.nvidia_imex_ctl_binary)
 
     def nudge(self, domain_uid: str) -> None:
@@ -141,6 +141,11 @@ class ImexSupervisor:
 
     def runner(self, domain_uid: str) -> DomainDaemon | None:
         return self._runners.get(domain_uid)
+
+    def member(self, node_name: str) -> pb.Member | None:
+        """A member of the followed domain as this supervisor last saw it."""
+        entry = self._members.get(node_name)
+        return entry[0] if entry is not None else None
 
     def runners(self) -> list[DomainDaemon]:
         return list(self._runners.values())

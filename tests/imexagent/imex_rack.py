@@ -1,0 +1,191 @@
+"""Helpers of the IMEX agent tests: a rack of simulated nodes on free loopback addresses, member
+records written as the controller and the node agent would, and polling without fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.cluster import ClusterDescription, SimulatedNode
+from libs.hardware.simulated import SimulatedNodeHardware
+from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
+from libs.state.store import Delete, Store
+from services.imexagent.settings import ImexSettings
+from services.imexagent.supervisor import ImexSupervisor
+
+FAST = ImexSettings(
+    backend="simulated",
+    stop_grace_s=2.0,
+    restart_backoff_initial_s=0.3,
+    restart_backoff_cap_s=1.0,
+    poll_interval_ready_s=0.1,
+    reload_min_interval_s=1.0,
+    sim_sigusr1_min_interval_s=0.5,
+    sim_reconnect_initial_s=0.05,
+    sim_reconnect_max_s=0.2,
+    sim_heartbeat_interval_s=0.5,
+    stop_daemons_on_exit=True,
+)
+
+
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_cluster(nodes: int) -> ClusterDescription:
+    """A one-rack cluster on a random 127.<block>.0.x block whose IMEX ports are free."""
+    for _ in range(100):
+        block = random.randint(100, 250)
+        cluster = ClusterDescription(racks=1, trays_per_rack=18, address_block=block, seed=uuid.uuid4().hex)
+        addresses = [cluster.node_address(0, t) for t in range(nodes)]
+        if all(_port_free(a, DEFAULT_SERVER_PORT) and _port_free(a, DEFAULT_CMD_PORT) for a in addresses):
+            return cluster
+    raise RuntimeError("no free loopback block")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_daemons_under(directory: Path) -> None:
+    """Safety net: no daemon of a test may outlive it."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                if str(directory).encode() in cmdline:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+async def eventually(check: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> object:
+    """Poll `check` (plain or async) until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s} s: {what or check}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Node:
+    sim: SimulatedNode
+    work_dir: Path
+    supervisor: ImexSupervisor | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.sim.name
+
+    def dir(self, uid: str) -> Path:
+        return self.work_dir / uid
+
+
+class Rack:
+    """Simulated nodes of one rack on one etcd; supervisors run in this process."""
+
+    def __init__(
+        self, store: Store, base: Path, cluster: ClusterDescription, settings: ImexSettings = FAST
+    ) -> None:
+        self.store = store
+        self.base = base
+        self.cluster = cluster
+        self.settings = settings
+        self.nodes: list[Node] = []
+
+    def node(self, tray: int) -> Node:
+        sim = self.cluster.node(f"rack0-tray{tray}")
+        node = Node(sim, self.base / "imex" / sim.name)
+        self.nodes.append(node)
+        return node
+
+    def start(self, node: Node) -> ImexSupervisor:
+        hardware = SimulatedNodeHardware(self.cluster, node.name, self.base / "hw" / node.name)
+        node.supervisor = ImexSupervisor(self.store, node.name, hardware, node.work_dir, self.settings)
+        node.task = asyncio.create_task(node.supervisor.run())
+        return node.supervisor
+
+    async def stop(self, node: Node) -> None:
+        if node.task is not None:
+            node.task.cancel()
+            await asyncio.wait([node.task])
+            node.task = None
+
+    # ---- the store, as the node agent and the controller write it ------------------------
+
+    async def join(self, uid: str, node: Node, index: int, address: str | None = None) -> None:
+        keys = self.store.keys
+        member = pb.Member(
+            domain_uid=uid,
+            node_name=node.name,
+            clique_id=node.sim.clique,
+            index=index,
+            state=pb.MemberState.ACTIVE,
+            ip_address=address or node.sim.address,
+            namespace="default",
+        )
+        await self.store.put(
+            keys.node_binding(node.name), pb.NodeBinding(node_name=node.name, domain_uid=uid)
+        )
+        await self.store.put(keys.member(uid, node.name), member)
+
+    async def set_state(self, uid: str, node: Node, state: pb.MemberState) -> None:
+        key = self.store.keys.member(uid, node.name)
+        item = await self.store.get(key, pb.Member)
+        assert item is not None
+        member = item.value
+        member.state = state
+        await self.store.put(key, member)
+
+    async def release(self, uid: str, node: Node) -> None:
+        """The member is released (its node holds no claim of the domain any more)."""
+        keys = self.store.keys
+        await self.store.txn([], [Delete(keys.member(uid, node.name)), Delete(keys.node_binding(node.name))])
+
+    async def status(self, uid: str, node: Node) -> pb.DaemonStatus | None:
+        item = await self.store.get(self.store.keys.daemon(uid, node.name), pb.DaemonStatus)
+        return item.value if item else None
+
+    async def ready_status(
+        self, uid: str, node: Node, newer_than: pb.DaemonStatus | None = None, **expect: object
+    ) -> pb.DaemonStatus:
+        """Wait for a READY status of the node's daemon with the given field values (and written
+        after `newer_than`)."""
+
+        async def check() -> pb.DaemonStatus | None:
+            status = await self.status(uid, node)
+            if status is None or status.state != pb.DaemonState.READY:
+                return None
+            if newer_than is not None and status.updated_unix_ms <= newer_than.updated_unix_ms:
+                return None
+            if any(getattr(status, k) != v for k, v in expect.items()):
+                return None
+            return status
+
+        result = await eventually(check, what=f"READY status of {node.name} with {expect}")
+        assert isinstance(result, pb.DaemonStatus)
+        return result

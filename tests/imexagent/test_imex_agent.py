@@ -1,0 +1,271 @@
+"""The IMEX agent against a real etcd and real simulated daemons on loopback addresses.
+
+What a job on the node would notice: the daemon it uses keeps its pid (and instance) through
+peers joining, peers being lost and the agent itself restarting; it is replaced only when it
+died or its own identity changed, and gone once the node left the domain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from libs.gen.computedomain.state import v1 as pb
+from libs.hardware.simulated import prepare_node_dirs
+from libs.imex import slots
+from libs.imex.config import SIM_HOSTS_FILE
+from libs.imex.simulator import client as simclient
+from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
+from services.imexagent.main import run_imex_agent
+from services.imexagent.settings import ImexAgentSettings
+from tests.imexagent.imex_rack import FAST, Rack, eventually, free_cluster, kill_daemons_under, pid_alive
+
+UID = "cd-0001"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _append(path: Path) -> BinaryIO:
+    return open(path, "ab")  # the agents' output, for a failing test's report
+
+
+@pytest.fixture
+async def rack(store: Store, tmp_path: Path) -> AsyncIterator[Rack]:
+    r = Rack(store, tmp_path, free_cluster(4))
+    try:
+        yield r
+    finally:
+        for node in r.nodes:
+            await r.stop(node)
+        kill_daemons_under(tmp_path)
+
+
+def hosts_of(path: Path) -> dict[str, str]:
+    return slots.parse_hosts((path / HOSTS_FILE).read_text())
+
+
+async def test_join_then_a_peer_join_rewrites_the_hosts_and_signals_the_same_daemon(rack: Rack) -> None:
+    a, b = rack.node(0), rack.node(1)
+    rack.start(a)
+    rack.start(b)
+    await rack.join(UID, a, 0)
+    first = await rack.ready_status(UID, a, node_id=0)
+    clique = a.sim.clique
+    names = slots.slot_names(UID, clique)
+    nodes_config = (a.dir(UID) / NODES_CONFIG_FILE).read_text()
+    assert nodes_config == slots.render_nodes_config_slots(UID, clique), "18 slot names"
+    assert len(nodes_config.splitlines()) == slots.MAX_SLOTS
+    assert f"# {SIM_HOSTS_FILE}={a.dir(UID) / HOSTS_FILE}" in (a.dir(UID) / "config.cfg").read_text()
+    hosts = hosts_of(a.dir(UID))
+    assert hosts[names[0]] == a.sim.address
+    assert {hosts[n] for n in names[1:]} == {slots.PLACEHOLDER_ADDRESS}
+    assert list(first.peers) == [a.sim.address] + [slots.PLACEHOLDER_ADDRESS] * (slots.MAX_SLOTS - 1)
+    assert first.pid > 0 and first.instance and first.connected_nodes == []
+    nodes_config_stat = os.stat(a.dir(UID) / NODES_CONFIG_FILE)
+
+    await rack.join(UID, b, 1)
+    # Both daemons see each other connected; A's is the same process, told to re-resolve.
+    after = await rack.ready_status(UID, a, connected_nodes=[b.name])
+    await rack.ready_status(UID, b, connected_nodes=[a.name], node_id=1)
+    assert after.pid == first.pid and after.instance == first.instance
+    assert after.config_generation >= 1
+    assert hosts_of(a.dir(UID))[names[1]] == b.sim.address
+    assert hosts_of(b.dir(UID)) == hosts_of(a.dir(UID))
+    runner = a.supervisor.runner(UID) if a.supervisor else None
+    assert runner is not None and runner.sigusr1_sent >= 1
+    assert "Received SIGUSR1" in (a.dir(UID) / "nvidia-imex.log").read_text()
+    unchanged = os.stat(a.dir(UID) / NODES_CONFIG_FILE)
+    assert (unchanged.st_ino, unchanged.st_mtime_ns) == (
+        nodes_config_stat.st_ino,
+        nodes_config_stat.st_mtime_ns,
+    )
+    assert after.restarts == 0
+
+
+async def test_a_lost_member_keeps_its_daemon_and_its_slot(rack: Rack) -> None:
+    a, b = rack.node(0), rack.node(1)
+    rack.start(a)
+    rack.start(b)
+    await rack.join(UID, a, 0)
+    await rack.join(UID, b, 1)
+    a_before = await rack.ready_status(UID, a, connected_nodes=[b.name])
+    b_before = await rack.ready_status(UID, b, connected_nodes=[a.name])
+
+    await rack.set_state(UID, b, pb.MemberState.LOST)
+    assert a.supervisor is not None and b.supervisor is not None
+    b_runner = b.supervisor.runner(UID)
+    assert b_runner is not None
+    await eventually(lambda: b_runner.desired.lost, what="B's supervisor acted on its loss")
+    await eventually(
+        lambda: (m := a.supervisor.member(b.name)) is not None and m.state == pb.MemberState.LOST,  # type: ignore[union-attr]
+        what="A's supervisor saw B's loss",
+    )
+    # Both reconcilers have acted on the loss: same daemons, B's slot still B's address.
+    assert a.supervisor.daemon_pid(UID) == a_before.pid and b.supervisor.daemon_pid(UID) == b_before.pid
+    assert hosts_of(a.dir(UID))[slots.slot_name(UID, a.sim.clique, 1)] == b.sim.address
+    # The controller needs B's connection to A reported while B is LOST.
+    await rack.ready_status(UID, a, connected_nodes=[b.name], pid=a_before.pid)
+
+    await rack.set_state(UID, b, pb.MemberState.ACTIVE)  # the node record is back
+    await rack.ready_status(UID, b, pid=b_before.pid, connected_nodes=[a.name])
+
+
+async def test_a_released_member_stops_its_daemon_and_removes_its_directory(rack: Rack) -> None:
+    a, b = rack.node(0), rack.node(1)
+    rack.start(a)
+    rack.start(b)
+    await rack.join(UID, a, 0)
+    await rack.join(UID, b, 1)
+    b_status = await rack.ready_status(UID, b, connected_nodes=[a.name])
+    a_status = await rack.ready_status(UID, a, connected_nodes=[b.name])
+
+    await rack.release(UID, b)
+    await eventually(lambda: not pid_alive(b_status.pid), what="B's daemon stopped")
+    await eventually(lambda: not b.dir(UID).exists(), what="B's directory removed")
+    assert await eventually(lambda: _absent(rack, b), what="B's status deleted")
+    # A empties B's slot and keeps running.
+    await eventually(
+        lambda: hosts_of(a.dir(UID))[slots.slot_name(UID, a.sim.clique, 1)] == slots.PLACEHOLDER_ADDRESS
+    )
+    await rack.ready_status(UID, a, connected_nodes=[], pid=a_status.pid)
+
+
+async def _absent(rack: Rack, node: object) -> bool:
+    return await rack.status(UID, node) is None  # type: ignore[arg-type]
+
+
+async def test_a_killed_daemon_is_restarted_with_backoff_and_counted(rack: Rack) -> None:
+    a = rack.node(0)
+    rack.start(a)
+    await rack.join(UID, a, 0)
+    first = await rack.ready_status(UID, a)
+    os.kill(first.pid, signal.SIGKILL)
+    again = await rack.ready_status(UID, a, restarts=1)
+    assert again.pid != first.pid and again.instance != first.instance
+    os.kill(again.pid, signal.SIGKILL)
+    third = await rack.ready_status(UID, a, restarts=2)
+    assert third.pid not in (first.pid, again.pid)
+    runner = a.supervisor.runner(UID) if a.supervisor else None
+    assert runner is not None and runner.lifecycle.consecutive_failures == 0
+
+
+async def test_a_new_address_of_its_own_restarts_the_daemon(rack: Rack) -> None:
+    a = rack.node(0)
+    rack.start(a)
+    await rack.join(UID, a, 0)
+    first = await rack.ready_status(UID, a)
+    other = rack.cluster.node_address(0, 3)
+    await rack.join(UID, a, 0, address=other)
+    moved = await rack.ready_status(
+        UID, a, peers=[other] + [slots.PLACEHOLDER_ADDRESS] * (slots.MAX_SLOTS - 1)
+    )
+    assert moved.pid != first.pid and not pid_alive(first.pid)
+    assert moved.restarts == 1
+
+
+# ---------------------------------------------------------------------------- the program
+
+
+def agent_settings(rack: Rack, etcd_config: EtcdConfig, tray: int) -> ImexAgentSettings:
+    cluster_file = rack.base / "cluster.json"
+    if not cluster_file.exists():
+        rack.cluster.save(cluster_file)
+    name = rack.cluster.node_name(0, tray)
+    prepare_node_dirs(rack.cluster, name, rack.base / "hw")
+    return ImexAgentSettings(
+        node_name=name,
+        etcd_endpoint=etcd_config.endpoint,
+        etcd_prefix=etcd_config.prefix,
+        hardware="simulated",
+        sim_cluster=str(cluster_file),
+        sim_state_dir=str(rack.base / "hw"),
+        imex_work_dir=str(rack.base / "imex" / name),
+        lease_ttl_s=2,
+        health_host="127.0.0.1",
+        health_port=0,
+    )
+
+
+async def test_a_restarted_agent_adopts_the_running_daemon(rack: Rack, etcd_config: EtcdConfig) -> None:
+    a = rack.node(0)
+    settings = agent_settings(rack, etcd_config, 0)
+    imex = replace(FAST, stop_daemons_on_exit=False)
+    stop = asyncio.Event()
+    agent = asyncio.create_task(run_imex_agent(settings, stop, imex=imex, handle_signals=False))
+    node_key = rack.store.keys.node(a.name)
+    await eventually(lambda: rack.store.get(node_key, pb.Node), what="node record on the lease")
+    await rack.join(UID, a, 0)
+    first = await rack.ready_status(UID, a)
+
+    agent.cancel()  # as abrupt as it gets in-process: no orderly stop
+    await asyncio.wait([agent])
+    assert pid_alive(first.pid), "the daemon outlives its agent"
+
+    stop = asyncio.Event()
+    agent = asyncio.create_task(run_imex_agent(settings, stop, imex=imex, handle_signals=False))
+    try:
+        # Written by the new agent: the same process and instance.
+        adopted = await rack.ready_status(UID, a, newer_than=first, pid=first.pid)
+        assert adopted.instance == first.instance and adopted.restarts == 0
+        status = await simclient.query_status(a.sim.address, FAST.cmd_port, 2.0)
+        assert status.pid == first.pid and status.instance == first.instance
+    finally:
+        stop.set()
+        await asyncio.wait([agent])
+    assert pid_alive(first.pid), "a plain stop leaves the daemon for the next agent"
+
+
+async def test_a_sigkilled_agent_process_is_replaced_and_the_daemon_kept(
+    rack: Rack, etcd_config: EtcdConfig
+) -> None:
+    a = rack.node(0)
+    settings = agent_settings(rack, etcd_config, 0)
+    argv = [
+        sys.executable,
+        "-m",
+        "services.imexagent.main",
+        f"--node-name={settings.node_name}",
+        f"--etcd-endpoint={settings.etcd_endpoint}",
+        f"--etcd-prefix={settings.etcd_prefix}",
+        "--hardware=simulated",
+        f"--sim-cluster={settings.sim_cluster}",
+        f"--sim-state-dir={settings.sim_state_dir}",
+        f"--imex-work-dir={settings.imex_work_dir}",
+        "--lease-ttl-s=2",
+        "--health-host=127.0.0.1",
+        "--health-port=0",
+        "--log-format=json",
+    ]
+    repo = REPO
+    log = _append(rack.base / "agent.log")
+    first_agent = await asyncio.create_subprocess_exec(*argv, cwd=repo, stdout=log, stderr=log)
+    second_agent = None
+    try:
+        await rack.join(UID, a, 0)
+        first = await rack.ready_status(UID, a)
+        first_agent.send_signal(signal.SIGKILL)
+        await first_agent.wait()
+        assert pid_alive(first.pid)
+        second_agent = await asyncio.create_subprocess_exec(
+            *argv, "--stop-daemons-on-exit=true", cwd=repo, stdout=log, stderr=log
+        )
+        adopted = await rack.ready_status(UID, a, newer_than=first, pid=first.pid)
+        assert adopted.instance == first.instance and adopted.restarts == 0
+        second_agent.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(second_agent.wait(), 20) == 0
+        assert not pid_alive(first.pid), "--stop-daemons-on-exit stops it"
+    finally:
+        for p in (first_agent, second_agent):
+            if p is not None and p.returncode is None:
+                p.kill()
+                await p.wait()
+        log.close()
