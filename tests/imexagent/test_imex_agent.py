@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
+import aiohttp
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
@@ -32,6 +34,17 @@ from tests.imexagent.imex_rack import FAST, Rack, eventually, free_cluster, kill
 
 UID = "cd-0001"
 REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _http_ok(http: aiohttp.ClientSession, url: str) -> bool:
+    async with http.get(url) as response:
+        return response.status == 200
 
 
 def _append(path: Path) -> BinaryIO:
@@ -211,6 +224,7 @@ async def test_a_restarted_agent_adopts_the_running_daemon(rack: Rack, etcd_conf
     assert pid_alive(first.pid), "the daemon outlives its agent"
 
     stop = asyncio.Event()
+    settings = replace(settings, health_port=free_port())
     agent = asyncio.create_task(run_imex_agent(settings, stop, imex=imex, handle_signals=False))
     try:
         # Written by the new agent: the same process and instance.
@@ -218,6 +232,15 @@ async def test_a_restarted_agent_adopts_the_running_daemon(rack: Rack, etcd_conf
         assert adopted.instance == first.instance and adopted.restarts == 0
         status = await simclient.query_status(a.sim.address, FAST.cmd_port, 2.0)
         assert status.pid == first.pid and status.instance == first.instance
+        base = f"http://127.0.0.1:{settings.health_port}"
+        async with aiohttp.ClientSession() as http:
+            await eventually(lambda: _http_ok(http, f"{base}/readyz"), what="ready once registered")
+            async with http.get(f"{base}/healthz") as response:
+                assert response.status == 200
+            async with http.get(f"{base}/metrics") as response:
+                metrics = await response.text()
+        assert f'cd_imex_daemon_ready{{cd_uid="{UID}"}} 1.0' in metrics
+        assert f'cd_imex_daemon_restarts{{cd_uid="{UID}"}} 0.0' in metrics
     finally:
         stop.set()
         await asyncio.wait([agent])
@@ -269,3 +292,52 @@ async def test_a_sigkilled_agent_process_is_replaced_and_the_daemon_kept(
                 p.kill()
                 await p.wait()
         log.close()
+
+
+async def test_a_hung_daemon_is_killed_and_replaced(store: Store, tmp_path: Path) -> None:
+    rack = Rack(store, tmp_path, free_cluster(1), replace(FAST, unresponsive_kill_s=1.0, query_timeout_s=0.2))
+    a = rack.node(0)
+    try:
+        rack.start(a)
+        await rack.join(UID, a, 0)
+        first = await rack.ready_status(UID, a)
+        await simclient.inject_fault(a.sim.address, FAST.cmd_port, "hang")
+        again = await rack.ready_status(UID, a, restarts=1)
+        assert again.pid != first.pid and not pid_alive(first.pid)
+    finally:
+        await rack.stop(a)
+        kill_daemons_under(tmp_path)
+
+
+async def test_a_daemon_that_cannot_start_is_failed_with_its_own_words(store: Store, tmp_path: Path) -> None:
+    """A daemon that exits at once: after `failed_after` tries the status says FAILED and shows
+    the daemon's last log lines."""
+    broken = replace(
+        FAST,
+        daemon_command=(
+            sys.executable,
+            "-c",
+            "import sys; print('bind failed: no such address'); sys.exit(1)",
+        ),
+        failed_after=2,
+        restart_backoff_initial_s=0.05,
+        restart_backoff_cap_s=0.1,
+    )
+    rack = Rack(store, tmp_path, free_cluster(1), broken)
+    a = rack.node(0)
+    try:
+        rack.start(a)
+        await rack.join(UID, a, 0)
+
+        async def failed() -> pb.DaemonStatus | None:
+            status = await rack.status(UID, a)
+            return status if status is not None and status.state == pb.DaemonState.FAILED else None
+
+        status = await eventually(failed, what="FAILED status")
+        assert isinstance(status, pb.DaemonStatus)
+        assert "exited with status 1" in status.last_error
+        assert any("bind failed" in line for line in status.last_log_lines)
+        assert status.pid == 0 and status.restarts >= 1
+    finally:
+        await rack.stop(a)
+        kill_daemons_under(tmp_path)
