@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.imex import slots
 from libs.state.membership import MAX_NODES_PER_IMEX_DOMAIN
 from libs.state.store import Store
 
@@ -97,7 +98,11 @@ async def check_store_invariants(
             me = member_by_key.get((d.domain_uid, d.node_name))
             if me is None or me.state != pb.MemberState.ACTIVE or d.state != pb.DaemonState.READY:
                 continue
-            expected = [x.ip_address for x in sorted(by_clique[(d.domain_uid, me.clique_id)], key=lambda x: x.index)]
+            # Slot i resolves to the member holding index i, an empty slot to the placeholder.
+            expected = [slots.PLACEHOLDER_ADDRESS] * slots.MAX_SLOTS
+            for x in by_clique[(d.domain_uid, me.clique_id)]:
+                if 0 <= x.index < slots.MAX_SLOTS:
+                    expected[x.index] = x.ip_address
             if list(d.peers) != expected:
                 violations.append(f"inv4: daemon of {d.node_name} in {d.domain_uid} has peers {list(d.peers)}, members are {expected}")
     _ = nodes

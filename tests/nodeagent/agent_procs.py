@@ -1,4 +1,9 @@
-"""Node agents as real processes on a simulated cluster, and a kubelet stand-in that calls them."""
+"""A node's two programs as real processes on a simulated cluster, and a kubelet stand-in.
+
+Per node: the IMEX agent (``cd-imex-agent``: node record on its lease, IMEX daemons, their
+DaemonStatus records) and the kubelet plugin (``cd-node-agent``: DRA socket, checkpoint, CDI).
+`AgentProcess` is the plugin; its `imex` is the node's IMEX agent.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class AgentProcess:
+class _Program:
+    """One long-running program of a node, started as ``python -m <module>``."""
+
     name: str
     base: Path
     cluster_file: Path
@@ -43,6 +50,9 @@ class AgentProcess:
     health_port: int
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+
+    module = ""
+    log_name = ""
 
     @property
     def kubelet_dir(self) -> Path:
@@ -58,43 +68,29 @@ class AgentProcess:
 
     @property
     def log_file(self) -> Path:
-        return self.base / "agent.log"
+        return self.base / self.log_name
 
-    @property
-    def checkpoint_file(self) -> Path:
-        return checkpoint_path(self.kubelet_dir)
-
-    @property
-    def local_paths(self) -> NodeLocalPaths:
-        return NodeLocalPaths(self.name, self.cdi_root, self.imex_work_dir, self.checkpoint_file)
-
-    def cdi_spec(self, claim_uid: str) -> Path:
-        return self.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{claim_uid}.json"
-
-    def argv(self) -> list[str]:
-        boot_id = self.base / "boot_id"
-        if not boot_id.exists():
-            boot_id.write_text(f"boot-{self.name}\n")
+    def common_args(self) -> list[str]:
         return [
-            sys.executable,
-            "-m",
-            "services.nodeagent.main",
             "--node-name", self.name,
             "--hardware", "simulated",
             "--sim-cluster", str(self.cluster_file),
             "--sim-state-dir", str(self.sim_state_dir),
             "--kubelet-dir", str(self.kubelet_dir),
             "--cdi-root", str(self.cdi_root),
-            "--imex-work-dir", str(self.imex_work_dir),
-            "--boot-id-file", str(boot_id),
             "--etcd-endpoint", self.etcd.endpoint,
             "--etcd-prefix", self.etcd.prefix,
             "--health-host", "127.0.0.1",
             "--health-port", str(self.health_port),
-            "--lease-ttl-s", "3",
             "--log-format", "json",
-            *self.extra_args,
         ]  # fmt: skip
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.common_args(), *self.extra_args]
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
@@ -107,7 +103,8 @@ class AgentProcess:
                 env={**os.environ, "PYTHONPATH": str(REPO)},
             )
 
-    async def wait_serving(self, timeout_s: float = 20.0) -> None:
+    async def wait_ready(self, timeout_s: float = 20.0) -> None:
+        """Until /readyz answers 200 (the program exiting first fails at once)."""
         deadline = time.monotonic() + timeout_s
         url = f"http://127.0.0.1:{self.health_port}/readyz"
         async with aiohttp.ClientSession() as session:
@@ -115,7 +112,7 @@ class AgentProcess:
                 assert self.process is not None
                 if self.process.poll() is not None:
                     raise AssertionError(
-                        f"agent {self.name} exited {self.process.returncode}:\n{self.log_tail()}"
+                        f"{self.module} of {self.name} exited {self.process.returncode}:\n{self.log_tail()}"
                     )
                 try:
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
@@ -124,7 +121,7 @@ class AgentProcess:
                 except (aiohttp.ClientError, TimeoutError):
                     pass
                 await asyncio.sleep(0.05)
-        raise AssertionError(f"agent {self.name} not serving after {timeout_s}s:\n{self.log_tail()}")
+        raise AssertionError(f"{self.module} of {self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
 
     async def health(self) -> tuple[int, dict[str, object]]:
         async with aiohttp.ClientSession() as session:
@@ -158,6 +155,79 @@ class AgentProcess:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "<no log>"
+
+
+@dataclass
+class ImexAgentProcess(_Program):
+    """``cd-imex-agent`` of one node. Simulated daemons are stopped with it (test hygiene)."""
+
+    module = "services.imexagent.main"
+    log_name = "imex-agent.log"
+
+    def argv(self) -> list[str]:
+        return [
+            *super().argv()[:3],
+            *self.common_args(),
+            "--imex-work-dir", str(self.imex_work_dir),
+            "--lease-ttl-s", "3",
+            "--stop-daemons-on-exit", "true",
+            *self.extra_args,
+        ]  # fmt: skip
+
+
+@dataclass
+class AgentProcess(_Program):
+    """``cd-node-agent`` (the kubelet plugin) of one node; `imex` is the node's IMEX agent."""
+
+    imex: ImexAgentProcess | None = None
+
+    module = "services.nodeagent.main"
+    log_name = "agent.log"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return checkpoint_path(self.kubelet_dir)
+
+    @property
+    def local_paths(self) -> NodeLocalPaths:
+        return NodeLocalPaths(self.name, self.cdi_root, self.imex_work_dir, self.checkpoint_file)
+
+    def cdi_spec(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{claim_uid}.json"
+
+    def argv(self) -> list[str]:
+        boot_id = self.base / "boot_id"
+        if not boot_id.exists():
+            boot_id.write_text(f"boot-{self.name}\n")
+        return [
+            *super().argv()[:3],
+            *self.common_args(),
+            "--boot-id-file", str(boot_id),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start_node(self) -> None:
+        """Both programs: the IMEX agent (if not running) and the plugin."""
+        if self.imex is not None and not self.imex.running:
+            self.imex.start()
+        self.start()
+
+    async def wait_serving(self, timeout_s: float = 20.0) -> None:
+        """The plugin serves kubelet (it does so only once the IMEX agent registered the node)."""
+        await self.wait_ready(timeout_s)
+
+    def stop_node(self) -> int | None:
+        """Plugin first, then the IMEX agent (which stops its simulated daemons)."""
+        code = self.stop()
+        if self.imex is not None:
+            self.imex.stop()
+        return code
+
+    def log_tail(self, lines: int = 40) -> str:
+        tail = super().log_tail(lines)
+        if self.imex is None:
+            return tail
+        return f"{tail}\n--- IMEX agent:\n{_Program.log_tail(self.imex, lines)}"
 
 
 class Kubelet:
@@ -219,17 +289,24 @@ class SimCluster:
     etcd: EtcdConfig
     agents: dict[str, AgentProcess] = field(default_factory=dict)
 
-    def agent(self, name: str, extra_args: list[str] | None = None) -> AgentProcess:
+    def agent(
+        self, name: str, extra_args: list[str] | None = None, imex_args: list[str] | None = None
+    ) -> AgentProcess:
+        """The node's plugin, with its IMEX agent as ``.imex`` (neither started)."""
         if name not in self.agents:
             prepare_node_dirs(self.cluster, name, self.sim_state_dir)
+            common = {
+                "name": name,
+                "base": self.base / name,
+                "cluster_file": self.cluster_file,
+                "sim_state_dir": self.sim_state_dir,
+                "etcd": self.etcd,
+            }
             self.agents[name] = AgentProcess(
-                name=name,
-                base=self.base / name,
-                cluster_file=self.cluster_file,
-                sim_state_dir=self.sim_state_dir,
-                etcd=self.etcd,
+                **common,  # type: ignore[arg-type]
                 health_port=free_port(),
                 extra_args=extra_args or [],
+                imex=ImexAgentProcess(**common, health_port=free_port(), extra_args=imex_args or []),  # type: ignore[arg-type]
             )
         return self.agents[name]
 
@@ -240,6 +317,9 @@ class SimCluster:
     def shutdown(self) -> None:
         for agent in self.agents.values():
             agent.stop()
+        for agent in self.agents.values():
+            if agent.imex is not None:
+                agent.imex.stop()
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Node agents as real processes: simulated hardware, real etcd, simulated IMEX daemons over TCP."""
+"""A node's programs as real processes: the kubelet plugin and the IMEX agent on simulated
+hardware, real etcd, simulated IMEX daemons over TCP."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from libs.cdi.versions import check_cdi_version
 from libs.gen.computedomain.state import v1 as pb
+from libs.imex.slots import PLACEHOLDER_ADDRESS
 from libs.state.config import EtcdConfig
-from libs.state.membership import join_domain, leave_domain
 from libs.state.store import Store
 from libs.state.watch import WatchEvent, watch_prefix
 from services.nodeagent.driver import dra_socket_path
@@ -39,7 +40,7 @@ async def start_agents(
 ) -> list[AgentProcess]:
     agents = [sim.agent(n, extra_args) for n in names]
     for agent in agents:
-        agent.start()
+        agent.start_node()
     await asyncio.gather(*(a.wait_serving() for a in agents))
     return agents
 
@@ -95,7 +96,9 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
     async def all_ready() -> bool:
         statuses, _ = await store.list(store.keys.daemons(domain.uid), pb.DaemonStatus)
         return len(statuses) == 3 and all(
-            s.value.state == pb.DaemonState.READY and sorted(s.value.peers) == addresses for s in statuses
+            s.value.state == pb.DaemonState.READY
+            and sorted(p for p in s.value.peers if p != PLACEHOLDER_ADDRESS) == addresses
+            for s in statuses
         )
 
     await wait_for(all_ready, what="3 READY daemons with 3 peers each")
@@ -124,20 +127,18 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
 
     # Graceful shutdown: exit 0, sockets removed.
     for agent in agents:
-        assert agent.stop() == 0, agent.log_tail()
+        assert agent.stop_node() == 0, agent.log_tail()
         assert not dra_socket_path(agent.kubelet_dir).exists()
         assert not registration_socket_path(agent.kubelet_dir).exists()
 
 
-async def test_agent_killed_mid_prepare_ends_prepared_once(sim: SimCluster, store: Store) -> None:
-    (agent,) = await start_agents(sim, "rack0-tray0", extra_args=["--prepare-budget-s", "1.5"])
+async def test_plugin_killed_mid_prepare_ends_prepared_once(sim: SimCluster, store: Store) -> None:
+    (agent,) = await start_agents(sim, "rack0-tray0", extra_args=["--prepare-budget-s", "20"])
+    assert agent.imex is not None
+    # The IMEX agent is down: nobody starts the daemon, so the prepare stays between
+    # PrepareStarted and PrepareCompleted (the plugin keeps the node record it saw).
+    assert agent.imex.stop() == 0, agent.log_tail()
     domain = await put_domain(store)
-    # A peer that is a member but never runs a daemon: our daemon waits for it, so the prepare
-    # stays between PrepareStarted and PrepareCompleted.
-    peer = sim.cluster.node("rack0-tray3")
-    await join_domain(
-        store, domain.uid, "team-a", pb.Node(name=peer.name, ip_address=peer.address, clique_id=peer.clique)
-    )
     ref = await put_claim(store, agent.name, domain.uid)
     kubelet = Kubelet(agent)
     in_flight = asyncio.create_task(kubelet.prepare_once(ref))
@@ -149,16 +150,12 @@ async def test_agent_killed_mid_prepare_ends_prepared_once(sim: SimCluster, stor
     await wait_for(started, what="PrepareStarted")
     assert json.loads(agent.checkpoint_file.read_text())["entries"][ref.uid]["state"] == "PrepareStarted"
     agent.kill()
-    with pytest.raises(Exception):  # noqa: B017 - the connection dies with the agent
+    with pytest.raises(Exception):  # noqa: B017 - the connection dies with the plugin
         await in_flight
     assert not agent.cdi_spec(ref.uid).exists()
 
-    agent.start()
+    agent.start_node()  # both come back: the IMEX agent runs the daemon, the retry finishes
     await agent.wait_serving()
-    answer = (await kubelet.prepare_once(ref))[ref.uid]
-    assert "not READY" in answer.error  # still waiting for the absent peer: retryable
-    await leave_domain(store, domain.uid, peer.name)  # the peer goes away; now it can finish
-
     answer = await kubelet.prepare(ref, 30)
     assert answer.error == ""
     assert answer.devices[0].cdi_device_ids == [f"k8s.compute-domain.nvidia.com/claim={ref.uid}-channel-0"]
@@ -167,8 +164,7 @@ async def test_agent_killed_mid_prepare_ends_prepared_once(sim: SimCluster, stor
         (ref.uid, pb.PreparedState.PREPARE_COMPLETED)
     ]
     members, _ = await store.list(store.keys.members(domain.uid), pb.Member)
-    # One membership, with the index it got next to the peer (indices are never reshuffled).
-    assert [(m.value.node_name, m.value.index) for m in members] == [(agent.name, 1)]
+    assert [(m.value.node_name, m.value.index) for m in members] == [(agent.name, 0)]
     entries = json.loads(agent.checkpoint_file.read_text())["entries"]
     assert list(entries) == [ref.uid] and entries[ref.uid]["state"] == "PrepareCompleted"
     assert sorted(p.name for p in agent.cdi_root.iterdir()) == [agent.cdi_spec(ref.uid).name]
@@ -176,9 +172,7 @@ async def test_agent_killed_mid_prepare_ends_prepared_once(sim: SimCluster, stor
     async def one_daemon() -> bool:
         return len(imex_processes_of(domain.uid)) == 1
 
-    await wait_for(
-        one_daemon, what="exactly one IMEX daemon for the domain (the old one adopted or replaced)"
-    )
+    await wait_for(one_daemon, what="exactly one IMEX daemon for the domain")
     assert await check_store_invariants(store) == []
 
 
@@ -267,28 +261,44 @@ async def test_malformed_config_and_unknown_claims_through_the_socket(sim: SimCl
     assert file_tree(agent.cdi_root) == {}
 
 
-async def test_graceful_stop_ends_simulated_daemons_and_restart_keeps_claims(
+async def test_plugin_restart_changes_nothing_in_the_store_and_keeps_the_daemon(
     sim: SimCluster, store: Store
 ) -> None:
     (agent,) = await start_agents(sim, "rack0-tray1")
     domain = await put_domain(store)
     ref = await put_claim(store, agent.name, domain.uid)
     first = await Kubelet(agent).prepare(ref, 30)
-    assert first.error == "" and len(imex_processes_of(domain.uid)) == 1
+    assert first.error == ""
+    daemon_key = store.keys.daemon(domain.uid, agent.name)
+    status = await store.get(daemon_key, pb.DaemonStatus)
+    assert status is not None and status.value.state == pb.DaemonState.READY
+    # Everything the plugin or the membership owns, with its revision (the node record is the
+    # IMEX agent's, rewritten on its lease; the daemon's record is compared by instance below).
+    watched = (
+        store.keys.members(domain.uid),
+        store.keys.member_indices(domain.uid),
+        store.keys.node_binding(agent.name),
+        store.keys.preparations(agent.name),
+    )
 
-    assert agent.stop() == 0, agent.log_tail()
-    # Simulated daemons are the agent's children: a graceful stop ends them too.
-    assert imex_processes_of(domain.uid) == []
+    async def revisions() -> dict[str, int]:
+        return {k: rev for k, (_, rev) in (await store_dump(store)).items() if k.startswith(watched)}
 
+    before = await revisions()
+    assert len(before) == 4, before
+
+    assert agent.stop() == 0, agent.log_tail()  # SIGTERM: an upgrade of the plugin
+    assert not dra_socket_path(agent.kubelet_dir).exists()
+    assert imex_processes_of(domain.uid) == [status.value.pid]  # the daemon is not the plugin's
     agent.start()
     await agent.wait_serving()
+
     assert (await Kubelet(agent).prepare_once(ref))[ref.uid] == first  # answered from the checkpoint
-
-    async def daemon_back() -> bool:
-        status = await store.get(store.keys.daemon(domain.uid, agent.name), pb.DaemonStatus)
-        return status is not None and status.value.state == pb.DaemonState.READY
-
-    await wait_for(daemon_back, what="the held domain's daemon running again after the restart")
+    assert await revisions() == before
+    after = await store.get(daemon_key, pb.DaemonStatus)
+    assert after is not None and after.value.state == pb.DaemonState.READY
+    assert (after.value.instance, after.value.pid) == (status.value.instance, status.value.pid)
+    assert f'cd_nodeagent_imex_daemon_restarts{{cd_uid="{domain.uid}"}} 0.0' in await agent.metrics()
     assert await check_store_invariants(store) == []
 
 
@@ -298,10 +308,10 @@ async def test_agent_started_before_etcd_waits_for_it_instead_of_exiting(private
     private_etcd.stop()
     with sim_cluster(config) as cluster:
         agent = cluster.agent("rack0-tray0")
-        agent.start()
+        agent.start_node()
         await asyncio.sleep(3.0)
-        assert agent.process is not None and agent.process.poll() is None, (
-            f"agent exited while etcd was down:\n{agent.log_tail()}"
+        assert agent.running and agent.imex is not None and agent.imex.running, (
+            f"a program exited while etcd was down:\n{agent.log_tail()}"
         )
         private_etcd.start()
         await agent.wait_serving(timeout_s=30.0)
