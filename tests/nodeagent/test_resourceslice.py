@@ -247,7 +247,7 @@ async def test_publisher_creates_updates_and_labels(apiserver: tuple[RecordingAp
     await publisher.delete()  # already gone: not an error
 
 
-async def test_publisher_follows_the_inventory_and_waits_for_a_settled_clique(
+async def test_publisher_follows_the_node_record_and_waits_for_a_settled_clique(
     apiserver: tuple[RecordingApiServer, ApiClient],
 ) -> None:
     server, api = apiserver
