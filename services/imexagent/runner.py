@@ -47,6 +47,10 @@ _FRESH_S = 2.0  # probe at the fast interval this long after a start or a change
 _STATUS_RETRY_S = 1.0  # a status write that failed (store unreachable) is tried again after this
 
 
+def _instance_of(pid: int) -> str:
+    return f"pid-{pid}-{proc.proc_start_ticks(pid) or 0}"
+
+
 class StatusFields(NamedTuple):
     """What a DaemonStatus says, minus its timestamp (compared to skip unchanged writes)."""
 
@@ -115,6 +119,8 @@ class DomainDaemon:
         self._next_probe = 0.0
         self._fresh_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        # nvidia-imex shows no instance: a process (pid and start time) is one instance.
+        self._process_instance = ""
 
     # ---- control ------------------------------------------------------------------------
 
@@ -122,6 +128,7 @@ class DomainDaemon:
         if adopted_pid is not None:
             now = asyncio.get_running_loop().time()
             self.process = proc.DaemonProcess(adopted_pid, None, self.wake)
+            self._process_instance = _instance_of(adopted_pid)
             self.identity = self.desired.identity
             self.lifecycle.adopted(now)
             self._next_probe = now
@@ -303,6 +310,7 @@ class DomainDaemon:
             return
         now = self._now()
         self.process = proc.DaemonProcess(popen.pid, popen, self.wake)
+        self._process_instance = _instance_of(popen.pid)
         if self.written_hosts is not None and hosts != self.written_hosts:
             self.generation += 1
         self.identity, self.written_hosts = d.identity, hosts
@@ -409,9 +417,8 @@ class DomainDaemon:
         if node_id < 0 and running and lc.ready:
             node_id = d.index  # READY means it identified itself, and its slot is the only match
         instance = probe.instance if probe is not None else ""
-        if not instance and running and self.process is not None:
-            # nvidia-imex shows no instance: a process (pid and start time) is one instance.
-            instance = f"pid-{self.process.pid}-{proc.proc_start_ticks(self.process.pid) or 0}"
+        if not instance and running:
+            instance = self._process_instance
         connected = tuple(connected_nodes(d, dict(probe.connections))) if probe is not None else ()
         failing = lc.state in (NOT_READY, FAILED)
         return StatusFields(

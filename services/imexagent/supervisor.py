@@ -118,15 +118,18 @@ class ImexSupervisor:
         """Act now (e.g. right after this node joined or left `domain_uid`)."""
         self._wake.set()
 
-    async def wait_ready(self, domain_uid: str, timeout_s: float) -> bool:
-        """True once this node's daemon for the domain is READY (at once for a non-fabric member);
-        False if that does not happen within `timeout_s`."""
+    async def wait_ready(self, domain_uid: str, timeout_s: float, node_id: int | None = None) -> bool:
+        """True once this node's daemon for the domain is READY (at once for a non-fabric member),
+        and when `node_id` is given, running as that slot; False if that does not happen within
+        `timeout_s`. (The in-process form of what the kubelet plugin reads from the store.)"""
 
         def ready() -> bool:
             if self._membership.domain_uid == domain_uid and self._membership.non_fabric:
                 return True
             runner = self._runners.get(domain_uid)
-            return runner is not None and runner.ready.is_set()
+            if runner is None or not runner.ready.is_set():
+                return False
+            return node_id is None or (runner.identity is not None and runner.identity.index == node_id)
 
         if ready():
             return True
