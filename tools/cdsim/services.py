@@ -118,6 +118,9 @@ def imex_agent_spec(
         "--node-name", node,
         "--node-ip", address,
         "--imex-work-dir", str(dirs.imex_dir),
+        # Recorded in the node record: where this node's kubelet plugin keeps its sockets and specs.
+        "--kubelet-dir", str(dirs.kubelet_dir),
+        "--cdi-root", str(dirs.cdi_root),
         *_hardware_flags(layout),
         "--lease-ttl-s", str(IMEX_AGENT_LEASE_TTL_S),
         "--health-host", address,
