@@ -2,9 +2,10 @@
 
 Every container's command must be a real entry point of the package whose flags and CD_*
 environment parse with that program's own settings class; the topology (names, counts, targets,
-settings) must be the one `cdsim up` runs for the same cluster; each node agent must have its own
-address; health checks must hit each program's own /healthz; the simulated hardware baked into
-the image must be what the agents open; and the real etcd must start with the compose flags.
+settings) must be the one `cdsim up` runs for the same cluster; each node's IMEX agent must own
+the node's address and its kubelet plugin share it; health checks must hit each program's own
+/healthz; the simulated hardware baked into the image must be what both programs of a node open
+(one state volume per node); and the real etcd must start with the compose flags.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 PROGRAMS = [name for name in SERVICES if name != "etcd"]
 SIM_DIR = "/var/lib/cdsim"  # inside the image (Dockerfile ENV CD_SIM_DIR)
+PLUGIN_TARGET = "services.nodeagent.main:main"
+IMEX_AGENT_TARGET = "services.imexagent.main:main"
 
 # Settings that legitimately differ between a container and a cdsim process on loopback: where
 # things listen and where files live. Everything else must be what cdsim runs.
@@ -173,27 +176,56 @@ def test_the_topology_and_settings_are_what_cdsim_runs(tmp_path: Path) -> None:
         )
     kinds = [specs[s].kind for s in PROGRAMS]
     assert (kinds.count("controller"), kinds.count("advisor"), kinds.count("dashboard")) == (2, 1, 1)
-    assert kinds.count("agent") == simulated_cluster().node_count
+    nodes = simulated_cluster().node_count
+    assert (kinds.count("agent"), kinds.count("imex-agent")) == (nodes, nodes)
 
 
-def test_each_node_agent_has_its_own_address_on_the_network() -> None:
-    subnet = ipaddress.ip_network(COMPOSE["networks"]["cdnet"]["ipam"]["config"][0]["subnet"])
-    addresses = []
+def programs_running(target: str) -> dict[str, str]:
+    """node name -> the compose service running ``target`` for that node."""
+    found: dict[str, str] = {}
     for service in PROGRAMS:
         prog = program(service)
-        if prog.target != "services.nodeagent.main:main":
-            continue
-        settings = prog.settings(environment(service))
+        if prog.target == target:
+            node = prog.settings(environment(service)).node_name
+            assert node not in found, f"{service} and {found[node]} both run {target} for {node}"
+            found[node] = service
+    return found
+
+
+def test_each_node_imex_agent_owns_its_own_address_on_the_network() -> None:
+    subnet = ipaddress.ip_network(COMPOSE["networks"]["cdnet"]["ipam"]["config"][0]["subnet"])
+    imex_agents = programs_running(IMEX_AGENT_TARGET)
+    assert sorted(imex_agents) == sorted(simulated_cluster().node_names())
+    addresses = []
+    for node, service in imex_agents.items():
+        settings = program(service).settings(environment(service))
         network = SERVICES[service]["networks"]["cdnet"]
+        # IMEX peers dial the address in the node record, where this container's daemons listen.
         assert settings.node_ip == network["ipv4_address"], (
             f"{service}: IMEX peers would dial another address"
         )
         assert ipaddress.ip_address(settings.node_ip) in subnet
-        assert network["aliases"] == [settings.node_name] == [SERVICES[service]["hostname"]]
-        assert service == f"agent-{settings.node_name}"
+        assert network["aliases"] == [node] == [SERVICES[service]["hostname"]]
+        assert service == f"imex-{node}"
         addresses.append(settings.node_ip)
-    assert len(addresses) == simulated_cluster().node_count
     assert len(set(addresses)) == len(addresses)
+
+
+def test_each_node_plugin_shares_its_imex_agents_address_and_starts_after_it() -> None:
+    plugins = programs_running(PLUGIN_TARGET)
+    imex_agents = programs_running(IMEX_AGENT_TARGET)
+    assert sorted(plugins) == sorted(imex_agents)
+    for node, service in plugins.items():
+        owner = imex_agents[node]
+        assert service == f"agent-{node}"
+        # One network namespace per node, owned by the IMEX agent: a plugin restart leaves the
+        # node's address (and so its daemons' connections) alone.
+        assert SERVICES[service]["network_mode"] == f"service:{owner}"
+        assert "networks" not in SERVICES[service] and "hostname" not in SERVICES[service]
+        assert SERVICES[service]["depends_on"][owner]["condition"] == "service_started"
+        # Same namespace: the two health servers need distinct ports.
+        ports = {program(s).settings(environment(s)).health_port for s in (service, owner)}
+        assert len(ports) == 2, f"{service} and {owner} serve health on the same port"
 
 
 @pytest.mark.parametrize("service", PROGRAMS)
@@ -236,7 +268,7 @@ def test_the_image_bakes_the_simulated_hardware_the_agents_open(tmp_path: Path) 
         assert path.startswith(SIM_DIR + "/"), f"{path} is not under the image's {SIM_DIR}"
         return baked / path.removeprefix(SIM_DIR + "/")
 
-    opened = set()
+    opened: dict[str, list[str]] = {}
     for service in PROGRAMS:
         settings = program(service).settings(environment(service))
         if hasattr(settings, "sim_cluster") and settings.sim_cluster:
@@ -247,8 +279,22 @@ def test_the_image_bakes_the_simulated_hardware_the_agents_open(tmp_path: Path) 
             )
             assert hardware.imex_channel_major() == simulated_cluster().imex_channel_major
             assert hardware.clique().clique_id == simulated_cluster().node(settings.node_name).clique
-            opened.add(settings.node_name)
-    assert opened == set(simulated_cluster().node_names())
+            opened.setdefault(settings.node_name, []).append(node_state_volume(service, settings))
+    # Both programs of every node open its hardware, through one volume of that node's own.
+    assert sorted(opened) == sorted(simulated_cluster().node_names())
+    for node, volumes in opened.items():
+        assert len(volumes) == 2 and len(set(volumes)) == 1, f"{node}: state volumes {volumes}"
+    assert len({v[0] for v in opened.values()}) == len(opened)
+
+
+def node_state_volume(service: str, settings: Any) -> str:
+    """The named volume mounted at the node's simulated state directory (faults and channel
+    devices written by one of the node's programs are seen by the other)."""
+    state_dir = f"{settings.sim_state_dir}/{settings.node_name}"
+    mounts = [v.split(":") for v in SERVICES[service].get("volumes", [])]
+    [volume] = [source for source, target, *_ in mounts if target == state_dir] or [""]
+    assert volume in COMPOSE["volumes"], f"{service}: no named volume at {state_dir}"
+    return volume
 
 
 def test_etcd_starts_with_the_compose_flags(tmp_path: Path) -> None:
