@@ -12,9 +12,32 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class MarkMemberLost:
-    """The node's record is gone (lease expired): member LOST, index freed, binding kept."""
+    """The node is gone: member LOST, keeping its index, claim and binding.
+
+    Decided because its node record is absent and no live peer's daemon reports it
+    connected; `peer_reports` are those peers' daemon statuses as read ((node, mod revision),
+    0 for none), compared unchanged so that a report arriving meanwhile cancels the decision.
+    """
 
     node: str
+    peer_reports: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateMember:
+    """Member ACTIVE at its own index with its node record's address.
+
+    A LOST member whose node is back (and holds claims of the domain), or an active one
+    whose node record shows a new address. Compares the member at `mod_revision`, the node
+    record's presence and, for a lost member, that one of `claims` (the prepared claims of
+    the domain seen on the node) is still there: the watches of preparations and node records
+    are separate streams, and a member made active without claims would never be released.
+    """
+
+    node: str
+    mod_revision: int
+    why: str
+    claims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,4 +76,6 @@ class DeleteDomain:
     domain_revision: int
 
 
-Action = MarkMemberLost | ReleaseMember | DeletePreparation | DeleteDaemonStatus | DeleteDomain
+Action = (
+    MarkMemberLost | ActivateMember | ReleaseMember | DeletePreparation | DeleteDaemonStatus | DeleteDomain
+)

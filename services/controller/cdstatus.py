@@ -3,14 +3,18 @@
 `desired_status` turns a `DomainObservation` into `status.status`,
 `status.nodes` and `status.conditions` (SPEC §3, §5):
 
-- a node is Ready when it is an active member whose node record is present
-  and healthy and, for a fabric node, whose IMEX daemon reports READY;
-- the domain is Ready when it is not being deleted, has at least one active
-  member, every active member is Ready, no member is lost, and (numNodes > 0)
-  at least numNodes members are active;
+- a member is lost when marked LOST, or when its node record is gone and no
+  live peer's daemon reports it connected (`liveness.py`);
+- a fabric member is ready when it is not lost, its node (if its record is
+  there) is healthy, its IMEX daemon reports READY and that daemon reports
+  every other active fabric member of its clique connected; a non-fabric
+  member is ready when its node record is present and healthy;
+- the domain is Ready when it is not being deleted, has at least one member,
+  every member is ready, none is lost, and (numNodes > 0) at least numNodes
+  members are present;
 - the `Ready` condition carries the reason that explains a NotReady domain,
   most severe first: Terminating, NodeLost, ImexDaemonFailed,
-  WaitingForNodes, ImexDaemonsNotReady.
+  WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libs.gen.computedomain.state import v1 as pb
-from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
+from services.controller.liveness import Liveness, liveness
+from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
 from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
 
 CONDITION_READY = "Ready"
@@ -30,6 +35,7 @@ REASON_NODE_LOST = "NodeLost"
 REASON_IMEX_DAEMON_FAILED = "ImexDaemonFailed"
 REASON_WAITING_FOR_NODES = "WaitingForNodes"
 REASON_DAEMONS_NOT_READY = "ImexDaemonsNotReady"
+REASON_WAITING_FOR_PEERS = "WaitingForPeers"
 
 # A daemon in one of these states has failed (rather than still starting).
 _FAILED_DAEMON_STATES = frozenset({pb.DaemonState.FAILED})
@@ -47,11 +53,6 @@ class Verdict:
     message: str
 
 
-def member_lost(member: MemberRecord, node: NodeRecord | None) -> bool:
-    """Lost: marked so, or active while its node record is gone (lease expired)."""
-    return member.lost or node is None
-
-
 def daemon_failed(daemon: DaemonRecord | None) -> bool:
     if daemon is None:
         return False
@@ -61,29 +62,41 @@ def daemon_failed(daemon: DaemonRecord | None) -> bool:
     return daemon.state == pb.DaemonState.NOT_READY and bool(daemon.last_error)
 
 
-def node_ready(member: MemberRecord, daemon: DaemonRecord | None, node: NodeRecord | None) -> bool:
-    if member_lost(member, node) or node is None or not node.healthy:
+def daemon_up(obs: DomainObservation, member: MemberRecord, live: Liveness) -> bool:
+    """Ready but for the mesh: not lost, node healthy, and (fabric) daemon READY."""
+    if member.node in live.lost:
         return False
+    node = obs.nodes.get(member.node)
     if not member.fabric:
         # A non-fabric node runs no IMEX daemon: present and healthy is all it can be.
-        return True
+        return node is not None and node.healthy
+    if node is not None and not node.healthy:
+        return False
+    # No record but not lost: live peers report its daemon connected, so its (last) report stands.
+    daemon = obs.daemons.get(member.node)
     return daemon is not None and daemon.state == pb.DaemonState.READY
 
 
-def node_statuses(obs: DomainObservation) -> tuple[NodeEntry, ...]:
-    """status.nodes: every member (lost ones NotReady), sorted by name."""
+def node_ready(obs: DomainObservation, member: MemberRecord, live: Liveness) -> bool:
+    if not daemon_up(obs, member, live):
+        return False
+    return not member.fabric or not live.missing_peers(obs, member.node)
+
+
+def node_statuses(obs: DomainObservation, live: Liveness | None = None) -> tuple[NodeEntry, ...]:
+    """status.nodes: every member (lost ones NotReady, at the index they keep), sorted by name."""
+    live = live if live is not None else liveness(obs)
     out: list[NodeEntry] = []
     for name in sorted(obs.members):
         member = obs.members[name]
         node = obs.nodes.get(name)
-        lost = member_lost(member, node)
         out.append(
             NodeEntry(
                 name=name,
                 ip_address=member.ip_address or (node.ip_address if node else ""),
                 clique_id=member.clique_id,
-                index=member.index if member.fabric and not lost else -1,
-                ready=node_ready(member, obs.daemons.get(name), node),
+                index=member.index if member.fabric else -1,
+                ready=node_ready(obs, member, live),
             )
         )
     return tuple(out)
@@ -95,17 +108,34 @@ def _names(names: Sequence[str]) -> str:
     return f"{shown} and {extra} more" if extra > 0 else shown
 
 
-def verdict(obs: DomainObservation) -> Verdict:
+def _lost_message(obs: DomainObservation, lost: Sequence[str]) -> str:
+    shown = []
+    for name in lost[:_MAX_NAMED]:
+        member = obs.members[name]
+        shown.append(f"{name} (index {member.index})" if member.fabric and member.index >= 0 else name)
+    extra = len(lost) - _MAX_NAMED
+    names = ", ".join(shown) + (f" and {extra} more" if extra > 0 else "")
+    return (
+        f"node(s) lost (node record gone, no peer connected): {names}; "
+        "their indices are kept for their return until their claims are released"
+    )
+
+
+def _peers_message(obs: DomainObservation, waiting: Sequence[str], live: Liveness, total: int) -> str:
+    details = [f"{name} to {_names(live.missing_peers(obs, name))}" for name in waiting[:_MAX_NAMED]]
+    more = f"; and {len(waiting) - _MAX_NAMED} more" if len(waiting) > _MAX_NAMED else ""
+    return (
+        f"{total - len(waiting)} of {total} node(s) ready; IMEX daemon READY but not yet connected "
+        "to peers: " + "; ".join(details) + more
+    )
+
+
+def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
+    live = live if live is not None else liveness(obs)
     domain = obs.domain
     num_nodes = domain.spec.num_nodes if domain is not None else 0
-    active: list[MemberRecord] = []
-    lost: list[str] = []
-    for name in sorted(obs.members):
-        member = obs.members[name]
-        if member_lost(member, obs.nodes.get(name)):
-            lost.append(name)
-        else:
-            active.append(member)
+    present = [obs.members[n] for n in sorted(obs.members) if n not in live.lost]
+    lost = sorted(live.lost)
     if domain is not None and domain.deleting:
         remaining = len(obs.members)
         return Verdict(
@@ -116,12 +146,8 @@ def verdict(obs: DomainObservation) -> Verdict:
             else "deletion requested; removing records",
         )
     if lost:
-        return Verdict(
-            False,
-            REASON_NODE_LOST,
-            f"node(s) lost (agent lease expired): {_names(lost)}; their indices were freed",
-        )
-    failed = [m.node for m in active if m.fabric and daemon_failed(obs.daemons.get(m.node))]
+        return Verdict(False, REASON_NODE_LOST, _lost_message(obs, lost))
+    failed = [m.node for m in present if m.fabric and daemon_failed(obs.daemons.get(m.node))]
     if failed:
         details = []
         for name in failed[:_MAX_NAMED]:
@@ -129,19 +155,24 @@ def verdict(obs: DomainObservation) -> Verdict:
             details.append(f"{name}: {daemon.last_error or pb.DaemonState(daemon.state).name}")
         more = f"; and {len(failed) - _MAX_NAMED} more" if len(failed) > _MAX_NAMED else ""
         return Verdict(False, REASON_IMEX_DAEMON_FAILED, "IMEX daemon failed on " + "; ".join(details) + more)
-    if not active:
+    if not present:
         wanted = f"{num_nodes}" if num_nodes > 0 else "at least 1"
         return Verdict(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")
-    if num_nodes > 0 and len(active) < num_nodes:
-        return Verdict(False, REASON_WAITING_FOR_NODES, f"{len(active)} of {num_nodes} node(s) joined")
-    not_ready = [m.node for m in active if not node_ready(m, obs.daemons.get(m.node), obs.nodes.get(m.node))]
-    if not_ready:
+    if num_nodes > 0 and len(present) < num_nodes:
+        return Verdict(False, REASON_WAITING_FOR_NODES, f"{len(present)} of {num_nodes} node(s) joined")
+    total = len(present)
+    not_up = [m.node for m in present if not daemon_up(obs, m, live)]
+    if not_up:
+        # Counted without the mesh: peers of a daemon still starting cannot have reached it yet.
         return Verdict(
             False,
             REASON_DAEMONS_NOT_READY,
-            f"{len(active) - len(not_ready)} of {len(active)} node(s) ready; waiting for {_names(not_ready)}",
+            f"{total - len(not_up)} of {total} node(s) up; waiting for {_names(not_up)}",
         )
-    return Verdict(True, REASON_ALL_NODES_READY, f"{len(active)} of {len(active)} node(s) ready")
+    waiting = [m.node for m in present if m.fabric and live.missing_peers(obs, m.node)]
+    if waiting:
+        return Verdict(False, REASON_WAITING_FOR_PEERS, _peers_message(obs, waiting, live, total))
+    return Verdict(True, REASON_ALL_NODES_READY, f"{total} of {total} node(s) ready")
 
 
 def merge_conditions(
@@ -158,11 +189,12 @@ def merge_conditions(
 
 
 def desired_status(obs: DomainObservation, previous: StatusValue | None, now_ms: int) -> StatusValue:
-    v = verdict(obs)
+    live = liveness(obs)
+    v = verdict(obs, live)
     ready_condition = ConditionEntry(CONDITION_READY, "True" if v.ready else "False", v.reason, v.message, 0)
     old_conditions = previous.conditions if previous is not None else ()
     return StatusValue(
         ready=v.ready,
-        nodes=node_statuses(obs),
+        nodes=node_statuses(obs, live),
         conditions=merge_conditions(old_conditions, [ready_condition], now_ms),
     )

@@ -1,11 +1,17 @@
-"""Membership decisions of the controller (pure): node loss, lost members, orphans.
+"""Membership decisions of the controller (pure): node loss and return, lost members, orphans.
 
-- An active member whose node record is gone (the agent's lease expired) is
-  marked LOST: its index is freed and peers drop it from their nodes config.
+- An active member is marked LOST when its node record is gone (its IMEX
+  side's lease expired) and no live peer's daemon reports it connected
+  (`liveness.py`). Nothing else changes: it keeps its index and claim, its
+  slot in the peers' nodes config, and its binding.
+- A LOST member whose node record is back while the node still holds claims
+  of the domain is made ACTIVE again, at the same index, with the address of
+  its node record. So is an active member whose record shows a new address.
 - A LOST member with no prepared claim of the domain left on its node is
-  released (member and binding removed): either the node came back without
-  work for this domain, or its work was cleaned up. Until then the binding
-  keeps the node out of other domains, and the domain shows NodeLost.
+  released (member, binding and index claim removed): either the node came
+  back without work for this domain, or its work was cleaned up. That is the
+  only way a lost member's index is freed. Until then the binding keeps the
+  node out of other domains, and the domain shows NodeLost.
 - Records of a domain that no longer exists (a join that raced the
   teardown) are released after a grace period, long enough for the
   Kubernetes adapter to mirror a freshly created CR.
@@ -13,17 +19,48 @@
 
 from __future__ import annotations
 
-from services.controller.actions import Action, DeleteDaemonStatus, MarkMemberLost, ReleaseMember
+from services.controller.actions import (
+    Action,
+    ActivateMember,
+    DeleteDaemonStatus,
+    MarkMemberLost,
+    ReleaseMember,
+)
+from services.controller.liveness import live_peers, liveness
 from services.controller.observed import DomainObservation
 
 
 def loss_actions(obs: DomainObservation) -> list[Action]:
-    """MarkMemberLost for every active member whose node record is absent."""
-    return [
-        MarkMemberLost(name)
-        for name, member in sorted(obs.members.items())
-        if not member.lost and not obs.node_present(name)
-    ]
+    """MarkMemberLost for every active member with no node record that no live peer vouches for."""
+    lost = liveness(obs).lost
+    out: list[Action] = []
+    for name, member in sorted(obs.members.items()):
+        if member.lost or name not in lost:
+            continue
+        reports = tuple(
+            (peer, daemon.mod_revision if (daemon := obs.daemons.get(peer)) is not None else 0)
+            for peer in live_peers(obs, name)
+        )
+        out.append(MarkMemberLost(name, reports))
+    return out
+
+
+def activations(obs: DomainObservation) -> list[Action]:
+    """ActivateMember for returned LOST members still holding claims, and for moved addresses."""
+    out: list[Action] = []
+    for name, member in sorted(obs.members.items()):
+        node = obs.nodes.get(name)
+        if node is None:
+            continue
+        if member.fabric and member.index < 0:
+            continue  # a LOST member from before indices were kept: its agent's join gives it one
+        if member.lost:
+            claims = obs.preparations.get(name)
+            if claims:
+                out.append(ActivateMember(name, member.mod_revision, "node back", tuple(sorted(claims))))
+        elif node.ip_address and node.ip_address != member.ip_address:
+            out.append(ActivateMember(name, member.mod_revision, "node address changed"))
+    return out
 
 
 def lost_member_releases(obs: DomainObservation) -> list[Action]:

@@ -20,7 +20,7 @@ from services.controller.statusmodel import StatusValue
 class MemberRecord:
     node: str
     clique_id: str
-    # -1 for a non-fabric node and for a lost member.
+    # -1 for a non-fabric node. Kept while the member is LOST (its slot is still its own).
     index: int
     lost: bool
     ip_address: str
@@ -51,10 +51,21 @@ class DaemonRecord:
     state: pb.DaemonState
     last_error: str
     updated_unix_ms: int
+    # Member nodes the daemon reports CONNECTED (`nvidia-imex-ctl -N`): readiness of the mesh,
+    # and the peers' word that a node whose record is gone is still there.
+    connected_nodes: frozenset[str] = frozenset()
+    # Of the daemons/<uid>/<node> key: a loss decision compares the reports it relied on.
+    mod_revision: int = 0
 
     @classmethod
-    def from_pb(cls, daemon: pb.DaemonStatus) -> DaemonRecord:
-        return cls(pb.DaemonState(daemon.state), daemon.last_error, daemon.updated_unix_ms)
+    def from_pb(cls, daemon: pb.DaemonStatus, mod_revision: int = 0) -> DaemonRecord:
+        return cls(
+            pb.DaemonState(daemon.state),
+            daemon.last_error,
+            daemon.updated_unix_ms,
+            frozenset(daemon.connected_nodes),
+            mod_revision,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Pl
     if obs.domain is None:
         return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms), recheck)
     actions: list[Action] = membership.loss_actions(obs)
+    actions += membership.activations(obs)
     actions += membership.lost_member_releases(obs)
     actions += teardown.teardown_actions(obs)
     if not obs.domain.deleting:

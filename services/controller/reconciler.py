@@ -25,11 +25,12 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import run_all
 from libs.state.election import Leadership
-from libs.state.membership import mark_member_lost
+from libs.state.membership import activate_member, mark_member_lost
 from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
 from libs.state.watch import Resync, WatchEvent, watch_prefix
 from services.controller.actions import (
     Action,
+    ActivateMember,
     DeleteDaemonStatus,
     DeleteDomain,
     DeletePreparation,
@@ -289,10 +290,22 @@ class DomainReconciler:
     async def _apply(self, uid: str, action: Action, leadership: Leadership) -> bool:
         k = self.keys
         if isinstance(action, MarkMemberLost):
-            # The Absent compare makes the decision safe even if the node watch lags the member watch.
-            applied = await mark_member_lost(
-                self.store, uid, action.node, extra_compares=[leadership.fence, Absent(k.node(action.node))]
-            )
+            # The Absent compare makes the decision safe even if the node watch lags the member watch;
+            # the peers' reports as read, even if a peer's "still connected" is on its way.
+            compares: list[Compare] = [leadership.fence, Absent(k.node(action.node))]
+            compares += [Unchanged(k.daemon(uid, peer), rev) for peer, rev in action.peer_reports]
+            applied = await mark_member_lost(self.store, uid, action.node, extra_compares=compares)
+            if not applied:
+                await self._check_fence(leadership)
+            return applied
+        if isinstance(action, ActivateMember):
+            compares = [leadership.fence]
+            if action.claims:
+                held = await self._claim_held(uid, action)
+                if held is None:
+                    return False  # its claims went meanwhile: it is released instead
+                compares.append(held)
+            applied = await activate_member(self.store, uid, action.node, action.mod_revision, compares)
             if not applied:
                 await self._check_fence(leadership)
             return applied
@@ -331,6 +344,14 @@ class DomainReconciler:
                 log.info("domain torn down", cd_uid=uid)
             return ok
         raise TypeError(f"unknown action {action!r}")
+
+    async def _claim_held(self, uid: str, action: ActivateMember) -> Compare | None:
+        """A compare that one of the claims the decision saw is still prepared for this domain."""
+        for claim in action.claims:
+            got = await self.store.get(self.keys.preparation(action.node, claim), pb.PreparedClaim)
+            if got is not None and got.value.domain_uid == uid:
+                return Unchanged(got.key, got.mod_revision)
+        return None
 
     async def _check_fence(self, leadership: Leadership) -> None:
         leader = await self.store.get(leadership.key, pb.LeaderRecord)

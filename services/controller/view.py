@@ -174,7 +174,9 @@ class StoreView:
             for item in event.items:
                 parsed = self._daemon_key(item.key)
                 if parsed is not None:
-                    self.daemons.setdefault(parsed[0], {})[parsed[1]] = DaemonRecord.from_pb(item.value)
+                    self.daemons.setdefault(parsed[0], {})[parsed[1]] = DaemonRecord.from_pb(
+                        item.value, item.mod_revision
+                    )
             return before | set(self.daemons)
         parsed = self._daemon_key(event.key)
         if parsed is None:
@@ -188,7 +190,7 @@ class StoreView:
                     del self.daemons[uid]
         else:
             assert event.value is not None
-            self.daemons.setdefault(uid, {})[node] = DaemonRecord.from_pb(event.value)
+            self.daemons.setdefault(uid, {})[node] = DaemonRecord.from_pb(event.value, event.revision)
         return {uid}
 
     # ---- nodes --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 `AgentDouble` does in the store what a node agent does (node record on a
 lease, join on the first prepare, prepared-claim records, daemon status with
-its peers, leave on the last unprepare), so that controller tests need no
+its peers and the members it reports connected, leave on the last unprepare), so that controller tests need no
 node agent, IMEX daemon or kubelet. `running_controller` runs one in-process
 controller replica (view + leader election + reconciler).
 """
@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.imex import slots
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection
@@ -90,15 +91,33 @@ class AgentDouble:
         return result
 
     async def peers(self, domain_uid: str) -> list[str]:
+        """The address each slot of the clique resolves to: its member's (lost ones keep their slot)."""
         members, _ = await self.store.list(self.store.keys.members(domain_uid), pb.Member)
-        mine = [
-            m.value
-            for m in members
-            if m.value.state == pb.MemberState.ACTIVE and m.value.clique_id == self.node.clique_id
-        ]
-        return [m.ip_address for m in sorted(mine, key=lambda m: m.index)]
+        out = [slots.PLACEHOLDER_ADDRESS] * slots.MAX_SLOTS
+        for m in members:
+            if m.value.clique_id == self.node.clique_id and 0 <= m.value.index < slots.MAX_SLOTS:
+                out[m.value.index] = m.value.ip_address
+        return out
 
-    async def report_daemon(self, domain_uid: str, state: pb.DaemonState, error: str = "") -> None:
+    async def clique_peers(self, domain_uid: str) -> list[str]:
+        """Names of the other ACTIVE members of this node's clique."""
+        members, _ = await self.store.list(self.store.keys.members(domain_uid), pb.Member)
+        return sorted(
+            m.value.node_name
+            for m in members
+            if m.value.state == pb.MemberState.ACTIVE
+            and m.value.clique_id == self.node.clique_id
+            and m.value.node_name != self.name
+        )
+
+    async def report_daemon(
+        self,
+        domain_uid: str,
+        state: pb.DaemonState,
+        error: str = "",
+        connected: Sequence[str] | None = None,
+    ) -> None:
+        """Write this node's daemon status; `connected` defaults to every other active clique member."""
         status = pb.DaemonStatus(
             domain_uid=domain_uid,
             node_name=self.name,
@@ -106,6 +125,7 @@ class AgentDouble:
             last_error=error,
             updated_unix_ms=int(time.time() * 1000),
             peers=await self.peers(domain_uid),
+            connected_nodes=list(connected) if connected is not None else await self.clique_peers(domain_uid),
         )
         await self.store.put(self.store.keys.daemon(domain_uid, self.name), status)
 

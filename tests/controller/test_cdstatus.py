@@ -5,6 +5,7 @@ from __future__ import annotations
 from libs.gen.computedomain.state import v1 as pb
 from services.controller import cdstatus
 from services.controller.actions import (
+    ActivateMember,
     DeleteDaemonStatus,
     DeleteDomain,
     DeletePreparation,
@@ -20,17 +21,24 @@ GRACE_MS = 30_000
 
 
 def member(
-    node: str, index: int = 0, clique: str = CLIQUE, lost: bool = False, joined: int = 0
+    node: str, index: int = 0, clique: str = CLIQUE, lost: bool = False, joined: int = 0, revision: int = 10
 ) -> MemberRecord:
-    return MemberRecord(node, clique, -1 if lost else index, lost, f"127.0.0.{index + 1}", "ns", joined, 10)
+    return MemberRecord(node, clique, index, lost, f"127.0.0.{index + 1}", "ns", joined, revision)
 
 
-def present(*names: str, health: pb.Health = pb.Health.HEALTHY) -> dict[str, NodeRecord]:
-    return {n: NodeRecord("127.0.0.1", CLIQUE, health) for n in names}
+def present(*names: str, health: pb.Health = pb.Health.HEALTHY, ip: str = "") -> dict[str, NodeRecord]:
+    # No address: the members' own stand (a different one would ask for an address update).
+    return {n: NodeRecord(ip, CLIQUE, health) for n in names}
 
 
-def daemon(state: pb.DaemonState, error: str = "", updated: int = 0) -> DaemonRecord:
-    return DaemonRecord(state, error, updated)
+def daemon(
+    state: pb.DaemonState,
+    error: str = "",
+    updated: int = 0,
+    connected: tuple[str, ...] = (),
+    revision: int = 0,
+) -> DaemonRecord:
+    return DaemonRecord(state, error, updated, frozenset(connected), revision)
 
 
 def domain(num_nodes: int = 0, deleting: bool = False) -> DomainRecord:
@@ -45,12 +53,27 @@ def obs(**kw) -> DomainObservation:
 
 
 def ready_members(n: int) -> dict:
+    """n fabric members of one clique, every daemon READY and connected to all the others."""
     names = [f"n{i}" for i in range(n)]
     return {
         "members": {name: member(name, i) for i, name in enumerate(names)},
         "nodes": present(*names),
-        "daemons": {name: daemon(pb.DaemonState.READY) for name in names},
+        "daemons": {
+            name: daemon(
+                pb.DaemonState.READY, connected=tuple(p for p in names if p != name), revision=100 + i
+            )
+            for i, name in enumerate(names)
+        },
     }
+
+
+def disconnect(parts: dict, gone: str) -> None:
+    """Every daemon stops reporting `gone` connected (its links to it dropped)."""
+    for name, d in list(parts["daemons"].items()):
+        if name != gone:
+            parts["daemons"][name] = DaemonRecord(
+                d.state, d.last_error, d.updated_unix_ms, d.connected_nodes - {gone}, d.mod_revision + 1
+            )
 
 
 def test_new_domain_waits_for_nodes() -> None:
@@ -107,23 +130,100 @@ def test_failed_daemon_reports_its_error() -> None:
     assert cdstatus.verdict(obs(**parts)).reason == "ImexDaemonFailed"
 
 
-def test_node_record_gone_means_lost_even_before_marked() -> None:
+def test_node_record_gone_while_peers_report_it_connected_is_not_lost() -> None:
+    """Only the node's IMEX side is gone (its daemon still talks to its peers): nothing is lost."""
     parts = ready_members(4)
     del parts["nodes"]["n2"]
+    o = obs(**parts)
+    status = cdstatus.desired_status(o, None, now_ms=1)
+    assert status.ready and status.condition("Ready").reason == "AllNodesReady"  # type: ignore[union-attr]
+    assert plan_domain(o, 0, GRACE_MS).actions == []
+    # One peer is enough to vouch for it.
+    disconnect(parts, "n2")
+    parts["daemons"]["n3"] = daemon(pb.DaemonState.READY, connected=("n0", "n1", "n2"), revision=7)
+    assert plan_domain(obs(**parts), 0, GRACE_MS).actions == []
+
+
+def test_node_record_gone_and_no_peer_connected_is_lost_keeping_its_index() -> None:
+    parts = ready_members(4)
+    del parts["nodes"]["n2"]
+    disconnect(parts, "n2")
     status = cdstatus.desired_status(obs(**parts), None, now_ms=1)
     cond = status.condition("Ready")
     assert not status.ready
-    assert cond is not None and cond.reason == "NodeLost" and "n2" in cond.message
+    assert cond is not None and cond.reason == "NodeLost"
+    assert "n2 (index 2)" in cond.message and "indices are kept" in cond.message
     n2 = next(n for n in status.nodes if n.name == "n2")
-    assert not n2.ready and n2.index == -1
+    assert not n2.ready and n2.index == 2
+    # The other members are ready: nobody needs to reach a lost node.
+    assert all(n.ready for n in status.nodes if n.name != "n2")
+
+
+def test_reports_of_peers_that_are_gone_too_do_not_vouch() -> None:
+    """Two nodes die together: each one's last report lists the other; neither report counts."""
+    parts = ready_members(3)
+    del parts["nodes"]["n0"], parts["nodes"]["n1"]
+    disconnect(parts, "n0")
+    disconnect(parts, "n1")
+    parts["daemons"]["n0"] = daemon(pb.DaemonState.READY, connected=("n1", "n2"))
+    parts["daemons"]["n1"] = daemon(pb.DaemonState.READY, connected=("n0", "n2"))
+    actions = plan_domain(obs(**parts), 0, GRACE_MS).actions
+    assert [a.node for a in actions if isinstance(a, MarkMemberLost)] == ["n0", "n1"]
+
+
+def test_member_alone_in_its_clique_is_lost_when_its_record_is_gone() -> None:
+    parts = ready_members(1)
+    del parts["nodes"]["n0"]
+    o = obs(**parts)
+    assert cdstatus.verdict(o).reason == "NodeLost"
+    assert plan_domain(o, 0, GRACE_MS).actions == [MarkMemberLost("n0", ())]
+    cpu = obs(members={"cpu0": member("cpu0", clique="")})
+    assert plan_domain(cpu, 0, GRACE_MS).actions == [MarkMemberLost("cpu0", ())]
 
 
 def test_lost_member_keeps_domain_not_ready_even_when_enough_nodes() -> None:
     parts = ready_members(4)
-    parts["members"]["old"] = member("old", lost=True)
+    parts["members"]["old"] = member("old", index=4, lost=True)
     o = obs(domain=domain(num_nodes=4), **parts)
     v = cdstatus.verdict(o)
-    assert not v.ready and v.reason == "NodeLost" and "old" in v.message
+    assert not v.ready and v.reason == "NodeLost" and "old (index 4)" in v.message
+    entry = next(n for n in cdstatus.desired_status(o, None, 0).nodes if n.name == "old")
+    assert (entry.index, entry.ready) == (4, False)
+
+
+def test_ready_requires_every_daemon_connected_to_every_active_peer() -> None:
+    parts = ready_members(3)
+    parts["daemons"]["n0"] = daemon(pb.DaemonState.READY, connected=("n1",))
+    parts["daemons"]["n2"] = daemon(pb.DaemonState.READY, connected=())
+    status = cdstatus.desired_status(obs(**parts), None, now_ms=1)
+    cond = status.condition("Ready")
+    assert not status.ready and cond is not None and cond.reason == "WaitingForPeers"
+    assert "1 of 3 node(s) ready" in cond.message
+    assert "n0 to n2" in cond.message and "n2 to n0, n1" in cond.message
+    assert [(n.name, n.ready) for n in status.nodes] == [("n0", False), ("n1", True), ("n2", False)]
+
+
+def test_a_daemon_still_starting_is_named_before_missing_connections() -> None:
+    parts = ready_members(3)
+    parts["daemons"]["n2"] = daemon(pb.DaemonState.STARTING)
+    disconnect(parts, "n2")
+    v = cdstatus.verdict(obs(**parts))
+    assert v.reason == "ImexDaemonsNotReady" and "2 of 3 node(s) up; waiting for n2" in v.message
+
+
+def test_mesh_is_per_clique_and_leaves_out_non_fabric_members() -> None:
+    members = {
+        "a0": member("a0", 0),
+        "a1": member("a1", 1),
+        "b0": member("b0", 0, clique="uuid-b.1"),
+        "cpu": member("cpu", clique=""),
+    }
+    daemons = {
+        "a0": daemon(pb.DaemonState.READY, connected=("a1",)),
+        "a1": daemon(pb.DaemonState.READY, connected=("a0",)),
+        "b0": daemon(pb.DaemonState.READY),
+    }
+    assert cdstatus.verdict(obs(members=members, nodes=present(*members), daemons=daemons)).ready
 
 
 def test_non_fabric_member_ready_when_node_present_and_healthy() -> None:
@@ -149,7 +249,7 @@ def test_transition_time_changes_only_when_condition_status_changes() -> None:
     second = cdstatus.desired_status(obs(**parts), first, now_ms=200)
     assert second.conditions[0].last_transition_unix_ms == 100
     assert second.conditions[0].reason == "ImexDaemonFailed"
-    parts["daemons"]["n1"] = daemon(pb.DaemonState.READY)
+    parts["daemons"]["n1"] = daemon(pb.DaemonState.READY, connected=("n0",))
     third = cdstatus.desired_status(obs(**parts), second, now_ms=300)
     assert third.conditions[0].last_transition_unix_ms == 300
     # Recomputing an unchanged situation is not a change.
@@ -164,18 +264,43 @@ def test_plan_writes_status_only_on_change() -> None:
     assert again.status is None
 
 
-def test_plan_marks_lost_nodes() -> None:
+def test_plan_marks_a_node_lost_only_once_no_peer_reports_it() -> None:
     parts = ready_members(3)
     del parts["nodes"]["n1"]
+    assert plan_domain(obs(**parts), 0, GRACE_MS).actions == []
+    disconnect(parts, "n1")
     plan = plan_domain(obs(**parts), 0, GRACE_MS)
-    assert plan.actions == [MarkMemberLost("n1")]
+    # The decision names the reports it relied on, to be compared when it is applied.
+    assert plan.actions == [MarkMemberLost("n1", (("n0", 101), ("n2", 103)))]
 
 
 def test_plan_releases_lost_member_without_claims_but_keeps_one_with_claims() -> None:
-    members = {"a": member("a", lost=True), "b": member("b", lost=True)}
+    members = {"a": member("a", 0, lost=True), "b": member("b", 1, lost=True)}
     o = obs(members=members, nodes=present("a"), preparations={"b": frozenset({"c1"})})
     actions = plan_domain(o, 0, GRACE_MS).actions
-    assert [(type(a), getattr(a, "node", None)) for a in actions] == [(ReleaseMember, "a")]
+    assert actions == [ReleaseMember("a", CLIQUE, 0, 10, "node back without claims of this domain")]
+
+
+def test_plan_makes_a_returned_node_with_claims_active_again() -> None:
+    members = {"a": member("a", 3, lost=True, revision=42), "b": member("b", 1)}
+    o = obs(members=members, nodes=present("a", "b"), preparations={"a": frozenset({"c1"})})
+    assert plan_domain(o, 0, GRACE_MS).actions == [ActivateMember("a", 42, "node back", ("c1",))]
+    # Still away: it waits, keeping its index.
+    away = obs(members=members, nodes=present("b"), preparations={"a": frozenset({"c1"})})
+    assert plan_domain(away, 0, GRACE_MS).actions == []
+
+
+def test_plan_updates_the_address_of_a_member_whose_node_moved() -> None:
+    o = obs(members={"a": member("a", 0)}, nodes=present("a", ip="127.0.9.9"))
+    assert plan_domain(o, 0, GRACE_MS).actions == [ActivateMember("a", 10, "node address changed")]
+    same = obs(members={"a": member("a", 0)}, nodes=present("a", ip="127.0.0.1"))
+    assert plan_domain(same, 0, GRACE_MS).actions == []
+
+
+def test_plan_leaves_a_lost_member_from_before_kept_indices_to_its_agent() -> None:
+    legacy = {"a": member("a", -1, lost=True)}
+    o = obs(members=legacy, nodes=present("a"), preparations={"a": frozenset({"c1"})})
+    assert plan_domain(o, 0, GRACE_MS).actions == []
 
 
 def test_teardown_waits_for_active_members_then_deletes_domain() -> None:

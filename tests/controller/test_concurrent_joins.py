@@ -68,9 +68,12 @@ async def test_256_concurrent_joins_get_unique_dense_indices(store: Store, etcd_
             n.name for n in nodes
         }
 
-        # Every daemon comes up: the controller reports the 256-node domain Ready.
+        # Every daemon comes up and reaches its clique: the controller reports the 256-node domain Ready.
         async def report(n: pb.Node) -> None:
-            status = pb.DaemonStatus(domain_uid="job256", node_name=n.name, state=pb.DaemonState.READY)
+            peers = [p.name for p in nodes if p.clique_id == n.clique_id and p.name != n.name]
+            status = pb.DaemonStatus(
+                domain_uid="job256", node_name=n.name, state=pb.DaemonState.READY, connected_nodes=peers
+            )
             await store.put(store.keys.daemon("job256", n.name), status)
 
         await asyncio.gather(*(report(n) for n in nodes))

@@ -1,13 +1,18 @@
 """Stateful property test of the controller core over a model of the store.
 
 The model stores what etcd would hold (members, bindings, index claims,
-prepared claims, daemon statuses, node records). Node agents join with the
-same rule as `libs.state.membership.join_domain` (binding check, lowest free
-index per clique), leave on their last unprepare, die and come back; the
-controller step runs the pure core (`plan_domain`) on every domain and
-applies its actions with the store's semantics. After every step: indices are
-unique per clique and inside the bound, a node is in at most one domain, and
-each domain's status is Ready exactly when SPEC §5 says.
+prepared claims, daemon statuses with the peers they report connected, node
+records). Node agents join with the same rule as
+`libs.state.membership.join_domain` (binding check, lowest free index per
+clique; a LOST member takes up its own index again), leave on their last
+unprepare, lose their node record and get it back; daemons report their
+links, which drop some time after a node goes. The controller step runs the
+pure core (`plan_domain`) on every domain and applies its actions with the
+store's semantics. After every step: indices are unique per clique and
+inside the bound (lost members included), a member's index never changes
+while it exists, a node is in at most one domain, a member is marked LOST
+only when its record is gone and no live peer reports it connected, and each
+domain's status is Ready exactly when the contract says.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.membership import lowest_free_index
 from services.controller.actions import (
+    ActivateMember,
     DeleteDaemonStatus,
     DeleteDomain,
     DeletePreparation,
@@ -55,6 +61,8 @@ class MemberRow:
     lost: bool
     joined_ms: int
     revision: int
+    # The index it was given when it joined: it must hold it for as long as it exists.
+    first_index: int = -1
 
 
 @dataclass
@@ -68,8 +76,13 @@ class Model:
     # (node, claim uid) -> domain uid
     preparations: dict[tuple[str, str], str] = field(default_factory=dict)
     daemons: dict[tuple[str, str], pb.DaemonState] = field(default_factory=dict)
+    # What each daemon status reports connected, and its mod revision.
+    connected: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    daemon_revisions: dict[tuple[str, str], int] = field(default_factory=dict)
     present: set[str] = field(default_factory=lambda: set(NODES))
     claims_made: int = 0
+    # Members peers vouched for in the observation the current plan was made from.
+    vouched_at_decision: set[str] = field(default_factory=set)
     statuses: dict[str, StatusValue] = field(default_factory=dict)
 
     def bump(self) -> int:
@@ -83,7 +96,11 @@ class Model:
         if bound is not None and bound != uid:
             return False  # NodeBusy
         row = self.members.get((uid, node))
-        if row is not None and not row.lost:
+        if row is not None:
+            if row.lost:
+                # Taken up again at its own index; its daemon was kept meanwhile.
+                event("lost member rejoined")
+                row.lost, row.revision = False, self.bump()
             return True
         clique = NODES[node]
         index = -1
@@ -92,17 +109,29 @@ class Model:
             free = lowest_free_index(used, LIMIT)
             if free is None:
                 return False  # CliqueFull
+            if any(r.lost and r.clique == clique for r in self.rows(uid).values()):
+                event("newcomer joined beside a lost member")
             index = free
             self.index_claims[(uid, clique, index)] = node
-        self.members[(uid, node)] = MemberRow(clique, index, False, self.now_ms, self.bump())
+        self.members[(uid, node)] = MemberRow(clique, index, False, self.now_ms, self.bump(), index)
         self.bindings[node] = uid
         if clique:
-            self.daemons[(uid, node)] = pb.DaemonState.STARTING
+            self.report(uid, node, pb.DaemonState.STARTING, frozenset())
         return True
+
+    def report(self, uid: str, node: str, state: pb.DaemonState, connected: frozenset[str]) -> None:
+        self.daemons[(uid, node)] = state
+        self.connected[(uid, node)] = connected
+        self.daemon_revisions[(uid, node)] = self.bump()
+
+    def drop_daemon(self, key: tuple[str, str]) -> None:
+        self.daemons.pop(key, None)
+        self.connected.pop(key, None)
+        self.daemon_revisions.pop(key, None)
 
     def leave(self, node: str, uid: str) -> None:
         row = self.members.pop((uid, node), None)
-        self.daemons.pop((uid, node), None)
+        self.drop_daemon((uid, node))
         if self.bindings.get(node) == uid:
             del self.bindings[node]
         if row is not None and row.index >= 0:
@@ -117,7 +146,13 @@ class Model:
             if u == uid
         }
         daemons = {
-            n: DaemonRecord(s, "crashed" if s == pb.DaemonState.FAILED else "", 0)
+            n: DaemonRecord(
+                s,
+                "crashed" if s == pb.DaemonState.FAILED else "",
+                0,
+                self.connected[(u, n)],
+                self.daemon_revisions[(u, n)],
+            )
             for (u, n), s in self.daemons.items()
             if u == uid
         }
@@ -144,9 +179,19 @@ class Model:
         if isinstance(action, MarkMemberLost):
             row = self.members[(uid, action.node)]
             assert not row.lost and action.node not in self.present, f"{action} of a live member"
-            if row.index >= 0:
-                del self.index_claims[(uid, row.clique, row.index)]
-            row.lost, row.index, row.revision = True, -1, self.bump()
+            assert action.node not in self.vouched(uid), f"{action} while a peer reports it connected"
+            # The reports the decision relied on are the current ones (no watch lag in this model).
+            for peer, rev in action.peer_reports:
+                assert self.daemon_revisions.get((uid, peer), 0) == rev, (action, peer)
+            event("member lost")
+            row.lost, row.revision = True, self.bump()
+        elif isinstance(action, ActivateMember):
+            row = self.members[(uid, action.node)]
+            holds = any(n == action.node and u == uid for (n, _), u in self.preparations.items())
+            assert row.revision == action.mod_revision
+            assert row.lost and action.node in self.present and holds, f"{action} of {row}"
+            event("lost member made active again by the controller")
+            row.lost, row.revision = False, self.bump()
         elif isinstance(action, ReleaseMember):
             row = self.members[(uid, action.node)]
             assert row.revision == action.mod_revision
@@ -155,18 +200,21 @@ class Model:
             self.leave(action.node, uid)
         elif isinstance(action, DeletePreparation):
             assert action.node not in self.present, f"{action} of a live node"
+            # Decided on the plan's one observation (an earlier action of the same plan may revive a
+            # peer whose last report lists this node; the store compares only the record's absence).
+            assert action.node not in self.vouched_at_decision, f"{action} of a node its peers still reach"
             assert self.domains[uid].deleting
             del self.preparations[(action.node, action.claim_uid)]
         elif isinstance(action, DeleteDaemonStatus):
             assert (uid, action.node) not in self.members
-            del self.daemons[(uid, action.node)]
+            self.drop_daemon((uid, action.node))
         elif isinstance(action, DeleteDomain):
             assert not any(u == uid for u, _ in self.members)
             assert not any(u == uid for u in self.preparations.values())
             del self.domains[uid]
             self.statuses.pop(uid, None)
             for daemon_key in [k for k in self.daemons if k[0] == uid]:
-                del self.daemons[daemon_key]
+                self.drop_daemon(daemon_key)
             for claim_key in [k for k in self.index_claims if k[0] == uid]:
                 del self.index_claims[claim_key]
         else:
@@ -175,21 +223,47 @@ class Model:
     def all_uids(self) -> set[str]:
         return set(self.domains) | {u for u, _ in self.members} | {u for u, _ in self.daemons}
 
+    def rows(self, uid: str) -> dict[str, MemberRow]:
+        return {n: r for (u, n), r in self.members.items() if u == uid}
+
+    def vouched(self, uid: str) -> set[str]:
+        """Members some live peer (active, record present, same clique) reports connected."""
+        rows = self.rows(uid)
+        out: set[str] = set()
+        for reporter, r in rows.items():
+            if r.lost or not r.clique or reporter not in self.present:
+                continue
+            for name in self.connected.get((uid, reporter), frozenset()):
+                if name != reporter and name in rows and rows[name].clique == r.clique:
+                    out.add(name)
+        return out
+
+    def lost(self, uid: str) -> set[str]:
+        vouched = self.vouched(uid)
+        return {
+            n for n, r in self.rows(uid).items() if r.lost or (n not in self.present and n not in vouched)
+        }
+
 
 def spec_ready(model: Model, uid: str) -> bool:
-    """SPEC §5, stated on the model directly."""
+    """The contract's readiness, stated on the model directly."""
     d = model.domains[uid]
     if d.deleting:
         return False
-    rows = {n: r for (u, n), r in model.members.items() if u == uid}
-    if not rows:
-        return False
-    if any(r.lost or n not in model.present for n, r in rows.items()):
+    rows = model.rows(uid)
+    if not rows or model.lost(uid):
         return False
     if d.spec.num_nodes > 0 and len(rows) < d.spec.num_nodes:
         return False
     for n, r in rows.items():
-        if r.clique and model.daemons.get((uid, n)) != pb.DaemonState.READY:
+        if not r.clique:
+            if n not in model.present:
+                return False
+            continue
+        if model.daemons.get((uid, n)) != pb.DaemonState.READY:
+            return False
+        mesh = {p for p, q in rows.items() if p != n and q.clique == r.clique and q.index >= 0}
+        if not mesh <= model.connected[(uid, n)]:
             return False
     return True
 
@@ -247,15 +321,34 @@ class ControllerCoreMachine(RuleBasedStateMachine):
         if not any(n == node and u == uid for (n, _), u in self.m.preparations.items()):
             self.m.leave(node, uid)
 
-    @rule(node=st.sampled_from(sorted(NODES)))
-    def lose_node(self, node: str) -> None:
+    @precondition(lambda self: bool(self.m.bindings))
+    @rule(data=st.data(), links_drop=st.booleans())
+    def lose_member_node(self, data: st.DataObject, links_drop: bool) -> None:
+        """A member's node record goes (the node died, or only its IMEX side).
+
+        Its peers' links may drop at once (the node died) or stay up (only the IMEX side did).
+        """
+        node = data.draw(st.sampled_from(sorted(self.m.bindings)))
         self.m.present.discard(node)
+        if links_drop:
+            self.links_to_node_drop(node)
+        self.controller_step(advance_past_grace=False)
 
     @rule(node=st.sampled_from(sorted(NODES)))
-    def restart_node(self, node: str) -> None:
-        if node in self.m.present:
-            return
+    def links_to_node_drop(self, node: str) -> None:
+        """Every live daemon notices that it lost its link to `node` and reports so."""
+        for key, conn in list(self.m.connected.items()):
+            if node in conn and key[1] in self.m.present:
+                self.m.report(key[0], key[1], self.m.daemons[key], conn - {node})
+
+    @precondition(lambda self: len(self.m.present) < len(NODES))
+    @rule(data=st.data(), agent_rejoins=st.booleans())
+    def node_returns(self, data: st.DataObject, agent_rejoins: bool) -> None:
+        """The node record is back; the kubelet plugin may rejoin first, or leave it to the controller."""
+        node = data.draw(st.sampled_from(sorted(set(NODES) - self.m.present)))
         self.m.present.add(node)
+        if not agent_rejoins:
+            return
         # The agent reconciles from its checkpoint: rejoin the domain it still holds claims of.
         held = {u for (n, _), u in self.m.preparations.items() if n == node}
         for uid in sorted(held):
@@ -274,7 +367,10 @@ class ControllerCoreMachine(RuleBasedStateMachine):
     def controller_step(self, advance_past_grace: bool) -> None:
         self.m.now_ms += GRACE_MS + 1 if advance_past_grace else 1
         for uid in sorted(self.m.all_uids()):
+            if any(n not in self.m.present for n in self.m.vouched(uid)):
+                event("node record gone, a peer still connected")
             obs = self.m.observe(uid)
+            self.m.vouched_at_decision = self.m.vouched(uid)
             plan = plan_domain(obs, self.m.now_ms, GRACE_MS)
             if uid in self.m.domains and not any(isinstance(a, DeleteDomain) for a in plan.actions):
                 status = plan.status if plan.status is not None else self.m.statuses.get(uid, StatusValue())
@@ -285,12 +381,36 @@ class ControllerCoreMachine(RuleBasedStateMachine):
             for action in plan.actions:
                 self.m.apply(uid, action)
 
-    @rule(node=st.sampled_from(sorted(NODES)), ready=st.booleans())
-    def daemon_reports(self, node: str, ready: bool) -> None:
+    @rule(node=st.sampled_from(sorted(NODES)), ready=st.booleans(), data=st.data())
+    def daemon_reports(self, node: str, ready: bool, data: st.DataObject) -> None:
+        """A daemon reports its state and links: up to every member of its clique it can reach."""
         uid = self.m.bindings.get(node)
         row = self.m.members.get((uid, node)) if uid else None
         if uid and row and not row.lost and row.clique and node in self.m.present:
-            self.m.daemons[(uid, node)] = pb.DaemonState.READY if ready else pb.DaemonState.FAILED
+            reachable = sorted(self.reachable(uid, node))
+            connected = (
+                frozenset(data.draw(st.sets(st.sampled_from(reachable)))) if reachable else frozenset()
+            )
+            state = pb.DaemonState.READY if ready else pb.DaemonState.FAILED
+            self.m.report(uid, node, state, connected)
+
+    def reachable(self, uid: str, node: str) -> set[str]:
+        """Members of `node`'s clique its daemon could be connected to (their record is up)."""
+        rows = self.m.rows(uid)
+        clique = rows[node].clique
+        return {
+            n
+            for n, r in rows.items()
+            if n != node and r.clique == clique and n in self.m.present and not r.lost
+        }
+
+    @rule(uid=st.sampled_from(DOMAINS))
+    def mesh_forms(self, uid: str) -> None:
+        """Every live daemon of the domain is READY and connected to every reachable peer."""
+        for node, row in sorted(self.m.rows(uid).items()):
+            if row.clique and not row.lost and node in self.m.present:
+                self.m.report(uid, node, pb.DaemonState.READY, frozenset(self.reachable(uid, node)))
+        self.controller_step(advance_past_grace=False)
 
     @rule(node=st.sampled_from(sorted(NODES)), uid=st.sampled_from(DOMAINS))
     def prepare(self, node: str, uid: str) -> None:
@@ -307,15 +427,22 @@ class ControllerCoreMachine(RuleBasedStateMachine):
         free = [n for n in sorted(NODES) if n in self.m.present and n not in self.m.bindings]
         for node in free[:count]:
             self.prepare(node, uid)
-            if all_ready and (uid, node) in self.m.daemons:
-                self.m.daemons[(uid, node)] = pb.DaemonState.READY
-        self.controller_step(advance_past_grace=False)
+        if all_ready:
+            self.mesh_forms(uid)
+        else:
+            self.controller_step(advance_past_grace=False)
+
+    @invariant()
+    def index_never_changes_while_the_member_exists(self) -> None:
+        for key, row in self.m.members.items():
+            assert row.index == row.first_index, f"{key} moved from index {row.first_index} to {row.index}"
 
     @invariant()
     def indices_unique_per_clique_and_bounded(self) -> None:
+        """Lost members included: a replacement never gets a lost member's index."""
         seen: set[tuple[str, str, int]] = set()
         for (uid, node), row in self.m.members.items():
-            if row.lost or not row.clique:
+            if not row.clique:
                 assert row.index == -1
                 continue
             assert 0 <= row.index < LIMIT

@@ -93,14 +93,17 @@ def node(d: int, i: int) -> pb.Node:
 
 
 async def form(store: Store, d: int) -> None:
-    """What node agents do for one 4-node job: join, then their daemons report READY."""
+    """What node agents do for one 4-node job: join, then their daemons report READY and connected."""
     uid = f"fo-{d}"
     members = [node(d, i) for i in range(PER_DOMAIN)]
     for n in members:
         await store.put(store.keys.node(n.name), n)
         await join_domain(store, uid, "ns", n)
     for n in members:
-        daemon = pb.DaemonStatus(domain_uid=uid, node_name=n.name, state=pb.DaemonState.READY)
+        peers = [p.name for p in members if p.name != n.name]
+        daemon = pb.DaemonStatus(
+            domain_uid=uid, node_name=n.name, state=pb.DaemonState.READY, connected_nodes=peers
+        )
         await store.put(store.keys.daemon(uid, n.name), daemon)
 
 

@@ -246,6 +246,7 @@ async def test_status_is_written_back_with_events(
         await wait_for(lambda: _domain_in_store(store, uid), "the store record")
         for a in agents:
             await a.prepare(uid, namespace)
+        for a in agents:
             await a.report_daemon(uid, pb.DaemonState.READY)
         status = await wait_for(lambda: status_is("Ready", "AllNodesReady"), "Ready on the CR")
         assert status["nodeCount"] == 2

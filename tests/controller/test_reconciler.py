@@ -64,6 +64,10 @@ async def test_domain_goes_from_waiting_to_ready_as_daemons_come_up(
         await nodes[2].report_daemon("d1", pb.DaemonState.FAILED, "bind: address already in use")
         _, _, message = await wait_reason(store, "d1", "NOT_READY", "ImexDaemonFailed")
         assert "node3" in message and "address already in use" in message
+        # READY is not enough: its daemon must reach every other member of its clique.
+        await nodes[2].report_daemon("d1", pb.DaemonState.READY, connected=["node1"])
+        _, _, message = await wait_reason(store, "d1", "NOT_READY", "WaitingForPeers")
+        assert "node3 to node2" in message
         await nodes[2].report_daemon("d1", pb.DaemonState.READY)
         await wait_reason(store, "d1", "READY", "AllNodesReady")
         status = await domain_status(store, "d1")
@@ -85,7 +89,14 @@ async def test_domain_goes_from_waiting_to_ready_as_daemons_come_up(
             await a.stop()
 
 
-async def test_node_loss_shows_within_ttl_plus_one_second(store: Store, etcd_config: EtcdConfig) -> None:
+async def member_state(store: Store, uid: str, node: str) -> tuple[str, int] | None:
+    got = await store.get(store.keys.member(uid, node), pb.Member)
+    return (pb.MemberState(got.value.state).name, got.value.index) if got is not None else None
+
+
+async def test_lost_node_keeps_its_index_and_gets_it_back_when_it_returns(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
     ttl_s = 2
     async with running_controller(etcd_config):
         await create_domain(store, "d1", num_nodes=4)
@@ -96,42 +107,115 @@ async def test_node_loss_shows_within_ttl_plus_one_second(store: Store, etcd_con
             await a.report_daemon("d1", pb.DaemonState.READY)
         await wait_reason(store, "d1", "READY", "AllNodesReady")
         victim = nodes[2]
-        lost_index = (await store.get(store.keys.member("d1", victim.name), pb.Member)).value.index  # type: ignore[union-attr]
+        survivors = [a for a in nodes if a is not victim]
+        lost_index = (await member_state(store, "d1", victim.name) or ("", -9))[1]
 
         await victim.kill()
         killed_at = time.monotonic()
+        # The node is dead: its peers' links to it drop, and they say so.
+        for a in survivors:
+            await a.report_daemon(
+                "d1", pb.DaemonState.READY, connected=[b.name for b in survivors if b is not a]
+            )
         _, _, message = await wait_reason(store, "d1", "NOT_READY", "NodeLost", timeout_s=ttl_s + 3)
         seen_after = time.monotonic() - killed_at
-        assert victim.name in message
+        assert f"{victim.name} (index {lost_index})" in message and "kept" in message
 
-        async def member_lost() -> pb.Member | None:
-            got = await store.get(store.keys.member("d1", victim.name), pb.Member)
-            return got.value if got and got.value.state == pb.MemberState.LOST else None
+        async def marked_lost() -> tuple[str, int] | None:
+            got = await member_state(store, "d1", victim.name)
+            return got if got is not None and got[0] == "LOST" else None
 
-        member = await eventually(member_lost, "the member to be marked LOST", timeout_s=ttl_s + 3)
+        marked = await eventually(marked_lost, "the member to be marked LOST", timeout_s=ttl_s + 3)
         marked_after = time.monotonic() - killed_at
         print(
             f"\nnode loss: NodeLost in status after {seen_after:.2f} s, member LOST after {marked_after:.2f} s (TTL {ttl_s} s)"
         )
         assert seen_after <= ttl_s + 1.0 and marked_after <= ttl_s + 1.0
-        assert member.index == -1
-        # Its index is free: no index claim left for it, and a newcomer gets exactly that index.
-        assert await store.get(store.keys.member_index("d1", CLIQUE, lost_index), pb.IndexClaim) is None
-        # The binding stays: the lost node cannot join another domain meanwhile.
+        # It keeps its index, the index's claim and its binding.
+        assert marked == ("LOST", lost_index)
+        claim = await store.get(store.keys.member_index("d1", CLIQUE, lost_index), pb.IndexClaim)
+        assert claim is not None and claim.value.node_name == victim.name
         binding = await store.get(store.keys.node_binding(victim.name), pb.NodeBinding)
         assert binding is not None and binding.value.domain_uid == "d1"
         status = await domain_status(store, "d1")
         assert status is not None
         lost_entry = next(n for n in status.nodes if n.name == victim.name)
-        assert (lost_entry.status, lost_entry.index) == (pb.Readiness.NOT_READY, -1)
+        assert (lost_entry.status, lost_entry.index) == (pb.Readiness.NOT_READY, lost_index)
         assert all(n.status == pb.Readiness.READY for n in status.nodes if n.name != victim.name)
-        # The survivors' nodes config (peers) is now three lines, without the lost node.
-        assert len(await nodes[0].peers("d1")) == 3
+        # A replacement node takes a free index, never the lost node's.
         newcomer = (await agents(store, 1, first=9))[0]
         joined = await newcomer.prepare("d1", "ns")
-        assert joined.member.index == lost_index
+        assert joined.member.index == 4
+
+        # The node comes back, still holding its claim: the controller makes it active at its index.
+        await victim.start()
+
+        async def active_again() -> tuple[str, int] | None:
+            got = await member_state(store, "d1", victim.name)
+            return got if got is not None and got[0] == "ACTIVE" else None
+
+        assert await eventually(active_again, "the member to be ACTIVE again", timeout_s=5) == (
+            "ACTIVE",
+            lost_index,
+        )
+        for a in [*nodes, newcomer]:
+            await a.report_daemon("d1", pb.DaemonState.READY)
+        await wait_reason(store, "d1", "READY", "AllNodesReady")
+        status = await domain_status(store, "d1")
+        assert status is not None
+        assert [(n.name, n.index) for n in status.nodes] == [
+            ("node1", 0),
+            ("node2", 1),
+            ("node3", 2),
+            ("node4", 3),
+            ("node9", 4),
+        ]
         assert await check_store_invariants(store, quiescent=False) == []
         for a in [*nodes, newcomer]:
+            await a.stop()
+
+
+async def test_loss_is_not_declared_while_a_peer_reports_the_node_connected(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    ttl_s = 2
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "d1")
+        nodes = await agents(store, 3, ttl_s=ttl_s)
+        for a in nodes:
+            await a.prepare("d1", "ns")
+        for a in nodes:
+            await a.report_daemon("d1", pb.DaemonState.READY)
+        await wait_reason(store, "d1", "READY", "AllNodesReady")
+        victim, b, c = nodes
+
+        async def settled() -> bool:
+            """The controller saw the record go and b's latest report, and has nothing left to do."""
+            seen = controller.view.daemons.get("d1", {}).get(b.name)
+            return (
+                victim.name not in controller.view.nodes
+                and seen is not None
+                and seen.connected_nodes == frozenset(b_reports)
+                and len(controller.queue) == 0
+                and controller.queue.processing == 0
+            )
+
+        # Only the node's IMEX side died: its daemon still talks to its peers, which say so.
+        b_reports = [victim.name, c.name]
+        await victim.kill()
+        await eventually(settled, "the controller to handle the record's expiry", timeout_s=ttl_s + 3)
+        assert await member_state(store, "d1", victim.name) == ("ACTIVE", 0)
+        assert ready_reason(await domain_status(store, "d1"))[:2] == ("READY", "AllNodesReady")  # type: ignore[index]
+        # One peer is enough to vouch for it.
+        b_reports = [c.name]
+        await b.report_daemon("d1", pb.DaemonState.READY, connected=b_reports)
+        await eventually(settled, "the controller to handle the report")
+        assert await member_state(store, "d1", victim.name) == ("ACTIVE", 0)
+        # The last link drops: now it is lost (keeping its index).
+        await c.report_daemon("d1", pb.DaemonState.READY, connected=[b.name])
+        await wait_reason(store, "d1", "NOT_READY", "NodeLost")
+        assert await member_state(store, "d1", victim.name) == ("LOST", 0)
+        for a in nodes:
             await a.stop()
 
 
@@ -168,6 +252,7 @@ async def test_teardown_leaves_no_record(store: Store, etcd_config: EtcdConfig) 
         nodes = await agents(store, 3)
         for a in nodes:
             await a.prepare(uid, "ns")
+        for a in nodes:
             await a.report_daemon(uid, pb.DaemonState.READY)
         await wait_reason(store, uid, "READY", "AllNodesReady")
         await request_deletion(store, uid)
