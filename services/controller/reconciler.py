@@ -5,8 +5,9 @@ claims) keep a `StoreView` current in every replica. While leader, each
 affected domain uid is queued (deduplicated) and workers reconcile it: the
 pure core (`plan.py`) decides the status and actions, and every write is one
 etcd transaction carrying the leader fence, so a deposed leader's writes fail.
-A node-record delete event queues its domains at once: node loss shows as
-soon as etcd expires the agent's lease.
+A node-record delete event queues its domains at once, and so does every
+daemon status: node loss shows as soon as etcd has expired the IMEX side's
+lease and no peer's daemon reports the node connected any more.
 """
 
 from __future__ import annotations
@@ -306,7 +307,9 @@ class DomainReconciler:
                     return False  # its claims went meanwhile: it is released instead
                 compares.append(held)
             applied = await activate_member(self.store, uid, action.node, action.mod_revision, compares)
-            if not applied:
+            if applied:
+                log.info("member activated", cd_uid=uid, node=action.node, why=action.why)
+            else:
                 await self._check_fence(leadership)
             return applied
         if isinstance(action, ReleaseMember):

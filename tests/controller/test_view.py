@@ -60,3 +60,15 @@ def test_keys_outside_the_layout_are_ignored() -> None:
     view = StoreView(K)
     assert view.apply_members(WatchEvent("put", "/p/members/d1", member("d1", "x"), 3)) == set()
     assert view.apply_daemons(WatchEvent("delete", "/p/daemons/d1/n1/extra", None, 4)) == set()
+
+
+def test_daemon_status_keeps_what_it_reports_connected_and_its_revision() -> None:
+    view = StoreView(K)
+    status = pb.DaemonStatus(
+        domain_uid="d1", node_name="n1", state=pb.DaemonState.READY, connected_nodes=["n2"]
+    )
+    assert view.apply_daemons(WatchEvent("put", K.daemon("d1", "n1"), status, 12)) == {"d1"}
+    seen = view.observe("d1").daemons["n1"]
+    assert (seen.connected_nodes, seen.mod_revision) == (frozenset({"n2"}), 12)
+    view.apply_daemons(Resync([Versioned(K.daemon("d1", "n1"), status, 15, 3)], 20))
+    assert view.observe("d1").daemons["n1"].mod_revision == 15
