@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from prometheus_client.metrics_core import Metric
+
 from libs.fsio.atomic import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +36,9 @@ class ProgramDoc:
     title: str
     command: str  # how it is started
     target: str  # module:function, the entry point
-    metrics: str  # module:Class whose registry /metrics serves
+    # module:Class whose registry /metrics serves, or a prometheus Collector class that /metrics
+    # serves (scrape-time gauges of what the program runs; built here with nothing running).
+    metrics: str
 
 
 PROGRAMS = (
@@ -49,6 +53,12 @@ PROGRAMS = (
         "cd-node-agent",
         "services.nodeagent.main:main",
         "services.nodeagent.metrics:AgentMetrics",
+    ),
+    ProgramDoc(
+        "IMEX agent",
+        "cd-imex-agent",
+        "services.imexagent.main:main",
+        "services.imexagent.main:DaemonCollector",
     ),
     ProgramDoc(
         "Placement advisor",
@@ -158,9 +168,37 @@ def render_settings(program: ProgramDoc) -> str:
     return "\n".join(lines)
 
 
-def _metric_rows(metrics: Any) -> list[tuple[str, str, str, str]]:
+class _NothingRunning:
+    """What a scrape-time collector reads (a supervisor's runners), with nothing running: the
+    families it yields still carry their names, types, labels and help."""
+
+    def runners(self) -> list[Any]:
+        return []
+
+
+def _is_collector(source: Any) -> bool:
+    """A Collector class (prometheus' Collector is a protocol: no issubclass)."""
+    return isinstance(source, type) and callable(getattr(source, "collect", None))
+
+
+def metric_families(program: ProgramDoc) -> list[Metric]:
+    """The metric families ``program`` serves on /metrics (for a collector: with no samples)."""
+    source = _load(program.metrics)
+    if _is_collector(source):
+        return list(source(_NothingRunning()).collect())
+    return list(source().registry.collect())
+
+
+def _metric_rows(program: ProgramDoc) -> list[tuple[str, str, str, str]]:
     rows = []
-    for value in vars(metrics).values():
+    metrics = _load(program.metrics)
+    if _is_collector(metrics):
+        for family in metric_families(program):
+            shown = f"{family.name}_total" if family.type == "counter" else family.name
+            labels = ", ".join(f"`{label}`" for label in getattr(family, "_labelnames", ()))
+            rows.append((shown, family.type, labels, family.documentation))
+        return sorted(rows)
+    for value in vars(metrics()).values():
         name = getattr(value, "_name", None)
         kind = getattr(value, "_type", None)
         if not isinstance(name, str) or not isinstance(kind, str):
@@ -172,14 +210,13 @@ def _metric_rows(metrics: Any) -> list[tuple[str, str, str, str]]:
 
 
 def render_metrics(program: ProgramDoc) -> str:
-    metrics = _load(program.metrics)()
     lines = [
         f"### {program.title}",
         "",
         "| metric | type | labels | meaning |",
         "|---|---|---|---|",
     ]
-    for name, kind, labels, doc in _metric_rows(metrics):
+    for name, kind, labels, doc in _metric_rows(program):
         lines.append(f"| `{name}` | {kind} | {labels or '-'} | {_cell(doc)} |")
     return "\n".join(lines)
 

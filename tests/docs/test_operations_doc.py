@@ -32,9 +32,7 @@ def test_every_setting_is_documented_with_its_flag_and_variable(program: gen.Pro
 @pytest.mark.parametrize("program", gen.PROGRAMS, ids=lambda p: p.command)
 def test_every_exported_metric_is_documented(program: gen.ProgramDoc) -> None:
     text = gen.DOC.read_text()
-    module, _, name = program.metrics.partition(":")
-    metrics = getattr(__import__(module, fromlist=[name]), name)()
-    families = list(metrics.registry.collect())
+    families = gen.metric_families(program)
     assert families
     for family in families:
         shown = family.name + ("_total" if family.type == "counter" else "")
