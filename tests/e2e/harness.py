@@ -6,8 +6,9 @@
    from the rendered kustomize base;
 2. our etcd (tools.etcd);
 3. the kubelet shim (tools.kubeletshim, one process for every node): Node objects, leases;
-4. one node agent per node (Kubernetes claim source, simulated hardware), forked from the cdsim
-   fork server so that 36 of them start in seconds on two cores;
+4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
+   (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
+   of them start in seconds on two cores;
 5. the placement advisor with its extender, and kube-scheduler restarted with that extender;
 6. the controller in Kubernetes mode.
 
@@ -57,22 +58,25 @@ CRD_NAME = "computedomains.resource.nvidia.com"
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
-AGENT_TARGET = "services.nodeagent.main:main"
+AGENT_TARGET = "services.nodeagent.main:main"  # the kubelet plugin
+IMEX_AGENT_TARGET = "services.imexagent.main:main"
 CONTROLLER_TARGET = "services.controller.main:main"
 ADVISOR_TARGET = "services.advisor.main:main"
 SHIM_TARGET = "tools.kubeletshim.main:main"
 PRELOAD = (
     "services.nodeagent.main",
+    "services.imexagent.main",
     "services.controller.main",
     "services.advisor.main",
     "tools.kubeletshim.main",
 )
 
 AGENT_HEALTH_PORT = 9400
+IMEX_AGENT_HEALTH_PORT = 9401
 CONTROLLER_LEASE_TTL_S = 3
 # Short, so a test sees leftovers swept within seconds (production default: 5 minutes).
 CONTROLLER_SWEEP_S = 3
-AGENT_LEASE_TTL_S = 5
+IMEX_AGENT_LEASE_TTL_S = 5
 IMEX_PORT = 50000
 _SPAWN_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 10.0
@@ -228,7 +232,8 @@ class E2EEnvironment:
     cluster: ClusterDescription = field(init=False)
     layout: StateLayout = field(init=False)
     forks: ForkServer | None = None
-    agents: dict[str, int] = field(default_factory=dict)
+    agents: dict[str, int] = field(default_factory=dict)  # node -> kubelet plugin pid
+    imex_agents: dict[str, int] = field(default_factory=dict)  # node -> IMEX agent pid
     shim_pid: int = 0
     advisor_pid: int = 0
     controller_pid: int = 0
@@ -293,7 +298,7 @@ class E2EEnvironment:
             if pid:
                 terminate(pid)
         if self.forks is not None:
-            self.forks.close()  # SIGTERMs the agents; they stop their IMEX daemons
+            self.forks.close()  # SIGTERMs the agents; the IMEX agents stop their daemons
             self.forks = None
         self.etcd.stop()
         self.cp.stop()
@@ -349,6 +354,27 @@ class E2EEnvironment:
         return sum(1 for line in out.splitlines() if line.strip() == "True")
 
     def agent_argv(self, node: str) -> list[str]:
+        """The node's kubelet plugin (DaemonSet cd-node-agent)."""
+        dirs = self.layout.node(node)
+        address = self.cluster.node(node).address
+        return [
+            "--node-name", node,
+            "--kubelet-dir", str(dirs.kubelet_dir),
+            "--cdi-root", str(dirs.cdi_root),
+            "--hardware", "simulated",
+            "--sim-cluster", str(self.layout.cluster_file),
+            "--sim-state-dir", str(self.layout.nodes_dir),
+            "--claim-source", "kubernetes",
+            "--kubeconfig", str(self.cp.kubeconfig),
+            "--publish-clique-label", "true",
+            "--health-host", address,
+            "--health-port", str(AGENT_HEALTH_PORT),
+            "--etcd-endpoint", self.etcd.endpoint,
+            "--log-format", "json",
+        ]  # fmt: skip
+
+    def imex_agent_argv(self, node: str) -> list[str]:
+        """The node's IMEX agent (DaemonSet cd-imex-agent)."""
         dirs = self.layout.node(node)
         address = self.cluster.node(node).address
         return [
@@ -360,12 +386,11 @@ class E2EEnvironment:
             "--hardware", "simulated",
             "--sim-cluster", str(self.layout.cluster_file),
             "--sim-state-dir", str(self.layout.nodes_dir),
-            "--claim-source", "kubernetes",
-            "--kubeconfig", str(self.cp.kubeconfig),
-            "--publish-clique-label", "true",
-            "--lease-ttl-s", str(AGENT_LEASE_TTL_S),
+            "--lease-ttl-s", str(IMEX_AGENT_LEASE_TTL_S),
+            # The session's end leaves no daemon behind (in a cluster they outlive the agent).
+            "--stop-daemons-on-exit", "true",
             "--health-host", address,
-            "--health-port", str(AGENT_HEALTH_PORT),
+            "--health-port", str(IMEX_AGENT_HEALTH_PORT),
             "--etcd-endpoint", self.etcd.endpoint,
             "--log-format", "json",
         ]  # fmt: skip
@@ -378,16 +403,36 @@ class E2EEnvironment:
             for d in (dirs.kubelet_dir, dirs.cdi_root, dirs.imex_dir):
                 d.mkdir(parents=True, exist_ok=True)
         for node in self.node_names:
+            self.imex_agents[node] = self._spawn(
+                f"imex-{node}", IMEX_AGENT_TARGET, self.imex_agent_argv(node)
+            )
+        self._wait_ready("imex", IMEX_AGENT_HEALTH_PORT, self.node_names)
+        self.start_plugins(self.node_names)
+
+    def start_plugins(self, nodes: list[str]) -> None:
+        """Start the kubelet plugins of ``nodes`` and wait until they serve kubelet."""
+        for node in nodes:
             self.agents[node] = self._spawn(f"agent-{node}", AGENT_TARGET, self.agent_argv(node))
-        urls = {
-            n: f"http://{self.cluster.node(n).address}:{AGENT_HEALTH_PORT}/readyz" for n in self.node_names
-        }
+        self._wait_ready("agent", AGENT_HEALTH_PORT, nodes)
+
+    def stop_plugins(self, nodes: list[str]) -> None:
+        """End the kubelet plugins of ``nodes`` as a DaemonSet pod deletion does (SIGTERM, then
+        SIGKILL after the grace period) and wait until they are gone."""
+        for node in nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.agents[node], signal.SIGTERM)
+        for node in nodes:
+            terminate(self.agents[node])
+        assert not any(pid_alive(self.agents[n]) for n in nodes)
+
+    def _wait_ready(self, kind: str, port: int, nodes: list[str]) -> None:
+        urls = {n: f"http://{self.cluster.node(n).address}:{port}/readyz" for n in nodes}
         wait_until(
             lambda: all(http_ok(u) for u in urls.values()),
             90.0,
-            "every node agent to be ready",
+            f"every {kind} process of {len(nodes)} nodes to be ready",
             lambda: "\n".join(
-                f"--- agent-{n} ---\n{log_tail(self.log(f'agent-{n}'), 10)}"
+                f"--- {kind}-{n} ---\n{log_tail(self.log(f'{kind}-{n}'), 10)}"
                 for n, u in urls.items()
                 if not http_ok(u)
             ),
