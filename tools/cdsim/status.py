@@ -13,6 +13,7 @@ from tools.cdsim import workload
 from tools.cdsim.jobbook import JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
+from tools.cdsim.services import agent_name, imex_agent_name
 
 READINESS = {pb.Readiness.READY: "Ready", pb.Readiness.NOT_READY: "NotReady"}
 DAEMON_STATES = {
@@ -52,7 +53,8 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
     for sim in cluster.nodes():
         dirs = layout.node(sim.name)
         record = node_records.get(sim.name)
-        agent = state.processes.get(f"agent-{sim.name}")
+        agent = state.processes.get(agent_name(sim.name))
+        imex_agent = state.processes.get(imex_agent_name(sim.name))
         nodes.append(
             {
                 "name": sim.name,
@@ -66,6 +68,8 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
                 "registered": record is not None,
                 "agent_running": bool(agent and agent.running),
                 "agent_pid": agent.pid if agent else 0,
+                "imex_agent_running": bool(imex_agent and imex_agent.running),
+                "imex_agent_pid": imex_agent.pid if imex_agent else 0,
                 "domain": bindings.get(sim.name, ""),
             }
         )
