@@ -1,9 +1,9 @@
 """Benchmark: NodePrepareResources / NodeUnprepareResources latency on a node whose IMEX daemon
-is already READY, through the real unix-socket gRPC of a node-agent process.
+is already READY, through the real unix-socket gRPC of a kubelet-plugin (node-agent) process.
 
-Set-up: a private etcd (unless --etcd-endpoint), a one-rack simulated cluster, one node agent
-process with simulated hardware, a ComputeDomain and an anchor claim prepared first (the node
-is a member and its daemon READY). Then N distinct claims are prepared one after another, then
+Set-up: a private etcd (unless --etcd-endpoint), a one-rack simulated cluster, the node's two
+processes with simulated hardware (the IMEX agent: node record and daemon; the kubelet plugin),
+a ComputeDomain and an anchor claim prepared first (the node is a member and its daemon READY). Then N distinct claims are prepared one after another, then
 unprepared one after another, each call timed at the client (kubelet's view).
 
     python -m tools.bench.nodeagent_prepare [--calls 1000] [--out FILE]
@@ -80,19 +80,24 @@ def claim_record(uid: str, domain_uid: str) -> pb.Claim:
     )
 
 
-def _serving(path: Path, agent: subprocess.Popen[bytes], log: Path) -> bool:
-    if agent.poll() is not None:
-        raise SystemExit(f"node agent exited {agent.returncode}:\n{log.read_text()[-4000:]}")
+Processes = dict[str, tuple[subprocess.Popen[bytes], Path]]  # name -> (process, its log)
+
+
+def _serving(path: Path, processes: Processes) -> bool:
+    for name, (proc, log) in processes.items():
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
     return path.exists()
 
 
-async def wait_socket(path: Path, agent: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
+async def wait_socket(path: Path, processes: Processes, timeout_s: float = 30.0) -> None:
+    """Wait for the plugin's DRA socket (served once the IMEX agent registered the node)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _serving(path, agent, log):
+        if _serving(path, processes):
             return
         await asyncio.sleep(0.05)
-    raise SystemExit(f"node agent did not serve {path} within {timeout_s}s")
+    raise SystemExit(f"the kubelet plugin did not serve {path} within {timeout_s}s")
 
 
 def start_agent(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -102,28 +107,50 @@ def start_agent(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: str) -> dict[str, Any]:
     etcd = EtcdConfig(endpoint=endpoint, prefix=f"/bench-{uuid.uuid4().hex[:8]}/")
     cluster = ClusterDescription(racks=1, trays_per_rack=2, seed=f"bench-{base.name}", address_block=199)
     cluster.save(base / "cluster.json")
     prepare_node_dirs(cluster, NODE, base / "nodes")
     kubelet_dir = base / "kubelet"
-    log_path = base / "agent.log"
-    argv = [
-        sys.executable, "-m", "services.nodeagent.main",
+    hardware = [
         "--node-name", NODE, "--hardware", "simulated",
         "--sim-cluster", str(base / "cluster.json"), "--sim-state-dir", str(base / "nodes"),
-        "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
-        "--imex-work-dir", str(base / "imex"),
+    ]  # fmt: skip
+    common = [
         "--etcd-endpoint", etcd.endpoint, "--etcd-prefix", etcd.prefix,
-        "--health-host", "127.0.0.1", "--health-port", str(free_port()),
-        "--log-format", "json", "--log-level", "warning",
+        "--health-host", "127.0.0.1", "--log-format", "json", "--log-level", "warning",
+    ]  # fmt: skip
+    imex_argv = [
+        sys.executable, "-m", "services.imexagent.main", *hardware, *common,
+        "--health-port", str(free_port()),
+        "--node-ip", cluster.node(NODE).address, "--imex-work-dir", str(base / "imex"),
+        "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
+        # The benchmark leaves no daemon behind (on a node they outlive the agent).
+        "--stop-daemons-on-exit", "true",
+    ]  # fmt: skip
+    plugin_argv = [
+        sys.executable, "-m", "services.nodeagent.main", *hardware, *common,
+        "--health-port", str(free_port()),
+        "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
         "--tombstone-ttl-s", str(args.tombstone_ttl_s),
     ]  # fmt: skip
-    agent = start_agent(argv, log_path)
+    processes: Processes = {}
+    for name, argv in (("IMEX agent", imex_argv), ("kubelet plugin", plugin_argv)):
+        log_path = base / f"{name.replace(' ', '-').lower()}.log"
+        processes[name] = (start_agent(argv, log_path), log_path)
     try:
         socket_path = kubelet_dir / "plugins" / DRIVER / "dra.sock"
-        await wait_socket(socket_path, agent, log_path)
+        await wait_socket(socket_path, processes)
         async with Store(etcd) as store:
             domain_uid = str(uuid.uuid4())
             await store.put(
@@ -169,11 +196,10 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
         finally:
             channel.close()
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        # The plugin first, as on a node where it is upgraded; then the IMEX agent, which stops
+        # the daemon.
+        for proc, _ in reversed(processes.values()):
+            stop_agent(proc)
     prepare_stats, unprepare_stats = summary(prepare), summary(unprepare)
     return {
         "benchmark": "nodeagent_prepare",
