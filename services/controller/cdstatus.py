@@ -188,8 +188,10 @@ def merge_conditions(
     return tuple(out)
 
 
-def desired_status(obs: DomainObservation, previous: StatusValue | None, now_ms: int) -> StatusValue:
-    live = liveness(obs)
+def desired_status(
+    obs: DomainObservation, previous: StatusValue | None, now_ms: int, live: Liveness | None = None
+) -> StatusValue:
+    live = live if live is not None else liveness(obs)
     v = verdict(obs, live)
     ready_condition = ConditionEntry(CONDITION_READY, "True" if v.ready else "False", v.reason, v.message, 0)
     old_conditions = previous.conditions if previous is not None else ()

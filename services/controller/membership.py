@@ -26,13 +26,13 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
-from services.controller.liveness import live_peers, liveness
+from services.controller.liveness import Liveness, live_peers, liveness
 from services.controller.observed import DomainObservation
 
 
-def loss_actions(obs: DomainObservation) -> list[Action]:
+def loss_actions(obs: DomainObservation, live: Liveness | None = None) -> list[Action]:
     """MarkMemberLost for every active member with no node record that no live peer vouches for."""
-    lost = liveness(obs).lost
+    lost = (live if live is not None else liveness(obs)).lost
     out: list[Action] = []
     for name, member in sorted(obs.members.items()):
         if member.lost or name not in lost:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from services.controller import cdstatus, membership, teardown
 from services.controller.actions import Action, DeleteDomain
+from services.controller.liveness import liveness
 from services.controller.observed import DomainObservation
 from services.controller.statusmodel import StatusValue
 
@@ -23,7 +24,9 @@ def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Pl
     recheck = membership.grace_recheck_ms(obs, now_ms, orphan_grace_ms)
     if obs.domain is None:
         return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms), recheck)
-    actions: list[Action] = membership.loss_actions(obs)
+    # Who is lost and whose mesh is complete: one pass over the members and their reports.
+    live = liveness(obs)
+    actions: list[Action] = membership.loss_actions(obs, live)
     actions += membership.activations(obs)
     actions += membership.lost_member_releases(obs)
     actions += teardown.teardown_actions(obs)
@@ -31,5 +34,5 @@ def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Pl
         actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
     if any(isinstance(a, DeleteDomain) for a in actions):
         return Plan(None, actions)
-    desired = cdstatus.desired_status(obs, obs.status, now_ms)
+    desired = cdstatus.desired_status(obs, obs.status, now_ms, live)
     return Plan(desired if desired != obs.status else None, actions, recheck)
