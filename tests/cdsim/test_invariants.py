@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.store import Store
-from tools.cdsim.invariants import (
+from libs.invariants.checker import (
     NodeLocalPaths,
     check_cluster_idle,
     check_domain_gone,
     check_store_invariants,
 )
+from libs.state.store import Store
 
 CLIQUE = "c0ffee00-0000-5000-8000-000000000000.7"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.store import Put, Store
-from tools.cdsim.invariants import check_store_invariants
 from tools.cdsim.layout import StateLayout
 from tools.chaos import checks
 from tools.chaos import plan as p

@@ -7,11 +7,11 @@ import time
 from collections import defaultdict
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain
 from libs.state.store import Store
 from tests.controller.harness import create_domain, domain_status, eventually, running_controller
-from tests.invariants import check_store_invariants
 
 NODES = 256
 CLIQUES = 15

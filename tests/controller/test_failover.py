@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain
 from libs.state.store import Store
 from tests.controller.harness import create_domain, eventually
-from tests.invariants import check_store_invariants
 
 REPO = Path(__file__).resolve().parents[2]
 TTL_S = 2

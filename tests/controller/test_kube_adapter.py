@@ -24,6 +24,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, Re
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_domain_gone
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection, Leadership
@@ -33,7 +34,6 @@ from services.controller.kube.resourceclaimtemplate import build_rct
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler
 from tests.controller.harness import AgentDouble, eventually
-from tests.invariants import check_domain_gone
 from tests.k8s.conftest import control_plane, control_plane_binaries  # noqa: F401 - session fixtures of tests/k8s
 from tools.controlplane.cluster import ControlPlane
 

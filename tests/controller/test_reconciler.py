@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_domain_gone, check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.election import Leadership
 from libs.state.store import Store
@@ -23,7 +24,6 @@ from tests.controller.harness import (
     request_deletion,
     running_controller,
 )
-from tests.invariants import check_domain_gone, check_store_invariants
 
 CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
 # Invariant 5 also looks for processes whose command line names the uid: use uids nothing else names.

@@ -27,12 +27,12 @@ from grpclib.client import Channel
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import FaultInjector, prepare_node_dirs
+from libs.invariants.checker import NodeLocalPaths
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
 from services.nodeagent.checkpoint import checkpoint_path
 from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.driver import dra_socket_path
-from tests.invariants import NodeLocalPaths
 from tools.etcd.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,13 +15,13 @@ import pytest
 from libs.cdi.versions import check_cdi_version
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex.slots import PLACEHOLDER_ADDRESS
+from libs.invariants.checker import check_domain_gone, check_store_invariants, imex_processes_of
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from libs.state.watch import WatchEvent, watch_prefix
 from services.nodeagent.driver import dra_socket_path
 from services.nodeagent.registration import registration_socket_path
 from tests.cdi.cdi_schema_check import loader_violations, schema_errors, unknown_fields
-from tests.invariants import check_domain_gone, check_store_invariants, imex_processes_of
 from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
 from tools.etcd.server import EtcdServer

@@ -10,13 +10,13 @@ import pytest
 
 from libs.cdi.spec import CHANNELS_ENV, claim_cdi_device_id
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.membership import join_domain
 from libs.state.store import Store
 from services.nodeagent.checkpoint import ClaimState, checkpoint_path
 from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.errors import PermanentError, RetryableError
 from services.nodeagent.state import PreparedDevice
-from tests.invariants import check_store_invariants
 from tests.nodeagent.agent_fakes import (
     MAJOR,
     FakeDaemons,

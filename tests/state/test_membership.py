@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.codec import encode
 from libs.state.membership import (
     CliqueFull,
@@ -21,7 +22,6 @@ from libs.state.membership import (
     mark_member_lost,
 )
 from libs.state.store import Store
-from tests.invariants import check_store_invariants
 
 
 def node(name: str, clique: str = "c1", ip: str = "") -> pb.Node:

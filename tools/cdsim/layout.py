@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from libs.invariants.checker import NodeLocalPaths
 
 DRIVER_NAME = "compute-domain.nvidia.com"
 STATE_DIR_ENV = "CDSIM_STATE_DIR"
@@ -124,3 +127,12 @@ class StateLayout:
             dirs = self.node(name)
             candidates += [dirs.dra_socket, dirs.registration_socket]
         return max(candidates, key=lambda p: len(str(p)))
+
+
+def cluster_node_paths(layout: StateLayout, node_names: Iterable[str]) -> list[NodeLocalPaths]:
+    """The node-local paths of a cdsim cluster's nodes."""
+    out = []
+    for name in node_names:
+        dirs = layout.node(name)
+        out.append(NodeLocalPaths(name, dirs.cdi_root, dirs.imex_dir, dirs.checkpoint_file))
+    return out

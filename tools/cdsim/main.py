@@ -25,12 +25,13 @@ from typing import Any, TextIO
 import aetcd.exceptions
 
 from libs.hardware.cluster import ClusterDescription
+from libs.invariants import checker as invariants
 from libs.runtime.logging import configure_logging
 from libs.state.store import TRANSIENT_ERRORS
-from tools.cdsim import faults, invariants, jobs, lifecycle
+from tools.cdsim import faults, jobs, lifecycle
 from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
-from tools.cdsim.layout import StateLayout
+from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
 from tools.cdsim.status import collect, render
@@ -166,7 +167,7 @@ async def _status(layout: StateLayout, as_json: bool, out: TextIO) -> None:
 async def _check(layout: StateLayout, idle: bool, settle_s: float, out: TextIO) -> None:
     state = jobs.running_state(layout)
     cluster = ClusterDescription.load(layout.cluster_file)
-    paths = invariants.cluster_node_paths(layout, cluster.node_names())
+    paths = cluster_node_paths(layout, cluster.node_names())
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settle_s
     async with jobs.open_store(state) as store:

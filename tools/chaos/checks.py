@@ -1,4 +1,4 @@
-"""What the soak checks, besides the invariant checker of `tools.cdsim.invariants`.
+"""What the soak checks, besides the invariant checker of `libs.invariants.checker`.
 
 * invariants 1-3 on one consistent snapshot of the store (they must hold at every instant);
 * no IMEX daemon left running for a domain its node is no longer in (at quiescence);
@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants import checker as invariants
 from libs.state.store import Store
-from tools.cdsim import invariants, procscan
+from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.chaos.snapshot import StoreSnapshot
 

@@ -35,9 +35,10 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
-from tools.cdsim import invariants, jobs, lifecycle
+from libs.invariants import checker as invariants
+from tools.cdsim import jobs, lifecycle
 from tools.cdsim.jobbook import Job
-from tools.cdsim.layout import StateLayout
+from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.cdsim.services import AGENT_LEASE_TTL_S, agent_name
 from tools.chaos import checks, injectors, jobops
 from tools.chaos import plan as p
@@ -582,7 +583,7 @@ class Soak:
                     continue
                 self._fail(f"live: {tracked.spec.describe()} cannot be deleted once faults stopped")
                 return
-        paths = invariants.cluster_node_paths(self.layout, self._nodes())
+        paths = cluster_node_paths(self.layout, self._nodes())
         store = self.handle.store
         nodes = self._nodes()
 
@@ -650,7 +651,7 @@ class Soak:
         for key in self.garbage_keys:
             await store.delete(key)
         self.events.add("note", "garbage removed", f"{len(self.garbage_keys)} undecodable keys deleted")
-        paths = invariants.cluster_node_paths(self.layout, self._nodes())
+        paths = cluster_node_paths(self.layout, self._nodes())
         pending, self.gone_pending = self.gone_pending, []
 
         async def idle() -> list[str]:

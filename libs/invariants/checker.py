@@ -1,6 +1,6 @@
 """The SPEC §4 invariants, checked against the real store and the nodes' local files.
 
-Used by `cdsim check`, the demo and the tests (imports nothing from tests/).
+Used by the tests, `cdsim check`, the demo and the chaos soak.
 
 `check_store_invariants` covers invariants 1-4; for 4 it reads each member's IMEX files on disk
 (with `nodes`): the fixed slot list, unchanged since its daemon started, and (at quiescence:
@@ -21,10 +21,9 @@ from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import slots
+from libs.invariants import processes
 from libs.state.membership import MAX_NODES_PER_IMEX_DOMAIN
 from libs.state.store import Store
-from tools.cdsim import procscan
-from tools.cdsim.layout import StateLayout
 
 CDI_SPEC_PREFIX = "k8s.compute-domain.nvidia.com-claim_"
 NODES_CONFIG_FILE = "nodes_config.cfg"
@@ -210,7 +209,7 @@ def _process_start_time(pid: int) -> float | None:
 
 def imex_processes_of(domain_uid: str) -> list[int]:
     """PIDs whose command line mentions the domain uid (its per-domain config dir)."""
-    return [p.pid for p in procscan.list_processes() if any(domain_uid in arg for arg in p.argv)]
+    return processes.processes_mentioning(domain_uid)
 
 
 def _checkpoint_entries(path: Path) -> dict[str, dict[str, object]]:
@@ -295,19 +294,10 @@ async def check_cluster_idle(store: Store, nodes: Iterable[NodeLocalPaths]) -> l
                 for p in node.imex_work_dir.iterdir()
                 if p.is_dir()
             ]
-            daemons = procscan.imex_daemons_under(node.imex_work_dir)
+            daemons = processes.imex_daemons_under(node.imex_work_dir)
             violations += [f"idle: IMEX daemon pid {p.pid} still runs on {node.name}" for p in daemons]
         violations += [
             f"idle: checkpoint entry {uid} remains on {node.name}"
             for uid in _checkpoint_entries(node.checkpoint_file)
         ]
     return violations
-
-
-def cluster_node_paths(layout: StateLayout, node_names: Iterable[str]) -> list[NodeLocalPaths]:
-    """The node-local paths of a cdsim cluster's nodes."""
-    out = []
-    for name in node_names:
-        dirs = layout.node(name)
-        out.append(NodeLocalPaths(name, dirs.cdi_root, dirs.imex_dir, dirs.checkpoint_file))
-    return out
