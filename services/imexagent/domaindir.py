@@ -3,8 +3,9 @@
 ``<work dir>/<domain uid>/``:
 
 * ``config.cfg``: the daemon's configuration (libs/imex/config.py) with the simulator directive
-  ``# SIM_HOSTS_FILE=<hosts>`` (a comment to nvidia-imex; the real backend resolves through the
-  system resolver, whose hosts file the deployment points at this one);
+  ``# SIM_HOSTS_FILE=<hosts>`` (a comment to nvidia-imex; the real daemon resolves through the
+  system resolver, so it is started in a private mount namespace with this file bind-mounted
+  over /etc/hosts: see ``nvidia_daemon_argv``);
 * ``nodes_config.cfg``: the 18 slot names of the domain's clique, written once before the first
   start and never while a daemon runs on it (a daemon reads it only at start);
 * ``hosts``: slot name -> address of its member (or the placeholder), replaced atomically when
@@ -16,6 +17,7 @@ Rendering is pure; the writes are blocking (fsynced) and are called from worker 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -119,8 +121,22 @@ class DomainDir:
                 write_atomic(path, text.encode())
         return wanted[2][1]
 
-    def write_hosts(self, text: str) -> None:
-        write_atomic(self.hosts, text.encode())
+    def write_hosts(self, text: str, *, in_place: bool = False) -> None:
+        """Replace the slot resolution. ``in_place`` rewrites the same inode (one write of the
+        whole text after truncation): nvidia-imex sees this file through a bind mount over
+        /etc/hosts, which pins the inode, so a rename would hide the change from it. A lookup
+        racing the rewrite may fail once; the daemon's reconnect loop looks again."""
+        if not in_place:
+            write_atomic(self.hosts, text.encode())
+            return
+        fd = os.open(self.hosts, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            data = text.encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def serves(self, identity: Identity, node_name: str, settings: ImexSettings) -> bool:
         """Whether a daemon started on this directory's files has this identity (adoption)."""
@@ -130,3 +146,18 @@ class DomainDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def nvidia_daemon_argv(imex_binary: str, config: Path, hosts: Path) -> list[str]:
+    """argv that runs nvidia-imex resolving slot names through `hosts`.
+
+    nvidia-imex resolves nodes config names with the system resolver (libc reads /etc/hosts at
+    every lookup). The daemon gets a mount namespace of its own in which the domain's hosts file
+    is bind-mounted over /etc/hosts; the node's and the container's /etc/hosts are untouched.
+    Needs CAP_SYS_ADMIN (the IMEX agent's container is privileged) and util-linux `unshare`.
+    """
+    script = 'mount --bind "$1" /etc/hosts && exec "$2" -c "$3"'
+    return [
+        "unshare", "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", script, "imex-mount", str(hosts), imex_binary, str(config),
+    ]  # fmt: skip

@@ -20,6 +20,7 @@ Blocking work (fork/exec, fsynced writes, rmtree) runs in worker threads with a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from libs.imex.simulator.launch import simulator_daemon_argv
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from services.imexagent import process as proc
-from services.imexagent.domaindir import DomainDir
+from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.probe import NvidiaCtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.settings import ImexSettings
@@ -255,7 +256,7 @@ class DomainDaemon:
             return [*self.settings.daemon_command, "-c", config]
         if self.backend == "simulated":
             return simulator_daemon_argv(config)
-        return [self.settings.nvidia_imex_binary, "-c", config]
+        return nvidia_daemon_argv(self.settings.nvidia_imex_binary, self.dir.config, self.dir.hosts)
 
     async def _replace(self) -> None:
         assert self.process is not None and self.identity is not None
@@ -334,11 +335,17 @@ class DomainDaemon:
             restarts=self.lifecycle.restarts,
         )
 
+    def _through_bind_mount(self) -> bool:
+        """Whether the running daemon sees the hosts file through a bind mount (nvidia-imex)."""
+        return self.backend == "nvidia" and not self.settings.daemon_command
+
     async def _sync_hosts(self) -> None:
         text = self.dir.render_hosts(self.desired)
         if text == self.written_hosts:
             return
-        await self._blocking(self.dir.write_hosts, text)
+        await self._blocking(
+            functools.partial(self.dir.write_hosts, text, in_place=self._through_bind_mount())
+        )
         self.written_hosts = text
         self.generation += 1
         self.reload.changed()
