@@ -1,4 +1,5 @@
-"""`cdsim fault ...`: break things for real (SIGKILL, etcd restart) and say what will happen."""
+"""`cdsim fault ...`: break things for real (SIGKILL, etcd restart, a node cut off etcd) and say
+what will happen."""
 
 from __future__ import annotations
 
@@ -100,3 +101,22 @@ def restart_etcd(layout: StateLayout, out: TextIO) -> None:
     except control.ControlError as exc:
         raise CommandError(str(exc)) from None
     out.write(f"etcd stopped and started again on the same data directory ({answer['down_ms']} ms down).\n")
+
+
+def partition_etcd(layout: StateLayout, node: str, seconds: float, out: TextIO) -> None:
+    """Cut one node's programs off etcd for `seconds` (its etcd gate in the supervisor)."""
+    _check_node(layout, node)
+    if not 0 < seconds <= 3600:
+        raise CommandError(f"--down-for must be in (0, 3600] seconds, got {seconds}")
+    try:
+        answer = control.request(layout, "partition-etcd", node=node, seconds=seconds)
+    except control.ControlError as exc:
+        raise CommandError(str(exc)) from None
+    out.write(
+        f"Cut {node} off etcd for {answer['seconds']:g}s ({answer['connections_cut']} connections of its "
+        f"kubelet plugin and IMEX agent reset; new ones are dropped until then). Its IMEX daemons and "
+        f"their peer links are untouched. Its node record expires with its lease "
+        f"({IMEX_AGENT_LEASE_TTL_S}s), but the node is not lost while its peers report it connected: "
+        f"running jobs stay Ready. Afterwards both programs reconnect by themselves and the node "
+        f"record comes back.\n"
+    )

@@ -5,7 +5,11 @@
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
     cdsim job delete NAME [-n NS] [--wait]
     cdsim status [--json]
-    cdsim fault kill-agent NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA | restart-etcd
+    cdsim job scale NAME --nodes N [-n NS]
+    cdsim job check NAME [-n NS]
+    cdsim fault kill-agent NODE [--down-for S] | kill-imex-agent NODE [--down-for S]
+                | kill-node NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA
+                | restart-etcd | partition-etcd NODE --down-for S
     cdsim check [--idle] [--settle S]
     cdsim down
 
@@ -150,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     kill_controller.add_argument("replica", type=int)
     fault_sub.add_parser("restart-etcd", parents=[common], help="stop etcd and start it on the same data")
+    partition = fault_sub.add_parser(
+        "partition-etcd",
+        parents=[common],
+        help="cut one node's programs off etcd for a while (its IMEX daemons and peer links stay)",
+    )
+    partition.add_argument("node")
+    partition.add_argument(
+        "--down-for", type=float, required=True, metavar="SECONDS", help="how long the node stays cut off"
+    )
     return parser
 
 
@@ -249,6 +262,8 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             faults.kill_imex(layout, args.node, out)
         elif args.fault == "kill-controller":
             faults.kill_controller(layout, args.replica, out, args.down_for)
+        elif args.fault == "partition-etcd":
+            faults.partition_etcd(layout, args.node, args.down_for, out)
         else:
             faults.restart_etcd(layout, out)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from libs.hardware.cluster import ClusterDescription
@@ -50,6 +51,13 @@ class Ports:
     advisor_grpc: int
     advisor_health: int
     controller_health: tuple[int, ...]
+    # Per node: the port of its etcd gate (tools.cdsim.etcdgate), through which both of the
+    # node's programs reach etcd, so that one node can be partitioned from the store. A node
+    # without a gate talks to etcd directly.
+    node_etcd: Mapping[str, int] = field(default_factory=dict)
+
+    def etcd_endpoint_of(self, node: str) -> str:
+        return f"127.0.0.1:{self.node_etcd.get(node, self.etcd)}"
 
 
 def agent_name(node: str) -> str:
@@ -191,6 +199,7 @@ def all_specs(
     specs = [advisor_spec(ports.advisor_grpc, ports.advisor_health, config, etcd)]
     specs += [controller_spec(i, port, config, etcd) for i, port in enumerate(ports.controller_health)]
     for node in cluster.node_names():
-        specs.append(imex_agent_spec(cluster, node, layout, config, etcd))
-        specs.append(agent_spec(cluster, node, layout, config, etcd))
+        node_etcd = ports.etcd_endpoint_of(node)
+        specs.append(imex_agent_spec(cluster, node, layout, config, node_etcd))
+        specs.append(agent_spec(cluster, node, layout, config, node_etcd))
     return specs

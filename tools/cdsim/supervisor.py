@@ -13,6 +13,8 @@ again after a short delay (a DaemonSet / Deployment restart). It publishes what 
     {"op": "kill-node", "node": "rack0-tray3", "restart_in_s": 30}   (IMEX agent, daemons, plugin)
                                            -> {"ok": true, "killed": {...}, "restart_in_s": 30.0}
     {"op": "restart-etcd"}                 -> {"ok": true, "down_ms": 850}
+    {"op": "partition-etcd", "node": "rack0-tray3", "seconds": 8}   (cut the node's etcd gate)
+                                           -> {"ok": true, "connections_cut": 4, "seconds": 8.0}
     {"op": "shutdown"}                     -> {"ok": true}   (then stops everything and exits)
 
 Run by `cdsim up`; not meant to be started by hand.
@@ -40,6 +42,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from tools.cdsim import procscan
+from tools.cdsim.etcdgate import EtcdGate
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
 from tools.cdsim.services import AGENT_KIND, IMEX_AGENT_KIND, PRELOAD_MODULES, Ports, ServiceSpec, all_specs
@@ -198,12 +201,16 @@ class Supervisor:
         self.config = config
         self.cluster = cluster
         self.state = RunState(phase="starting", supervisor_pid=os.getpid(), started_unix_ms=_now_ms())
+        etcd_port = config.etcd_client_port or free_port()
         self.ports = Ports(
-            etcd=config.etcd_client_port or free_port(),
+            etcd=etcd_port,
             advisor_grpc=free_port(),
             advisor_health=free_port(),
             controller_health=tuple(free_port() for _ in range(config.controllers)),
+            node_etcd={node: free_port() for node in cluster.node_names()},
         )
+        # One etcd gate per node (`fault partition-etcd`), alive as long as the supervisor.
+        self.gates = {node: EtcdGate(node, port, etcd_port) for node, port in self.ports.node_etcd.items()}
         self.etcd = EtcdServer(
             data_dir=layout.etcd_dir,
             client_port=self.ports.etcd,
@@ -410,6 +417,8 @@ class Supervisor:
         if op == "restart-etcd":
             down_ms = await self.restart_etcd()
             return {"ok": True, "down_ms": down_ms}
+        if op == "partition-etcd":
+            return self._partition_etcd(str(request.get("node", "")), request.get("seconds"))
         if op == "shutdown":
             self.shutdown_requested.set()
             return {"ok": True}
@@ -449,6 +458,16 @@ class Supervisor:
                     killed[f"imex-daemon-{pid}"] = pid
         restart_in = max((s.spec.restart_delay_s for s in node_services), default=0.0)
         return {"ok": True, "killed": killed, "restart_in_s": restart_in if delay is None else float(delay)}
+
+    def _partition_etcd(self, node: str, seconds: Any) -> dict[str, Any]:
+        """Cut the node's programs off etcd for `seconds` (its IMEX daemons and peer links stay)."""
+        gate = self.gates.get(node)
+        if gate is None:
+            return {"ok": False, "error": f"no node named {node!r}"}
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 < seconds <= 3600:
+            return {"ok": False, "error": f"seconds must be a number in (0, 3600], got {seconds!r}"}
+        cut = gate.partition(float(seconds))
+        return {"ok": True, "connections_cut": cut, "seconds": float(seconds)}
 
     async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -533,6 +552,10 @@ class Supervisor:
             if isinstance(result, BaseException):
                 raise StartupFailed(f"could not start etcd or the fork server: {result}")
         background.append(asyncio.create_task(self._watch_etcd(), name="etcd-watch"))
+        try:
+            await asyncio.gather(*(gate.start() for gate in self.gates.values()))
+        except OSError as exc:
+            raise StartupFailed(f"could not open the nodes' etcd gates: {exc}") from None
         await asyncio.gather(*(self._start_service(s) for s in self.services.values()))
         if self._startup_failure:
             raise StartupFailed(self._startup_failure)
@@ -575,6 +598,7 @@ class Supervisor:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await asyncio.gather(*(gate.close() for gate in self.gates.values()))
         async with self._etcd_busy:
             await asyncio.to_thread(self.etcd.stop)
         self.state.processes["etcd"].running = False
