@@ -16,6 +16,7 @@ from kubernetes_asyncio.client import ApiClient
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from services.imexagent.process import PID_FILE
+from services.imexagent.settings import ImexSettings
 from tests.e2e import kube
 from tests.e2e.harness import E2EEnvironment, pid_alive
 from tests.e2e.scenario import (
@@ -27,6 +28,11 @@ from tests.e2e.scenario import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+# Formation's last hosts rewrite may still owe its daemon a SIGUSR1 (at most one per this
+# interval), which re-dials every link of that daemon: a brief NotReady that has nothing to do
+# with the plugins. The test starts once the domain has been Ready for longer than that.
+SETTLE_S = ImexSettings().reload_min_interval_s + 1.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,22 @@ async def node_sides(env: E2EEnvironment, store: Store, cd_uid: str, nodes: list
     return sides
 
 
+async def settled_ready(api: ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """The CD once it has stayed Ready, unchanged, for SETTLE_S (bounded by kube.WAIT_S)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + kube.WAIT_S
+    seen, since = "", loop.time()
+    while True:
+        cd = await kube.get_cd(api, namespace, name) or {}
+        now, state = loop.time(), ready_since(cd)
+        if state != seen:
+            seen, since = state, now
+        elif state.startswith("Ready True") and now - since >= SETTLE_S:
+            return cd
+        assert now < deadline, f"ComputeDomain {namespace}/{name} did not settle Ready: {state}"
+        await asyncio.sleep(0.2)
+
+
 def ready_since(cd: dict[str, Any]) -> str:
     """The CD's status and when its Ready condition last changed."""
     status = cd.get("status") or {}
@@ -73,7 +95,8 @@ async def test_deleting_every_kubelet_plugin_keeps_the_domain_ready_and_its_daem
     await apply_example_cd(api, namespace, "imex-compute-domain.yaml", cd_name, template)
     await kube.create_job(api, kube.indexed_job(job, namespace, template, pods=4, size_hint=4))
     formed = await wait_job_running(e2e_env, api, namespace, job, 4, template)
-    cd = await wait_cd_ready(e2e_env, api, namespace, cd_name, formed.nodes)
+    await wait_cd_ready(e2e_env, api, namespace, cd_name, formed.nodes)
+    cd = await settled_ready(api, namespace, cd_name)
     before = await node_sides(e2e_env, e2e_store, formed.cd_uid, formed.nodes)
     assert all(pid_alive(side.daemon_pid) for side in before.values())
     imex_agents = dict(e2e_env.imex_agents)
