@@ -44,8 +44,20 @@ def _endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def place(endpoint: str, num_nodes: int, domain_uid: str, mode: str, holder: str) -> Placement:
-    """Place and reserve `num_nodes` nodes for a domain, or raise PlacementRefused with the reason."""
+async def place(
+    endpoint: str,
+    num_nodes: int,
+    domain_uid: str,
+    mode: str,
+    holder: str,
+    node_selector: dict[str, str] | None = None,
+    excluded_nodes: list[str] | None = None,
+) -> Placement:
+    """Place and reserve `num_nodes` nodes for a domain, or raise PlacementRefused with the reason.
+
+    `node_selector` (keys: name, clique, cluster, rack, ...) and `excluded_nodes` narrow the choice,
+    e.g. to grow a job inside its own clique.
+    """
     host, port = _endpoint(endpoint)
     channel = grpclib.client.Channel(host, port)
     try:
@@ -58,6 +70,8 @@ async def place(endpoint: str, num_nodes: int, domain_uid: str, mode: str, holde
             reserve=True,
             reservation_ttl_seconds=RESERVATION_TTL_S,
             holder=holder,
+            node_selector=dict(node_selector or {}),
+            excluded_nodes=list(excluded_nodes or []),
         )
         try:
             response = await stub.place(request, timeout=CALL_TIMEOUT_S)

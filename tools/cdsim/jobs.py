@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TextIO
 
@@ -127,11 +127,14 @@ def build_claim(record: ClaimRecord, parameters_json: str, now_ms: int) -> pb.Cl
     )
 
 
-def plan_claims(name: str, namespace: str, nodes: list[str]) -> tuple[ClaimRecord, ...]:
-    """One claim per node, named like the claims of a job's pods (`<job>-worker-<i>-channel`)."""
+def plan_claims(name: str, namespace: str, nodes: list[str], first: int = 0) -> tuple[ClaimRecord, ...]:
+    """One claim per node, named like the claims of a job's pods (`<job>-worker-<i>-channel`).
+
+    `first` numbers the workers of a job that grows after the ones it has.
+    """
     return tuple(
         ClaimRecord(uid=str(uuid.uuid4()), name=f"{name}-worker-{i}-channel", namespace=namespace, node=node)
-        for i, node in enumerate(nodes)
+        for i, node in enumerate(nodes, start=first)
     )
 
 
@@ -167,14 +170,24 @@ def _rack_of(cluster: ClusterDescription, nodes: list[str]) -> str:
 
 
 async def _create_records(store: Store, job: Job) -> None:
-    now = _now_ms()
     keys: Keys = store.keys
-    if not await store.create(keys.domain(job.domain_uid), build_domain(job, now)):
+    if not await store.create(keys.domain(job.domain_uid), build_domain(job, _now_ms())):
         raise CommandError(f"domain {job.domain_uid} exists already")
+    await create_claims(store, job, job.claims)
+
+
+async def create_claims(store: Store, job: Job, claims: Sequence[ClaimRecord]) -> None:
+    """The job's claims as the scheduler would have allocated them, in as few transactions as can be."""
+    now = _now_ms()
     parameters = channel_config_json(job.domain_uid, job.allocation_mode == "All")
-    puts = [Put(keys.claim(c.uid), build_claim(c, parameters, now)) for c in job.claims]
+    puts = [Put(store.keys.claim(c.uid), build_claim(c, parameters, now)) for c in claims]
     for start in range(0, len(puts), _MAX_TXN_OPS):
         await store.txn([], puts[start : start + _MAX_TXN_OPS])
+
+
+async def delete_claims(store: Store, claims: Sequence[ClaimRecord]) -> None:
+    for start in range(0, len(claims), _MAX_TXN_OPS):
+        await store.txn([], [Delete(store.keys.claim(c.uid)) for c in claims[start : start + _MAX_TXN_OPS]])
 
 
 async def _watch_daemons_ready(store: Store, domain_uid: str, seen: dict[str, int]) -> None:
@@ -413,8 +426,7 @@ async def delete(layout: StateLayout, options: DeleteOptions, out: TextIO) -> No
         raise CommandError(f"{len(failed)} claims could not be unprepared (retry the delete):\n{details}")
     async with open_store(state) as store:
         keys = store.keys
-        for start in range(0, len(job.claims), _MAX_TXN_OPS):
-            await store.txn([], [Delete(keys.claim(c.uid)) for c in job.claims[start : start + _MAX_TXN_OPS]])
+        await delete_claims(store, job.claims)
 
         def mark_deleting(domain: pb.ComputeDomain | None) -> pb.ComputeDomain | None:
             if domain is None or domain.deleting:

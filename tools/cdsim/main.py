@@ -5,7 +5,7 @@
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
     cdsim job delete NAME [-n NS] [--wait]
     cdsim status [--json]
-    cdsim job scale NAME --nodes N [-n NS]
+    cdsim job scale NAME --nodes N [-n NS] [--timeout S]
     cdsim job check NAME [-n NS]
     cdsim fault kill-agent NODE [--down-for S] | kill-imex-agent NODE [--down-for S]
                 | kill-node NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA
@@ -32,7 +32,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
 from libs.runtime.logging import configure_logging
 from libs.state.store import TRANSIENT_ERRORS
-from tools.cdsim import faults, jobs, lifecycle
+from tools.cdsim import faults, jobs, lifecycle, scaling
 from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
 from tools.cdsim.layout import StateLayout, cluster_node_paths
@@ -115,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check_job.add_argument("name")
     check_job.add_argument("-n", "--namespace", default="default")
+    scale = job_sub.add_parser(
+        "scale",
+        parents=[common],
+        help="grow a running job to N nodes in its clique (or shrink it: the last nodes added leave)",
+    )
+    scale.add_argument("name")
+    scale.add_argument("--nodes", type=int, required=True, help="the job's new number of nodes")
+    scale.add_argument("-n", "--namespace", default="default")
+    scale.add_argument("--timeout", type=float, default=120.0, help="seconds kubelet keeps retrying")
     delete = job_sub.add_parser("delete", parents=[common], help="unprepare and delete a job")
     delete.add_argument("name")
     delete.add_argument("-n", "--namespace", default="default")
@@ -246,6 +255,11 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
     elif args.command == "job" and args.job_command == "check":
         check_options = jobs.CheckOptions(name=args.name, namespace=args.namespace)
         _run(lambda: jobs.check_job(layout, check_options, out))
+    elif args.command == "job" and args.job_command == "scale":
+        scale_options = scaling.ScaleOptions(
+            name=args.name, num_nodes=args.nodes, namespace=args.namespace, prepare_deadline_s=args.timeout
+        )
+        _run(lambda: scaling.scale(layout, scale_options, out))
     elif args.command == "job" and args.job_command == "delete":
         delete_options = jobs.DeleteOptions(
             name=args.name, namespace=args.namespace, wait=args.wait, timeout_s=args.timeout

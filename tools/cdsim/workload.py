@@ -74,14 +74,27 @@ async def _members(store: Store, domain_uid: str) -> list[pb.Member]:
     return [r.value for r in records]
 
 
-async def import_all(store: Store, domain_uid: str, job: str, timeout_s: float) -> list[Importer]:
-    """Make every member import from every other member of its clique; returns who imported what.
+def missing_pairs(wanted: Sequence[Importer], done: Sequence[Importer]) -> list[tuple[Importer, int]]:
+    """(importer, source) pairs of `wanted` that `done` has not imported yet (pure).
 
-    An import needs the importer's link to the exporter to be up: retried (with backoff) until
-    the deadline, then TimeoutError naming what is still missing.
+    An import already made is never made again: the daemon would renew it with the exporter's
+    current instance, and so hide that the job lost the memory it mapped before.
+    """
+    made = {(i.node, s) for i in done for s in i.sources}
+    return [(i, s) for i in wanted for s in i.sources if (i.node, s) not in made]
+
+
+async def import_all(
+    store: Store, domain_uid: str, job: str, timeout_s: float, done: Sequence[Importer] = ()
+) -> list[Importer]:
+    """Make every member import from every other member of its clique; returns who imports what.
+
+    Pairs in `done` (imports made earlier, e.g. before the job grew) are left alone. An import
+    needs the importer's link to the exporter to be up: retried (with backoff) until the
+    deadline, then TimeoutError naming what is still missing.
     """
     importers = expected_imports(await _members(store, domain_uid))
-    pending = {(i.node, s): i for i in importers for s in i.sources}
+    pending = {(i.node, s): i for i, s in missing_pairs(importers, done)}
     backoff = Backoff(initial=0.05, cap=1.0)
     last_error: dict[tuple[str, int], str] = {}
     try:
