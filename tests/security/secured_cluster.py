@@ -1,6 +1,7 @@
 """A small simulated cluster whose services reach etcd only over TLS, with a client certificate and
 a password: etcd (client-cert auth, then etcd authentication with a least-privilege user), two
-controller replicas, the placement advisor and node agents, each a real process with its own log.
+controller replicas, the placement advisor and per node an IMEX agent and a kubelet plugin, each a
+real process with its own log and each component with its own client certificate.
 
 The services are started from `tools.cdsim.services` specs (the same flags cdsim uses) plus the
 etcd TLS and auth settings, under umask 0 so that nothing they create is protected by accident.
@@ -30,6 +31,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, ServiceSpec, all_specs
@@ -40,6 +42,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "/cd/v1/"
 SERVICE_USER = "computedomains"
 HEALTH_TIMEOUT_S = 90.0
+# Each component's client certificate (its identity towards etcd; CN = the name), by spec kind.
+CLIENT_OF_KIND = {
+    "agent": "cd-node-agent",
+    "imex-agent": "cd-imex-agent",
+    "controller": "cd-controller",
+    "advisor": "cd-placement-advisor",
+}
 
 
 def _prefix_end(prefix: str) -> bytes:
@@ -110,6 +119,9 @@ class SecuredCluster:
         env["PYTHONPATH"] = str(REPO_ROOT)
         env[f"{env_prefix}ETCD_USERNAME"] = SERVICE_USER
         argv = [sys.executable, "-m", module, *spec.argv, *self._tls_flags(client)]
+        if spec.kind == "imex-agent":
+            # The test's end leaves no daemon behind (on a node they outlive the agent).
+            argv += ["--stop-daemons-on-exit", "true"]
         secret = self.password if password is None else password
         if password_as_flag:
             argv += ["--etcd-password", secret]
@@ -179,9 +191,9 @@ class SecuredCluster:
         return process.returncode
 
     def stop_all(self) -> None:
-        # Agents first (they stop their IMEX daemons), then the control plane.
-        agents = [n for n, s in self.specs.items() if s.kind == "agent"]
-        for name in agents + [n for n in self.processes if n not in agents]:
+        # Plugins, then IMEX agents (they stop their IMEX daemons), then the control plane.
+        order = {"agent": 0, "imex-agent": 1}
+        for name in sorted(self.processes, key=lambda n: order.get(self.specs[n].kind, 2)):
             self.stop(name)
 
 
@@ -214,7 +226,7 @@ def create(trays: int, address_block: int, etcd_bin: Path) -> SecuredCluster:
     pki = generate_pki(pki_dir, service_ip="10.0.0.1")
     serving = issue_from_ca(pki.ca, pki_dir, "etcd", "etcd", ip_addresses=("127.0.0.1",), server=True)
     clients = {"admin": pki.admin}
-    for name in ("cd-controller", "cd-node-agent", "cd-placement-advisor"):
+    for name in CLIENT_OF_KIND.values():
         clients[name] = issue_from_ca(pki.ca, pki_dir, name, name)
     etcd = EtcdServer(
         data_dir=root / "etcd",
@@ -253,5 +265,7 @@ def service_specs(cluster: SecuredCluster) -> list[ServiceSpec]:
 def destroy(cluster: SecuredCluster) -> None:
     with contextlib.suppress(Exception):
         cluster.stop_all()
+    # A daemon whose IMEX agent was killed before it could stop it would hold its port.
+    procscan.kill_all(procscan.imex_daemons_under(cluster.root))
     cluster.etcd.destroy()
     shutil.rmtree(cluster.root, ignore_errors=True)

@@ -90,6 +90,29 @@ def test_usage_file_lists_exactly_the_calls_of_the_code(
     )
 
 
+IMEX_AGENT_ACCOUNT = "compute-domains-system/cd-imex-agent"
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_the_imex_agent_calls_no_kubernetes_api_and_holds_no_grant_or_token(
+    rendered: dict[str, list[Obj]], tree: str
+) -> None:
+    # Its only identity is its etcd client certificate: a stolen pod gets nothing from the API.
+    assert calls_in_tree(REPO_ROOT / "services" / "imexagent") == []
+    assert granted_permissions(rendered[tree], IMEX_AGENT_ACCOUNT) == set()
+    namespace, _, name = IMEX_AGENT_ACCOUNT.partition("/")
+    [account] = [
+        o
+        for o in rendered[tree]
+        if o["kind"] == "ServiceAccount"
+        and (o["metadata"].get("namespace"), o["metadata"]["name"]) == (namespace, name)
+    ]
+    assert account.get("automountServiceAccountToken") is False
+    [daemonset] = [o for o in rendered[tree] if o["kind"] == "DaemonSet" and o["metadata"]["name"] == name]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == name and pod.get("automountServiceAccountToken") is False
+
+
 def test_the_components_do_call_the_api() -> None:
     # Guards the scanner itself: if it stopped seeing calls, every comparison above would be vacuous.
     calls = {component: calls_in_tree(root) for component, root in COMPONENT_CODE.items()}

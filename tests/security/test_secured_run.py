@@ -1,10 +1,11 @@
 """A full run with etcd TLS client certificates and password auth: sockets, secrets in logs.
 
 One secured cluster (tests/security/secured_cluster.py: etcd with client-cert auth and a
-least-privilege etcd user, two controllers, the advisor, three node agents, all at log level
-debug, started under umask 0) is shared by the tests of this module, which run in order: the
-node agents' sockets -> a job placed, prepared, Ready, unprepared and torn down -> an agent with
-a wrong password -> every service stopped, and no password, private key or token in any log line.
+least-privilege etcd user, two controllers, the advisor, three nodes each with its IMEX agent and
+kubelet plugin, all at log level debug, started under umask 0) is shared by the tests of this
+module, which run in order: the plugins' sockets -> a job placed, prepared, Ready, unprepared and
+torn down -> a plugin and an IMEX agent with a wrong password -> every service stopped, and no
+password, private key or token in any log line.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import re
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from aetcd import rpc
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_cluster_idle
 from libs.state.config import EtcdConfig
 from libs.state.store import Delete, Put, Store
 from tests.security.secured_cluster import (
+    CLIENT_OF_KIND,
     PREFIX,
     SERVICE_USER,
     SecuredCluster,
@@ -32,17 +35,17 @@ from tests.security.secured_cluster import (
     enable_etcd_auth,
     service_specs,
 )
-from tools.cdsim import advisor, invariants, jobs, kubelet
+from tools.cdsim import advisor, jobs, kubelet
 from tools.cdsim.jobbook import Job
-from tools.cdsim.services import ServiceSpec, agent_name
+from tools.cdsim.layout import cluster_node_paths
+from tools.cdsim.services import ServiceSpec, agent_name, imex_agent_name
 
 pytestmark = pytest.mark.slow
 
-TRAYS = 4  # three agents run; the fourth node is for the agent with a wrong password
+TRAYS = 4  # three nodes run; the fourth is for the programs with a wrong password
 WRONG_PASSWORD_NODE = f"rack0-tray{TRAYS - 1}"
 # Own loopback block: other tests' simulated IMEX daemons use theirs.
 ADDRESS_BLOCK = 64
-CLIENT_OF_KIND = {"agent": "cd-node-agent", "controller": "cd-controller", "advisor": "cd-placement-advisor"}
 # etcd's default ("simple") auth token: 16 letters, a dot, an index.
 ETCD_TOKEN = re.compile(r"\b[A-Za-z]{16}\.\d+\b")
 BEARER = re.compile(r"bearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
@@ -142,26 +145,30 @@ async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: Secure
 
         await store.update(store.keys.domain(uid), pb.ComputeDomain, mark_deleting)
         await jobs.wait_domain(store, uid, lambda d: d is None, 60.0)
-        paths = invariants.cluster_node_paths(secured.layout, nodes)
+        paths = cluster_node_paths(secured.layout, nodes)
         deadline = time.monotonic() + 20.0
-        while leftovers := await invariants.check_cluster_idle(store, paths):
+        while leftovers := await check_cluster_idle(store, paths):
             assert time.monotonic() < deadline, leftovers
             await asyncio.sleep(0.2)
 
 
-def test_an_agent_with_a_wrong_password_is_refused(secured: SecuredCluster) -> None:
-    spec = next(s for s in service_specs(secured) if s.name == agent_name(WRONG_PASSWORD_NODE))
+@pytest.mark.parametrize("program", [agent_name, imex_agent_name], ids=["plugin", "imex-agent"])
+def test_an_agent_with_a_wrong_password_is_refused(
+    secured: SecuredCluster, program: Callable[[str], str]
+) -> None:
+    spec = next(s for s in service_specs(secured) if s.name == program(WRONG_PASSWORD_NODE))
+    name = f"{spec.kind}-wrong-password"
     wrong = "wrong-" + secured.password[::-1]
-    process = secured.start(_renamed(spec, "agent-wrong-password"), "cd-node-agent", password=wrong)
+    process = secured.start(_renamed(spec, name), CLIENT_OF_KIND[spec.kind], password=wrong)
     deadline = time.monotonic() + 20.0
     log = ""
     while time.monotonic() < deadline and process.poll() is None:
-        log = secured.log_file("agent-wrong-password").read_text(errors="replace")
+        log = secured.log_file(name).read_text(errors="replace")
         if "authentication failed" in log.lower():
             break
         time.sleep(0.2)
-    secured.stop("agent-wrong-password")
-    log = secured.log_file("agent-wrong-password").read_text(errors="replace")
+    secured.stop(name)
+    log = secured.log_file(name).read_text(errors="replace")
     assert "authentication failed" in log.lower(), log[-2000:]
     assert wrong not in log
 
@@ -188,6 +195,7 @@ def test_no_password_key_or_token_in_any_log_line(secured: SecuredCluster) -> No
     logs = secured.service_logs()
     assert {"controller-0", "controller-1", "advisor"} <= set(logs)
     assert sum(1 for name in logs if name.startswith("agent-rack")) == len(_running_agents(secured))
+    assert sum(1 for name in logs if name.startswith("imex-rack")) == len(_running_agents(secured))
     # The services did run at debug level and talk about etcd: the logs are not trivially empty.
     assert all(len(text.splitlines()) >= 5 for text in logs.values()), {k: len(v) for k, v in logs.items()}
     key_bodies = {
