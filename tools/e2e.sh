@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end tests against a real Kubernetes control plane (what `make e2e` runs):
-# tests/e2e (the ComputeDomain scenario on 36 simulated nodes, isolation, controller
-# restart, CRD validation, kubelet shim) and tests/k8s (the control plane itself).
+# tests/e2e (the ComputeDomain scenario on 36 simulated nodes, each running an IMEX agent and a
+# kubelet plugin; isolation, controller restart, every kubelet plugin replaced under a Ready
+# domain, CRD validation, kubelet shim) and tests/k8s (the control plane itself).
 #
 # Usage: tools/e2e.sh [pytest arguments]      e.g. tools/e2e.sh -x -k isolation
 # Env:   PYTHON        interpreter with the project installed (default .venv/bin/python)

@@ -1,5 +1,6 @@
-"""Fixtures of the end-to-end tests: one environment (control plane, etcd, shim, 36 node agents,
-advisor with the scheduler extender, controller) for the whole session, started on first use.
+"""Fixtures of the end-to-end tests: one environment (control plane, etcd, shim, 36 nodes each with
+an IMEX agent and a kubelet plugin, advisor with the scheduler extender, controller) for the whole
+session, started on first use.
 
 The Kubernetes binaries are built (or found in the cache) right after collection, outside any
 per-test timeout; a failed build fails the tests that need it, it never skips them. Set
