@@ -18,7 +18,7 @@ from tools.chaos import checks
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.snapshot import StoreSnapshot
-from tools.chaos.soak import failover_time
+from tools.chaos.tracking import failover_time
 
 CLIQUE = "c0ffee00-0000-5000-8000-000000000000.7"
 
@@ -145,10 +145,12 @@ def test_error_lines_of_the_service_logs_are_counted(tmp_path: Path) -> None:
     ]
     (layout.logs_dir / "agent-rack0-tray1.log").write_text("\n".join(lines[:2] + lines[3:]) + "\n")
     (layout.logs_dir / "etcd.log").write_text(lines[2] + "\n")
+    (layout.logs_dir / "imex-rack0-tray1.log").write_text(lines[0] + "\n")
     assert checks.error_log_lines(layout) == {
         "agent: error skipping undecodable value": 1,
         "agent: uncaught traceback": 1,
         "etcd: error etcd said no": 1,
+        "imex-agent: error skipping undecodable value": 1,
     }
 
 
@@ -172,9 +174,7 @@ async def test_a_daemon_of_a_domain_its_node_left_is_found(
 ) -> None:
     layout, pid = fake_daemon
     found = await checks.stray_daemons(store, layout, ["n0", "n1"])
-    assert found == [
-        f"inv5: IMEX daemon pid {pid} on n1 serves domain d1, of which n1 is not an active member"
-    ]
+    assert found == [f"inv5: IMEX daemon pid {pid} on n1 serves domain d1, of which n1 is not a member"]
     await store.put(store.keys.member("d1", "n1"), _member("d1", "n1", 0))
     assert await checks.stray_daemons(store, layout, ["n0", "n1"]) == []
 

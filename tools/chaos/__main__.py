@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from libs.runtime.logging import configure_logging
-from tools.chaos.soak import Soak, SoakOptions
+from tools.chaos.soak import Soak
+from tools.chaos.tracking import SoakOptions
 
 
 def _pair(text: str, cast: type[int] | type[float]) -> tuple[float, float]:

@@ -48,13 +48,12 @@ def _daemon_domain(argv: tuple[str, ...], imex_dir: Path) -> str | None:
 
 
 async def stray_daemons(store: Store, layout: StateLayout, nodes: Iterable[str]) -> list[str]:
-    """IMEX daemons that serve a domain their node is not an active member of (a leftover that
-    holds the node's IMEX port, so the node's next domain cannot form)."""
+    """IMEX daemons that serve a domain their node is not a member of (a leftover that holds the
+    node's IMEX port, so the node's next domain cannot form). A LOST member keeps its daemon."""
     snapshot = await StoreSnapshot.take(store)
     members, _ = await snapshot.list(store.keys.all_members(), pb.Member)
-    active = {
-        (m.value.domain_uid, m.value.node_name) for m in members if m.value.state == pb.MemberState.ACTIVE
-    }
+    kept = (pb.MemberState.ACTIVE, pb.MemberState.LOST)
+    active = {(m.value.domain_uid, m.value.node_name) for m in members if m.value.state in kept}
     found = []
     running = [p for p in procscan.list_processes() if procscan.IMEX_DAEMON_MARKER in p.command]
     for node in nodes:
@@ -64,7 +63,7 @@ async def stray_daemons(store: Store, layout: StateLayout, nodes: Iterable[str])
             if uid is not None and (uid, node) not in active:
                 found.append(
                     f"inv5: IMEX daemon pid {process.pid} on {node} serves domain {uid}, "
-                    f"of which {node} is not an active member"
+                    f"of which {node} is not a member"
                 )
     return found
 
@@ -130,7 +129,10 @@ def _event_of(line: str) -> tuple[str, str] | None:
 
 
 def _kind_of(log_name: str) -> str:
-    """agent-rack0-tray3 -> agent; controller-1 -> controller."""
+    """agent-rack0-tray3 -> agent (the kubelet plugin); imex-rack0-tray3 -> imex-agent;
+    controller-1 -> controller."""
+    if log_name.startswith("imex-"):
+        return "imex-agent"
     for kind in ("agent", "controller", "advisor"):
         if log_name.startswith(kind):
             return kind

@@ -21,7 +21,7 @@ from libs.imex.simulator import client as simclient
 from libs.state.store import TRANSIENT_ERRORS, Store
 from tools.cdsim import control, procscan
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.services import agent_name
+from tools.cdsim.services import agent_name, imex_agent_name
 
 CONTROLLER_ELECTION = "cd-controller"
 CONTROL_TIMEOUT_S = 60.0
@@ -80,7 +80,7 @@ def _gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-async def _wait_gone(pid: int, timeout_s: float) -> bool:
+async def wait_gone(pid: int, timeout_s: float) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if _gone(pid):
@@ -98,40 +98,50 @@ def _write_in_place(path: Path, data: bytes) -> bool:
     return existed
 
 
-# ---- node agent -----------------------------------------------------------------------------
+# ---- node programs --------------------------------------------------------------------------
 
 
 async def kill_agent(handle: ClusterHandle, node: str) -> str:
+    """SIGKILL the kubelet plugin alone: running jobs must not notice."""
     pid = await kill_process(handle, agent_name(node))
-    return f"{node}: agent pid {pid} SIGKILLed"
+    return f"{node}: kubelet plugin pid {pid} SIGKILLed"
 
 
-async def node_loss_by_stop(handle: ClusterHandle, node: str, outage_s: float) -> str:
-    """SIGSTOP the agent past its lease TTL, then SIGCONT: the node is lost, then comes back."""
-    pid = await process_pid(handle, agent_name(node))
+async def kill_imex_agent(handle: ClusterHandle, node: str, restart_in_s: float) -> str:
+    """SIGKILL the IMEX agent; its daemons keep running and are adopted when it is back."""
+    pid = await kill_process(handle, imex_agent_name(node), restart_in_s=restart_in_s)
+    return f"{node}: IMEX agent pid {pid} SIGKILLed, back in {restart_in_s:.1f}s"
+
+
+async def freeze_imex_agent(handle: ClusterHandle, node: str, outage_s: float, pid: int) -> str:
+    """SIGSTOP the IMEX agent (`pid`) for `outage_s`, then SIGCONT: it wakes up without its lease."""
     os.kill(pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(outage_s)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-    return f"{node}: agent pid {pid} stopped for {outage_s:.1f}s, then continued"
+    return f"{node}: IMEX agent pid {pid} stopped for {outage_s:.1f}s, then continued"
 
 
-async def node_loss_by_kill(handle: ClusterHandle, node: str, outage_s: float) -> str:
-    """SIGKILL the agent and keep it down past its lease TTL."""
-    pid = await kill_process(handle, agent_name(node), restart_in_s=outage_s)
-    return f"{node}: agent pid {pid} SIGKILLed, down for {outage_s:.1f}s"
+async def kill_node(handle: ClusterHandle, node: str, restart_in_s: float) -> tuple[str, dict[str, int]]:
+    """The whole node dies (IMEX agent, daemons, kubelet plugin) and boots again after
+    `restart_in_s`; returns what was killed (supervised process or `imex-daemon-<pid>` -> pid)."""
+    answer = await _control(handle, "kill-node", node=node, restart_in_s=round(restart_in_s, 2))
+    raw = answer.get("killed")
+    killed = {str(k): int(str(v)) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    names = ", ".join(f"{name} {pid}" for name, pid in sorted(killed.items())) or "nothing ran"
+    return f"{node}: killed ({names}), back in {restart_in_s:.1f}s", killed
 
 
 async def corrupt_checkpoint(handle: ClusterHandle, node: str, garbage: bytes) -> str:
-    """Kill the agent, write garbage over its checkpoint (torn, in place), let it start again."""
+    """Kill the kubelet plugin, write garbage over its checkpoint (torn, in place), let it start again."""
     pid = await kill_process(handle, agent_name(node), restart_in_s=CHECKPOINT_AGENT_DOWN_S)
-    if not await _wait_gone(pid, EXIT_WAIT_S):
+    if not await wait_gone(pid, EXIT_WAIT_S):
         raise RuntimeError(f"agent pid {pid} of {node} did not die within {EXIT_WAIT_S}s of SIGKILL")
     existed = _write_in_place(handle.layout.node(node).checkpoint_file, garbage)
     what = "over its checkpoint" if existed else "as its checkpoint (there was none)"
-    return f"{node}: agent pid {pid} SIGKILLed, {len(garbage)} garbage bytes written {what}"
+    return f"{node}: kubelet plugin pid {pid} SIGKILLed, {len(garbage)} garbage bytes written {what}"
 
 
 # ---- IMEX daemons ---------------------------------------------------------------------------
@@ -156,7 +166,7 @@ def _config_of(entry: procscan.ProcessEntry) -> str:
     raise NotApplicable(f"daemon pid {entry.pid} has no -c <config> on its command line")
 
 
-async def imex_fault(handle: ClusterHandle, node: str, fault: str) -> str:
+async def imex_fault(handle: ClusterHandle, node: str, fault: str) -> tuple[str, int]:
     """Tell the node's simulated daemon to crash or hang (through its command service)."""
     daemons = nodes_with_daemons(handle).get(node)
     if not daemons:
@@ -171,7 +181,7 @@ async def imex_fault(handle: ClusterHandle, node: str, fault: str) -> str:
     except (simclient.DaemonUnavailable, simclient.CommandRejected) as exc:
         raise NotApplicable(f"daemon pid {entry.pid} on {node} did not take the fault: {exc}") from None
     domain = Path(_config_of(entry)).parent.name
-    return f"{node}: daemon pid {entry.pid} of domain {domain} told to {fault}"
+    return f"{node}: daemon pid {entry.pid} of domain {domain} told to {fault}", entry.pid
 
 
 def imex_kill(handle: ClusterHandle, node: str) -> str:

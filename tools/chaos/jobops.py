@@ -1,4 +1,6 @@
-"""Jobs of the soak: submitted, deleted and (after a fault storm) prepared again through cdsim.
+"""Jobs of the soak: submitted, deleted and (after a fault storm) prepared again through cdsim;
+once a job's domain is Ready its workload imports memory between its members (as `cdsim job
+submit` does), which invariant 6 then checks.
 
 Every operation ends in an outcome the soak counts; none raises for what chaos can cause (a
 placement refused for lack of room, a prepare that missed its deadline while agents were being
@@ -9,6 +11,7 @@ at quiescence, as kubelet keeps retrying a pod's claims, and only what still fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import time
 import uuid
@@ -17,9 +20,10 @@ from dataclasses import dataclass, replace
 import aetcd.exceptions
 import grpclib.exceptions
 
+from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import TRANSIENT_ERRORS, Put, Store
-from tools.cdsim import advisor, jobs, kubelet
-from tools.cdsim.jobbook import Job, JobBook
+from tools.cdsim import advisor, jobs, kubelet, workload
+from tools.cdsim.jobbook import Job, JobBook, JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 
@@ -47,6 +51,10 @@ INTERRUPTED = "interrupted"
 HUNG = "hung"
 DELETED = "ok"
 DELETE_INCOMPLETE = "incomplete"
+IMPORTED = "ok"
+NOT_READY = "postponed (domain not Ready)"
+IMPORTS_LATE = "failed (imports not made)"
+READY_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -173,3 +181,40 @@ async def prepare_again(layout: StateLayout, job: Job, deadline_s: float) -> Out
     running = replace(job, state="running")
     JobBook(layout.jobs_file).update(lambda book: book.put(running))
     return Outcome(SUBMITTED, "all claims prepared", running)
+
+
+async def wait_ready(store: Store, domain_uid: str, timeout_s: float) -> bool:
+    """Whether the job's domain is Ready within `timeout_s` (store errors are waited out)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                with contextlib.suppress(*CALL_FAILURES):
+                    found = await store.get(store.keys.domain(domain_uid), pb.ComputeDomain)
+                    if found is not None and found.value.status.status == pb.Readiness.READY:
+                        return True
+                await asyncio.sleep(READY_POLL_S)
+    except TimeoutError:
+        return False
+
+
+async def make_imports(layout: StateLayout, store: Store, job: Job, timeout_s: float) -> Outcome:
+    """The job's workload imports memory from every other member (`workload.import_all`); the
+    job book keeps who imported what, as `cdsim job submit` leaves it for `cdsim job check`."""
+    try:
+        async with asyncio.timeout(timeout_s + WATCHDOG_MARGIN_S):
+            importers = await workload.import_all(store, job.domain_uid, job.name, timeout_s)
+    except TimeoutError as exc:
+        return Outcome(
+            IMPORTS_LATE, str(exc) or f"no answer within {timeout_s + WATCHDOG_MARGIN_S:.0f}s", job
+        )
+    except CALL_FAILURES as exc:
+        return Outcome(IMPORTS_LATE, f"{type(exc).__name__}: {exc}", job)
+    imported = replace(job, importers=tuple(importers))
+
+    def keep(book: JobList) -> None:
+        if book.find(job.namespace, job.name) is not None:  # not deleted meanwhile
+            book.put(imported)
+
+    JobBook(layout.jobs_file).update(keep)
+    count = sum(len(i.sources) for i in importers)
+    return Outcome(IMPORTED, f"{count} imports between {len(importers)} members", imported)

@@ -19,25 +19,31 @@ T = TypeVar("T")
 
 JOB_SUBMIT = "submit"
 JOB_DELETE = "delete"
-KILL_AGENT = "kill-agent"
+KILL_AGENT = "kill-agent"  # the kubelet plugin only: running jobs must not notice
+KILL_IMEX_AGENT = "kill-imex-agent"  # its daemons keep running and are adopted
 IMEX_CRASH = "imex-crash"
 IMEX_HANG = "imex-hang"
 IMEX_KILL = "imex-kill"
 CONTROLLER_FAILOVER = "controller-failover"
 ETCD_RESTART = "etcd-restart"
-NODE_LOSS = "node-loss"
+KILL_NODE = "kill-node"  # plugin, IMEX agent and daemons die; back later with its old index
 CORRUPT_CHECKPOINT = "corrupt-checkpoint"
 UNDECODABLE_VALUE = "undecodable-value"
 
 JOB_ACTIONS = (JOB_SUBMIT, JOB_DELETE)
+# Faults that may legitimately break the imports of a job with a member on the node they hit: the
+# daemon that exported the memory is gone (a new instance replaces it). Every other fault must
+# leave a running job's imports valid (invariant 6).
+BREAKS_IMPORTS = frozenset({KILL_NODE, IMEX_CRASH, IMEX_HANG, IMEX_KILL})
 FAULTS = (
     KILL_AGENT,
+    KILL_IMEX_AGENT,
     IMEX_CRASH,
     IMEX_HANG,
     IMEX_KILL,
     CONTROLLER_FAILOVER,
     ETCD_RESTART,
-    NODE_LOSS,
+    KILL_NODE,
     CORRUPT_CHECKPOINT,
     UNDECODABLE_VALUE,
 )
@@ -46,12 +52,13 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     JOB_SUBMIT: 8.0,
     JOB_DELETE: 6.0,
     KILL_AGENT: 3.0,
+    KILL_IMEX_AGENT: 2.0,
     IMEX_CRASH: 2.0,
     IMEX_HANG: 1.0,
     IMEX_KILL: 1.0,
     CONTROLLER_FAILOVER: 1.0,
     ETCD_RESTART: 0.7,
-    NODE_LOSS: 1.0,
+    KILL_NODE: 1.0,
     CORRUPT_CHECKPOINT: 1.0,
     UNDECODABLE_VALUE: 1.0,
 }
@@ -74,9 +81,9 @@ class Step:
     job_size: int
     namespace: str
     all_channels: bool
-    # Fraction in [0, 1) that scales variable lengths (node outage beyond the lease TTL).
+    # Fraction in [0, 1) that scales variable lengths (outages around the node record's lease TTL).
     length: float
-    # A coin for faults with two forms (node loss: SIGSTOP or SIGKILL with a long restart).
+    # A coin for faults with two forms (IMEX agent: SIGKILL or SIGSTOP past its lease).
     coin: bool
 
 

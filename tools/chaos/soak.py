@@ -2,9 +2,11 @@
 
     up -> [step: pause, then one action (job submit/delete or a fault)]... with
           a checker of invariants 1-3 on store snapshots every CHECK_INTERVAL_S meanwhile,
+          a checker of invariant 6 (running jobs keep their workload's imports, killed nodes
+          come back with their index) every IMPORT_CHECK_INTERVAL_S,
           and every few dozen steps a quiescence: no new actions, in-flight ones finish,
           every process healthy again, then invariants 1-4, liveness (every job Ready, every
-          claim preparable) and invariant 5 for each domain deleted since the last one
+          claim preparable), invariant 6, and invariant 5 for each domain deleted since the last one
     -> at the end: one more quiescence, every job deleted, nothing left of any domain
        (`check_cluster_idle`), no service crashed -> down
 
@@ -16,17 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import io
-import os
 import shutil
-import signal
 import tempfile
 import time
 import traceback
-import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,73 +34,37 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
-from tools.cdsim import jobs, lifecycle
+from tools.cdsim import jobs, lifecycle, workload
 from tools.cdsim.jobbook import Job
 from tools.cdsim.layout import StateLayout, cluster_node_paths
-from tools.cdsim.services import AGENT_LEASE_TTL_S, agent_name
-from tools.chaos import checks, injectors, jobops
+from tools.chaos import checks, continuity, injectors, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
-from tools.chaos.injectors import ClusterHandle, NotApplicable
+from tools.chaos.faultsteps import FaultSteps
+from tools.chaos.injectors import ClusterHandle
+from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
 
 log = structlog.get_logger(__name__)
 
 CHECK_INTERVAL_S = 0.5
 MAX_SUBMITS_IN_FLIGHT = 3
-MAX_NODES_DOWN = 2
 DELETE_TIMEOUT_S = 60.0
 HEALTHY_TIMEOUT_S = 90.0
-# A standby must lead within one lease TTL (SPEC §9); the margin covers a busy 2-core machine.
-FAILOVER_BOUND_S = 12.0
-GARBAGE_MARKER = b"\xff\xfe chaos: not a protobuf envelope \x00"
-
-
-@dataclass(frozen=True)
-class SoakOptions:
-    duration_s: float
-    seed: int
-    racks: int = 2
-    trays: int = 18
-    address_block: int = 60
-    state_dir: Path | None = None
-    prepare_deadline_s: float = 45.0
-    settle_s: float = 60.0
-    quiesce_every: tuple[int, int] = (60, 110)
-    step_delay_s: tuple[float, float] = (0.4, 2.0)
-    keep_up: bool = False  # leave the cluster running after a failure, for a look
-    echo: bool = True  # print events as they happen
-
-
-@dataclass
-class Tracked:
-    spec: jobops.JobSpec
-    state: str  # submitting | running | failed | deleting | broken
-    job: Job | None = None
-
-
-@dataclass
-class DeletedDomain:
-    uid: str
-    claim_uids: tuple[str, ...]
-    what: str
+IMPORT_CHECK_INTERVAL_S = 10.0
+# How long a job's domain may take to be Ready after its claims were prepared, before its
+# workload's imports are left to the next quiescence; and how long the imports may take.
+READY_WAIT_S = 60.0
+IMPORT_TIMEOUT_S = 30.0
+# At quiescence, a daemon that keeps not answering a job's import check is a violation.
+IMPORT_CHECK_ATTEMPTS = 4
 
 
 class SoakFailed(Exception):
     pass
 
 
-def failover_time(killed_at: float, led_at: float, etcd_back_at: Sequence[float]) -> tuple[float, int]:
-    """Seconds the takeover took against its bound, and how many etcd restarts ended meanwhile.
-
-    The bound runs from the kill, or from the end of the last etcd restart before the new leader
-    took over: etcd gives every lease its full TTL again when it comes back (etcd-io/etcd#9395),
-    so the dead leader's lease outlives that restart by one TTL."""
-    restarts = [t for t in etcd_back_at if killed_at < t < led_at]
-    return led_at - max([killed_at, *restarts]), len(restarts)
-
-
 @dataclass
-class Soak:
+class Soak(FaultSteps):
     options: SoakOptions
     out: TextIO
     layout: StateLayout = field(init=False)
@@ -131,6 +93,8 @@ class Soak:
         self.failover_s: list[float] = []
         self.failed = asyncio.Event()
         self.stopped_pids: set[int] = set()
+        self.ledger = continuity.FaultLedger()
+        self.index_expected: dict[tuple[str, str], continuity.IndexExpectation] = {}
 
     # ---- entry point -----------------------------------------------------------------------
 
@@ -173,15 +137,19 @@ class Soak:
         assert self.handle is not None
         self.baseline = checks.process_counts(await self._supervisor_state())
         self.events.add("phase", "cluster up", f"{len(self.baseline)} processes")
-        checker = asyncio.create_task(self._check_forever(), name="chaos-checker")
+        checkers = [
+            asyncio.create_task(self._check_forever(), name="chaos-checker"),
+            asyncio.create_task(self._guarded("inv6-checker", self._check_imports_forever()), name="inv6"),
+        ]
         try:
             await self._drive()
             self._raise_if_failed()
             await self._quiesce(final=True)
             await self._finish()
         finally:
-            checker.cancel()
-            await asyncio.gather(checker, return_exceptions=True)
+            for checker in checkers:
+                checker.cancel()
+            await asyncio.gather(*checkers, return_exceptions=True)
 
     # ---- the driver ------------------------------------------------------------------------
 
@@ -224,206 +192,12 @@ class Soak:
         self.failed.set()
 
     async def _act(self, step: p.Step) -> None:
-        action = step.action
-        if action == p.JOB_SUBMIT:
+        if step.action == p.JOB_SUBMIT:
             self._submit(step)
-        elif action == p.JOB_DELETE:
+        elif step.action == p.JOB_DELETE:
             self._delete_one(step)
-        elif action in (p.IMEX_CRASH, p.IMEX_HANG, p.IMEX_KILL):
-            await self._fault(action, self._imex_fault(action, step))
-        elif action == p.KILL_AGENT:
-            await self._fault(action, self._kill_agent(step))
-        elif action == p.CONTROLLER_FAILOVER:
-            await self._fault(action, self._controller_failover())
-        elif action == p.ETCD_RESTART:
-            if self.etcd_restarting:
-                self._skipped(action, "an etcd restart is under way")
-                return
-            self.etcd_restarting = True
-            self._spawn(action, self._fault(action, self._restart_etcd()))
-        elif action == p.NODE_LOSS:
-            self._node_loss(step)
-        elif action == p.CORRUPT_CHECKPOINT:
-            node = self._pick_node(step, prefer_busy_with_claims=step.coin)
-            if node is None:
-                self._skipped(action, "every node is under another fault")
-                return
-            self.busy_nodes.add(node)
-            self._spawn(action, self._fault(action, self._corrupt_checkpoint(node, step), node))
-        elif action == p.UNDECODABLE_VALUE:
-            await self._fault(action, self._undecodable(step))
-
-    async def _fault(self, action: str, run: Awaitable[str], node: str | None = None) -> None:
-        try:
-            detail = await run
-        except NotApplicable as exc:
-            self._skipped(action, str(exc))
-            return
-        except jobops.CALL_FAILURES as exc:  # etcd restarting under the fault's own store read
-            self._skipped(action, f"{type(exc).__name__}: {exc}")
-            return
-        finally:
-            if node is not None:
-                self.busy_nodes.discard(node)
-            if action == p.ETCD_RESTART:
-                self.etcd_restarting = False
-        self.events.add("fault", action, detail, count=f"fault {action}")
-
-    def _skipped(self, action: str, why: str) -> None:
-        self.events.counts[f"fault {action} skipped"] += 1
-        self.events.add("note", f"{action} skipped", why)
-        if not self.events.counts[f"fault {action}"]:
-            self.plan.not_done(action)
-
-    # ---- targets ---------------------------------------------------------------------------
-
-    def _nodes(self) -> list[str]:
-        assert self.cluster is not None
-        return sorted(self.cluster.node_names())
-
-    def _claimed_nodes(self, states: tuple[str, ...]) -> list[str]:
-        nodes = {c.node for t in self.jobs.values() if t.state in states and t.job for c in t.job.claims}
-        return sorted(nodes - self.busy_nodes)
-
-    def _pick_node(self, step: p.Step, prefer_busy_with_claims: bool) -> str | None:
-        if prefer_busy_with_claims:
-            node = p.pick(self._claimed_nodes(("running",)), step.picks[1])
-            if node is not None:
-                return node
-        return p.pick([n for n in self._nodes() if n not in self.busy_nodes], step.picks[0])
-
-    # ---- faults ----------------------------------------------------------------------------
-
-    async def _kill_agent(self, step: p.Step) -> str:
-        assert self.handle is not None
-        # Half the time, a node whose claims are being prepared right now (SIGKILL mid-prepare).
-        submitting = sorted(
-            {
-                c.node
-                for t in self.jobs.values()
-                if t.state == "submitting"
-                for c in (jobops.book_job(self.layout, *t.spec.key) or _NO_JOB).claims
-            }
-            - self.busy_nodes
-        )
-        node = p.pick(submitting, step.picks[1]) if step.coin else None
-        node = node or self._pick_node(step, prefer_busy_with_claims=False)
-        if node is None:
-            raise NotApplicable("every node is under another fault")
-        detail = await injectors.kill_agent(self.handle, node)
-        self.caused_restarts[agent_name(node)] += 1
-        return detail + (" (mid-prepare)" if node in submitting else "")
-
-    async def _imex_fault(self, action: str, step: p.Step) -> str:
-        assert self.handle is not None
-        candidates = sorted(set(injectors.nodes_with_daemons(self.handle)) - self.busy_nodes)
-        node = p.pick(candidates, step.picks[0])
-        if node is None:
-            raise NotApplicable("no IMEX daemon runs")
-        if action == p.IMEX_KILL:
-            return injectors.imex_kill(self.handle, node)
-        return await injectors.imex_fault(self.handle, node, "crash" if action == p.IMEX_CRASH else "hang")
-
-    async def _controller_failover(self) -> str:
-        assert self.handle is not None
-        detail, old = await injectors.controller_failover(self.handle)
-        self.caused_restarts[old.holder] += 1
-        self._spawn("failover-watch", self._watch_failover(old))
-        return detail
-
-    async def _watch_failover(self, old: pb.LeaderRecord) -> None:
-        assert self.handle is not None
-        killed_at = time.monotonic()
-        took = await injectors.wait_new_leader(self.handle, old, timeout_s=60.0)
-        if took is None:
-            self._fail(f"failover: no controller took the lead within 60s of killing {old.holder}")
-            return
-        self.failover_s.append(took)
-        took_since, restarts = failover_time(killed_at, killed_at + took, self.etcd_back_at)
-        meanwhile = (
-            f" (etcd restarted {restarts}x meanwhile, renewing the lease; "
-            f"{took_since:.2f}s after it was last back)"
-            if restarts
-            else ""
-        )
-        self.events.add(
-            "note", "new controller leader", f"{took:.2f}s after {old.holder} was killed{meanwhile}"
-        )
-        if took_since > FAILOVER_BOUND_S:
-            self._fail(
-                f"failover: the standby took {took_since:.1f}s to lead{meanwhile} (bound {FAILOVER_BOUND_S}s)"
-            )
-
-    async def _restart_etcd(self) -> str:
-        assert self.handle is not None
-        detail = await injectors.restart_etcd(self.handle)
-        self.etcd_back_at.append(time.monotonic())
-        self.caused_restarts["etcd"] += 1
-        return detail
-
-    def _node_loss(self, step: p.Step) -> None:
-        action = p.NODE_LOSS
-        node = self._pick_node(step, prefer_busy_with_claims=True)
-        if node is None or self.nodes_down >= MAX_NODES_DOWN:
-            self._skipped(action, f"{self.nodes_down} nodes down already, or no node free")
-            return
-        outage = AGENT_LEASE_TTL_S + 1.5 + 5.0 * step.length
-        self.busy_nodes.add(node)
-        self.nodes_down += 1
-        self._spawn(action, self._node_loss_run(node, outage, stop=step.coin))
-
-    async def _node_loss_run(self, node: str, outage_s: float, stop: bool) -> None:
-        assert self.handle is not None
-        handle = self.handle
-        kind = f"{p.NODE_LOSS} ({'SIGSTOP' if stop else 'SIGKILL'})"
-        try:
-            if stop:
-
-                async def stopped() -> str:
-                    pid = await injectors.process_pid(handle, agent_name(node))
-                    self.stopped_pids.add(pid)
-                    try:
-                        return await injectors.node_loss_by_stop(handle, node, outage_s)
-                    finally:
-                        self.stopped_pids.discard(pid)
-
-                self.events.add("fault", kind, f"{node}: stopping its agent for {outage_s:.1f}s")
-                await self._fault(p.NODE_LOSS, stopped(), node)
-            else:
-                self.caused_restarts[agent_name(node)] += 1
-                await self._fault(p.NODE_LOSS, injectors.node_loss_by_kill(handle, node, outage_s))
-                await asyncio.sleep(outage_s)
-        finally:
-            self.busy_nodes.discard(node)
-            self.nodes_down -= 1
-
-    async def _corrupt_checkpoint(self, node: str, step: p.Step) -> str:
-        assert self.handle is not None
-        garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}/{step.number}".encode()).digest()
-        detail = await injectors.corrupt_checkpoint(self.handle, node, garbage)
-        self.caused_restarts[agent_name(node)] += 1
-        await asyncio.sleep(injectors.CHECKPOINT_AGENT_DOWN_S)  # node stays busy while it restarts
-        return detail
-
-    async def _undecodable(self, step: p.Step) -> str:
-        assert self.handle is not None
-        keys = self.handle.store.keys
-        name = f"chaos-garbage-{step.number}"
-        if step.coin:
-            key = keys.domains() + name
         else:
-            live = sorted(t.job.domain_uid for t in self.jobs.values() if t.job is not None)
-            uid = p.pick(live, step.picks[2]) or str(uuid.UUID(int=step.number))
-            key = keys.members(uid) + name
-        garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}:{step.number}".encode()).digest()
-        detail = await injectors.plant_undecodable(self.handle, key, garbage)
-        self.garbage_keys.append(key)
-        return detail
-
-    async def _release_stopped(self) -> None:
-        for pid in list(self.stopped_pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+            await self._inject(step)
 
     # ---- jobs ------------------------------------------------------------------------------
 
@@ -432,7 +206,7 @@ class Soak:
         if sum(1 for t in self.jobs.values() if t.state == "submitting") >= MAX_SUBMITS_IN_FLIGHT:
             self.events.counts["job submit skipped (submits in flight)"] += 1
             return
-        self.jobs[spec.key] = Tracked(spec, "submitting")
+        self.jobs[spec.key] = Tracked(spec, "submitting", armed_s=self.events.elapsed())
         self.events.add("job", "submit", spec.describe(), count="job submit")
         self._spawn(f"submit {spec.name}", self._submit_run(spec))
 
@@ -448,6 +222,7 @@ class Soak:
             tracked.state = "broken"
         elif outcome.result == jobops.SUBMITTED:
             tracked.state = "running"
+            await self._import(tracked, quiescent=False)
         elif outcome.result in (jobops.REFUSED, jobops.ADVISOR_DOWN):
             del self.jobs[spec.key]
         elif outcome.job is None:
@@ -456,6 +231,35 @@ class Soak:
             tracked.state = "failed"
         else:
             tracked.state = "broken"  # half-created: it is deleted, not resumed
+
+    async def _import(self, tracked: Tracked, quiescent: bool) -> None:
+        """Once the job's domain is Ready, its workload imports memory between all members.
+
+        During the faults a domain that is not Ready soon enough, or imports that cannot be made
+        (a member's node or daemon hit meanwhile), are left to the next quiescence; at a
+        quiescence (every job Ready, no fault) they must succeed."""
+        assert self.handle is not None and tracked.job is not None
+        store = self.handle.store
+        if tracked.job.num_nodes < 2:
+            return  # one member imports from nobody: nothing for invariant 6 to watch
+        if not quiescent and not await jobops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S):
+            self.events.add("job", f"imports {jobops.NOT_READY}", tracked.spec.describe())
+            self.events.counts[f"job imports {jobops.NOT_READY}"] += 1
+            return
+        armed_s = self.events.elapsed() if quiescent else tracked.armed_s
+        timeout_s = self.options.settle_s if quiescent else IMPORT_TIMEOUT_S
+        outcome = await jobops.make_imports(self.layout, store, tracked.job, timeout_s)
+        self.events.add("job", f"imports {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
+        self.events.counts[f"job imports {outcome.result}"] += 1
+        if tracked.state != "running":
+            return  # deleted meanwhile
+        if outcome.result == jobops.IMPORTED and outcome.job is not None:
+            tracked.job, tracked.importers = outcome.job, outcome.job.importers
+            tracked.armed_s, tracked.exempt_noted = armed_s, False
+        elif quiescent:
+            self._fail(
+                f"live: {tracked.spec.describe()} is Ready but its workload cannot import: {outcome.detail}"
+            )
 
     def _delete_one(self, step: p.Step) -> None:
         candidates = sorted(
@@ -503,6 +307,90 @@ class Soak:
                 for text in violations:
                     self._fail(f"{text} (store revision {revision})")
             await asyncio.sleep(CHECK_INTERVAL_S)
+
+    # ---- invariant 6 -----------------------------------------------------------------------
+
+    def _exemption(self, tracked: Tracked) -> continuity.NodeFault | None:
+        """The fault that may have broken the job's imports since it was armed, noted once."""
+        nodes = set(tracked.job.nodes) if tracked.job is not None else set()
+        fault = self.ledger.exempting(nodes, tracked.armed_s)
+        if fault is not None and not tracked.exempt_noted:
+            tracked.exempt_noted = True
+            self.events.counts[f"check inv6 jobs exempted ({fault.kind})"] += 1
+            self.events.add("note", "inv6 exempt", f"{tracked.spec.describe()}: {fault.describe()}")
+        return fault
+
+    def _live_domains(self) -> set[str]:
+        out = set()
+        for tracked in self.jobs.values():
+            if tracked.state in ("deleting", "deleting-incomplete", "broken"):
+                continue
+            job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+            if job is not None:
+                out.add(job.domain_uid)
+        return out
+
+    async def _check_imports_forever(self) -> None:
+        while True:
+            await asyncio.sleep(IMPORT_CHECK_INTERVAL_S)
+            await self._check_indices(quiescent=False)
+            await self._check_imports(quiescent=False)
+
+    async def _check_indices(self, quiescent: bool) -> None:
+        """Killed member nodes come back with the index they held (any other index: at once)."""
+        if not self.index_expected:
+            return
+        assert self.handle is not None
+        store = self.handle.store
+        try:
+            records, _ = await store.list(store.keys.all_members(), pb.Member)
+        except jobops.CALL_FAILURES:
+            if quiescent:
+                raise
+            return
+        members = {(r.value.domain_uid, r.value.node_name): r.value for r in records}
+        live = self._live_domains()
+        violations, settled = continuity.index_findings(
+            list(self.index_expected.values()), members, live, quiescent
+        )
+        for expectation in settled:
+            self.index_expected.pop(expectation.key, None)
+            if expectation.domain_uid in live:
+                self.events.counts["check inv6 killed node back with its index"] += 1
+        for text in violations:
+            self._fail(text)
+
+    async def _check_imports(self, quiescent: bool) -> None:
+        """Every running job armed and not exempt has intact imports. A daemon that does not
+        answer is asked again at a quiescence (a violation if it never does); during the faults
+        it is left to the next round."""
+        armed = [
+            (t, t.armed_s, t.importers)
+            for t in sorted(self.jobs.values(), key=lambda t: t.spec.key)
+            if t.state == "running" and t.importers and self._exemption(t) is None
+        ]
+        suffix = " (quiescence)" if quiescent else ""
+        for attempt in range(IMPORT_CHECK_ATTEMPTS if quiescent else 1):
+            if attempt:
+                await asyncio.sleep(1.0)
+            reports = await asyncio.gather(*(workload.check(t.spec.name, imp) for t, _, imp in armed))
+            silent = []
+            for (tracked, armed_s, importers), report in zip(armed, reports, strict=True):
+                # Deleted, hit by a fault that may break it, or imported anew while it was asked.
+                if tracked.state != "running" or tracked.armed_s != armed_s or self._exemption(tracked):
+                    continue
+                verdict = continuity.verdict(report)
+                if verdict == continuity.INTACT:
+                    self.events.counts[f"check inv6 job imports intact{suffix}"] += 1
+                elif verdict == continuity.BROKEN or attempt == IMPORT_CHECK_ATTEMPTS - 1:
+                    self._fail(continuity.broken_imports(tracked.spec.describe(), report, armed_s))
+                else:
+                    silent.append((tracked, armed_s, importers))
+            if silent and not quiescent:
+                self.events.counts["check inv6 job imports inconclusive (daemon silent)"] += len(silent)
+            armed = silent
+            if not armed:
+                return
 
     async def _supervisor_state(self) -> dict[str, Any]:
         assert self.handle is not None
@@ -595,6 +483,15 @@ class Soak:
         self._raise_if_failed()
         await self._settle("jobs ready", self._jobs_not_ready)
         self._raise_if_failed()
+        # Invariant 6: what survived the faults first, then imports (again) for the jobs that had
+        # none yet or were hit by a fault that may break them; those count from now on.
+        await self._check_indices(quiescent=True)
+        await self._check_imports(quiescent=True)
+        self._raise_if_failed()
+        for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
+            if tracked.state == "running" and (not tracked.importers or self._exemption(tracked)):
+                await self._import(tracked, quiescent=True)
+                self._raise_if_failed()
         pending, self.gone_pending = self.gone_pending, []
         if pending:
 
@@ -673,6 +570,7 @@ class Soak:
             lines.append(
                 f"CHAOS SOAK PASSED: seed {o.seed}, {self.events.elapsed():.0f}s, zero invariant violations "
                 f"({self.events.counts['check 1-3']} snapshot checks of invariants 1-3, "
+                f"{self._inv6_checks()} checks of running jobs' imports (invariant 6), "
                 f"{self.events.counts['phase quiescence']} quiescences)"
             )
         else:
@@ -701,6 +599,11 @@ class Soak:
             lines += [f"  {count:6d}  {what}" for what, count in errors.most_common(25)]
         return "\n".join(lines)
 
+    def _inv6_checks(self) -> int:
+        return sum(
+            n for name, n in self.events.counts.items() if name.startswith("check inv6 job imports intact")
+        )
+
     def summary(self, ok: bool) -> dict[str, Any]:
         """The result as data (for `--summary-json` and the tests)."""
         return {
@@ -718,10 +621,3 @@ class Soak:
         """Remove the state dir after a pass (unless it was given); a failure keeps it to read."""
         if ok and self.options.state_dir is None:
             shutil.rmtree(self.layout.root, ignore_errors=True)
-
-
-class _NoJob:
-    claims: tuple[()] = ()
-
-
-_NO_JOB = _NoJob()
