@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long nodes may take to catch up (invariant 4, leftovers) before it counts as a violation",
     )
 
-    job = sub.add_parser("job", help="submit or delete a job (a ComputeDomain and its claims)")
+    job = sub.add_parser("job", help="submit, scale, check or delete a job (a ComputeDomain and its claims)")
     job_sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     submit = job_sub.add_parser("submit", parents=[common], help="place, create and prepare a job")
     submit.add_argument("name")
