@@ -24,7 +24,8 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from libs.state.watch import PrefixWatch, Resync, WatchEvent
+from libs.state.watch import Resync, WatchEvent, watch_prefix
+from services.imexagent.supervisor import PrefixWatcher
 from services.nodeagent.metrics import AgentMetrics
 
 log = structlog.get_logger(__name__)
@@ -44,10 +45,17 @@ def status_of(
 class DaemonView:
     """Implements ``DaemonReadiness`` from the store; `run` is the long-running watch."""
 
-    def __init__(self, store: Store, node_name: str, metrics: AgentMetrics | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        node_name: str,
+        metrics: AgentMetrics | None = None,
+        watch: PrefixWatcher = watch_prefix,
+    ) -> None:
         self.store = store
         self.node_name = node_name
         self.metrics = metrics
+        self._watch_prefix = watch
         # The domain whose record is followed, and that record (None: absent or not read yet).
         self.domain_uid: str | None = None
         self.status: pb.DaemonStatus | None = None
@@ -111,7 +119,7 @@ class DaemonView:
 
     async def _watch(self, domain_uid: str) -> None:
         key = self.store.keys.daemon(domain_uid, self.node_name)
-        async for event in PrefixWatch(self.store, key, pb.DaemonStatus):
+        async for event in self._watch_prefix(self.store, key, pb.DaemonStatus):
             applies, status = status_of(key, event)
             if not applies or self.domain_uid != domain_uid:
                 continue

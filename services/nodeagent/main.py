@@ -5,9 +5,10 @@ its own, ``cd-imex-agent``. The plugin holds no lease and writes nothing on its 
 start: it reads its node record and its daemon's readiness from the store, so a restart or an
 upgrade of the plugin changes nothing there.
 
-Start order: health server -> store -> node view (waits until the node record was seen) ->
-reconcile checkpoint / store / CDI directory -> DRA socket -> registration socket (kubelet
-starts calling only then). Shutdown on SIGTERM/SIGINT in reverse: registration and DRA sockets
+Start order: health server -> store -> the plugin's parts (`services.nodeagent.plugin`, the one
+composition root, shared with tools that host many nodes) -> node view (waits until the node
+record was seen) -> reconcile checkpoint / store / CDI directory -> DRA socket -> registration
+socket (kubelet starts calling only then). Shutdown on SIGTERM/SIGINT in reverse: registration and DRA sockets
 close first, then the background tasks (store watches) end.
 
 A background task that fails is logged, shown on ``/healthz`` and restarted with capped
@@ -25,7 +26,6 @@ from typing import Any
 
 import structlog
 
-from libs.cdi.specdir import ClaimSpecDir
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware
 from libs.hardware.interface import NodeHardware
@@ -34,15 +34,10 @@ from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
 from libs.state.store import Store, with_retries
-from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
-from services.nodeagent.daemonview import DaemonView
-from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
 from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.nodeview import NodeView
-from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
+from services.nodeagent.plugin import Plugin, compose_plugin
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.state import STORE_FAILURES, DeviceState
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
@@ -133,23 +128,24 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         raise
     kube_api: Any = None
     background: list[asyncio.Task[None]] = []
-    dra: DraServer | None = None
-    registration: RegistrationServer | None = None
+    plugin: Plugin | None = None
 
     def spawn(name: str, run: Callable[[], Awaitable[object]]) -> None:
         background.append(asyncio.create_task(keep_running(name, run, health), name=name))
 
     try:
-        node_view = NodeView(store, node_name)
-        daemons = DaemonView(store, node_name, metrics)
-        spawn("node-view", node_view.run)
-        spawn("daemon-view", daemons.run)
         claims: ClaimSource
         if settings.claim_source == "kubernetes":
-            from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
-
             kube_api = await _kube_api_client(settings)
             claims = KubeClaimSource(kube_api, timeout_s=settings.kube_timeout_s)
+        else:
+            claims = StoreClaimSource(store)
+        plugin = compose_plugin(store, settings, hardware, claims, health, metrics)
+        for name, run in plugin.tasks():
+            spawn(name, run)
+        if kube_api is not None:
+            from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+
             publisher = ResourceSlicePublisher(
                 kube_api,
                 node_name,
@@ -159,57 +155,14 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
                     request_timeout_s=settings.kube_timeout_s,
                 ),
             )
-            spawn("resource-slice", lambda: publisher.run(node_view.changes()))
-        else:
-            claims = StoreClaimSource(store)
-
-        # Serve kubelet only once the node record was seen (joins need its address and clique).
-        if not await _until_registered(node_view, stop, settings.register_timeout_s):
+            view = plugin.node_view
+            spawn("resource-slice", lambda: publisher.run(view.changes()))
+        if not await plugin.serve(stop):
             return
-
-        kubelet_dir = settings.kubelet_path
-        state = DeviceState(
-            store=store,
-            identity=node_view,
-            claims=claims,
-            daemons=daemons,
-            hardware=hardware,
-            checkpoint=Checkpoint.load(
-                checkpoint_path(kubelet_dir),
-                Path(settings.boot_id_file),
-                tombstone_ttl_s=settings.tombstone_ttl_s,
-            ),
-            cdi=ClaimSpecDir(Path(settings.cdi_root), host_dev_root=str(_host_dev_root(hardware))),
-            metrics=metrics,
-            prepare_budget_s=settings.prepare_budget_s,
-            checkpoint_fsync=settings.checkpoint_fsync,
-        )
-        _prewarm(state, hardware)
-        backoff = Backoff(initial=0.2, cap=5.0)
-        while not stop.is_set():
-            try:
-                await state.reconcile()
-                break
-            except STORE_FAILURES as exc:
-                delay = backoff.next_delay()
-                log.warning(
-                    "reconcile failed; retrying", error=str(exc) or type(exc).__name__, retry_in_s=delay
-                )
-                await asyncio.sleep(delay)
-        # Follow the held domain's daemon from the start (its restart count is a metric).
-        daemons.follow(state.held_domain())
-
-        dra = DraServer(ClaimDispatcher(state, metrics), dra_socket_path(kubelet_dir))
-        await dra.start()
-        registration = RegistrationServer(
-            RegistrationService(dra.socket_path, health), registration_socket_path(kubelet_dir)
-        )
-        await registration.start()
-        health.set_ready("serving", True)
         log.info(
             "node agent serving",
             node=node_name,
-            dra_socket=str(dra.socket_path),
+            dra_socket=str(plugin.dra_socket),
             health_port=health_port,
             claim_source=settings.claim_source,
             hardware=settings.hardware,
@@ -218,10 +171,8 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         log.info("shutting down", node=node_name)
     finally:
         health.set_ready("serving", False)
-        if registration is not None:
-            await registration.stop()
-        if dra is not None:
-            await dra.stop()
+        if plugin is not None:
+            await plugin.close()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
@@ -231,41 +182,6 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         await store.close()
         hardware.close()
         log.info("node agent stopped", node=node_name)
-
-
-async def _until_registered(view: NodeView, stop: asyncio.Event, warn_after_s: float) -> bool:
-    """Wait until the node record was seen in the store; False if asked to stop first."""
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        while True:
-            registered = asyncio.create_task(view.wait_registered(warn_after_s))
-            await asyncio.wait({registered, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if stopping.done():
-                registered.cancel()
-                return False
-            try:
-                registered.result()
-                return True
-            except TimeoutError:
-                log.warning(
-                    "node record not in the store yet (is cd-imex-agent running on this node?); waiting",
-                    node=view.node_name,
-                )
-    finally:
-        stopping.cancel()
-
-
-def _host_dev_root(hardware: NodeHardware) -> Path:
-    """The host directory that plays ``/dev`` for channel device nodes."""
-    return hardware.imex_channel_path(0).parent.parent
-
-
-def _prewarm(state: DeviceState, hardware: NodeHardware) -> None:
-    """Pay the one-off costs (channel major, All-mode spec array) before kubelet calls."""
-    try:
-        state.cdi.prewarm(hardware.imex_channel_major())
-    except HardwareError as exc:
-        log.info("IMEX channels not available (non-fabric node?)", error=str(exc))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,8 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from libs.state.watch import PrefixWatch, Resync, WatchEvent
+from libs.state.watch import Resync, WatchEvent, watch_prefix
+from services.imexagent.supervisor import PrefixWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -59,9 +60,10 @@ class NodeRecordState:
 class NodeView:
     """Follows ``nodes/<node>``; `run` is the long-running watch."""
 
-    def __init__(self, store: Store, node_name: str) -> None:
+    def __init__(self, store: Store, node_name: str, watch: PrefixWatcher = watch_prefix) -> None:
         self.store = store
         self.node_name = node_name
+        self._watch = watch
         self.key = store.keys.node(node_name)
         self.state = NodeRecordState()
         self._seen = asyncio.Event()
@@ -118,5 +120,5 @@ class NodeView:
         self._seen.set()
 
     async def run(self) -> None:
-        async for event in PrefixWatch(self.store, self.key, pb.Node):
+        async for event in self._watch(self.store, self.key, pb.Node):
             self.apply(event)
