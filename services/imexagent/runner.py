@@ -39,7 +39,7 @@ from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.probe import NvidiaCtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.settings import ImexSettings
-from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes
+from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes, recently_connected
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +113,8 @@ class DomainDaemon:
         self.sigusr1_sent = 0
         self.log_lines: list[str] = []
         self.last_probe: ProbeResult | None = None
+        # member node -> when the daemon last reported its link CONNECTED (loop time)
+        self._seen_connected: dict[str, float] = {}
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._reported = _Reported()
@@ -318,6 +320,7 @@ class DomainDaemon:
         self.lifecycle.started(now)
         self.reload.daemon_started()
         self.last_probe = None
+        self._seen_connected.clear()  # a new instance: its links are new
         self._next_probe = now  # READY may come within a few ms
         self._fresh_until = now + _FRESH_S
         if isinstance(self.probe, NvidiaCtlProbe):
@@ -376,6 +379,8 @@ class DomainDaemon:
             return  # the exit is handled on the next step
         if result.answered:
             self.last_probe = result
+            for name in connected_nodes(self.desired, dict(result.connections)):
+                self._seen_connected[name] = now
         was = self.lifecycle.state
         verdict = self.lifecycle.probed(
             now, result.answered, result.ready, result.detail or f"daemon {result.state}"
@@ -426,7 +431,13 @@ class DomainDaemon:
         instance = probe.instance if probe is not None else ""
         if not instance and running:
             instance = self._process_instance
-        connected = tuple(connected_nodes(d, dict(probe.connections))) if probe is not None else ()
+        connected = (
+            tuple(
+                recently_connected(d, self._seen_connected, self._now(), self.settings.disconnect_debounce_s)
+            )
+            if probe is not None
+            else ()
+        )
         failing = lc.state in (NOT_READY, FAILED)
         return StatusFields(
             lc.state,

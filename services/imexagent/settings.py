@@ -41,6 +41,9 @@ class ImexSettings:
     poll_interval_ready_s: float = 1.0
     query_timeout_s: float = 1.0
     not_ready_debounce_s: float = 0.5
+    # A peer link that was up stays reported connected this long after it went down: SIGUSR1
+    # makes a daemon re-dial every link, which is no reason to mark the domain NotReady.
+    disconnect_debounce_s: float = 1.0
     waiting_detail_after_s: float = 5.0
     unresponsive_kill_s: float = 20.0
     failed_after: int = 3

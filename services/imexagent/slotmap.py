@@ -126,6 +126,21 @@ def membership_of(
     )
 
 
+def recently_connected(
+    desired: DesiredDaemon, last_seen: dict[str, float], now: float, debounce_s: float
+) -> list[str]:
+    """Member nodes whose link was seen CONNECTED within `debounce_s`, in slot order.
+
+    A link that drops for a moment (the daemon re-dials every link on SIGUSR1) is still reported
+    connected; a peer that is really gone drops out after `debounce_s`.
+    """
+    return [
+        name
+        for index, name in enumerate(desired.slot_nodes)
+        if name and index != desired.index and now - last_seen.get(name, -1e18) <= debounce_s
+    ]
+
+
 def connected_nodes(desired: DesiredDaemon, connections: dict[int, str]) -> list[str]:
     """Names of the other member nodes whose slot the daemon reports CONNECTED, in slot order."""
     return [

@@ -7,7 +7,13 @@ from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import slots
-from services.imexagent.slotmap import Identity, connected_nodes, membership_of, slot_holders
+from services.imexagent.slotmap import (
+    Identity,
+    connected_nodes,
+    membership_of,
+    recently_connected,
+    slot_holders,
+)
 
 UID = "d0"
 CLIQUE = "cluster-a.1"
@@ -107,3 +113,15 @@ def test_every_node_of_a_clique_computes_the_same_slots(held: list[tuple[int, pb
     for v in views:
         assert v is not None
         assert v.slot_addresses[v.index] == v.address
+
+
+def test_a_link_that_drops_for_a_moment_is_still_reported_connected() -> None:
+    """SIGUSR1 re-dials every link: a blip is not a lost peer; a peer gone for good drops out."""
+    members = [(member(f"n{i}", i, f"10.0.0.{i + 1}"), i + 1) for i in range(3)]
+    desired = membership_of("n0", binding("n0"), members).desired
+    assert desired is not None
+    seen = {"n1": 10.0, "n2": 10.0}
+    assert recently_connected(desired, seen, now=10.5, debounce_s=1.0) == ["n1", "n2"]
+    seen["n1"] = 11.4  # n1 came back after the re-dial, n2 did not
+    assert recently_connected(desired, seen, now=11.5, debounce_s=1.0) == ["n1"]
+    assert recently_connected(desired, {}, now=0.0, debounce_s=1.0) == []
