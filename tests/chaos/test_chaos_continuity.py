@@ -80,24 +80,36 @@ def _member(node: str, index: int, state: pb.MemberState = pb.MemberState.ACTIVE
     return pb.Member(domain_uid="d1", node_name=node, index=index, state=state)
 
 
+def _daemon(
+    node: str, instance: str, node_id: int, state: pb.DaemonState = pb.DaemonState.READY
+) -> pb.DaemonStatus:
+    return pb.DaemonStatus(domain_uid="d1", node_name=node, instance=instance, node_id=node_id, state=state)
+
+
 def test_a_killed_node_must_come_back_with_its_index() -> None:
-    want = c.IndexExpectation("d1", "n1", 3, "ns/j1")
-    # Away (LOST, same index): fine while the faults go on; not at a quiescence.
-    lost = {("d1", "n1"): _member("n1", 3, pb.MemberState.LOST)}
-    assert c.index_findings([want], lost, {"d1"}, quiescent=False) == ([], [])
-    found, settled = c.index_findings([want], lost, {"d1"}, quiescent=True)
-    assert settled == [] and "did not take its index 3" in found[0] and "LOST" in found[0]
-    found, _ = c.index_findings([want], {}, {"d1"}, quiescent=True)
-    assert "no member record" in found[0]
-    # Back with its index: met at the quiescence.
-    back = {("d1", "n1"): _member("n1", 3)}
-    assert c.index_findings([want], back, {"d1"}, quiescent=False) == ([], [])
-    assert c.index_findings([want], back, {"d1"}, quiescent=True) == ([], [want])
+    want = c.IndexExpectation("d1", "n1", 3, "ns/j1", old_instance="i-old")
+    key = ("d1", "n1")
+    old = {key: _daemon("n1", "i-old", 3)}
+    new = {key: _daemon("n1", "i-new", 3)}
+    # Away (LOST, same index; its old daemon's record still there): fine while the faults go on.
+    lost = {key: _member("n1", 3, pb.MemberState.LOST)}
+    assert c.index_findings([want], lost, old, {"d1"}, quiescent=False) == ([], [])
+    # Not back yet at a quiescence: a violation, whatever the member says.
+    for members, daemons in ((lost, new), ({}, {}), ({key: _member("n1", 3)}, old)):
+        found, settled = c.index_findings([want], members, daemons, {"d1"}, quiescent=True)
+        assert settled == [] and "did not take its index 3" in found[0]
+    # Back (a new daemon instance READY, the member ACTIVE with its index): met, at any time.
+    back = {key: _member("n1", 3)}
+    assert c.index_findings([want], back, new, {"d1"}, quiescent=False) == ([], [want])
+    assert c.index_findings([want], back, new, {"d1"}, quiescent=True) == ([], [want])
     # Another index: a violation at once.
-    moved = {("d1", "n1"): _member("n1", 5)}
-    found, _ = c.index_findings([want], moved, {"d1"}, quiescent=False)
+    moved = {key: _member("n1", 5)}
+    found, _ = c.index_findings([want], moved, old, {"d1"}, quiescent=False)
     assert found == [
         "inv6: n1 came back to the domain of job ns/j1 with index 5; it held index 3 when it was killed"
     ]
+    # The new daemon identified itself as another node ID.
+    found, _ = c.index_findings([want], back, {key: _daemon("n1", "i-new", 4)}, {"d1"}, quiescent=False)
+    assert found and "identified itself as node ID 4" in found[0]
     # The job was deleted: nothing to expect any more.
-    assert c.index_findings([want], moved, set(), quiescent=True) == ([], [want])
+    assert c.index_findings([want], moved, {}, set(), quiescent=True) == ([], [want])

@@ -38,6 +38,19 @@ async def quiescent_violations(store: Store, nodes: Iterable[invariants.NodeLoca
     return await invariants.check_store_invariants(snapshot, quiescent=True, nodes=nodes)
 
 
+async def members_and_daemons(
+    store: Store,
+) -> tuple[dict[tuple[str, str], pb.Member], dict[tuple[str, str], pb.DaemonStatus]]:
+    """Every member and daemon record by (domain uid, node), from one store revision."""
+    snapshot = await StoreSnapshot.take(store)
+    members, _ = await snapshot.list(store.keys.all_members(), pb.Member)
+    daemons, _ = await snapshot.list(store.keys.all_daemons(), pb.DaemonStatus)
+    return (
+        {(m.value.domain_uid, m.value.node_name): m.value for m in members},
+        {(d.value.domain_uid, d.value.node_name): d.value for d in daemons},
+    )
+
+
 def _daemon_domain(argv: tuple[str, ...], imex_dir: Path) -> str | None:
     """The domain uid of a simulated IMEX daemon: its config lies in <imex dir>/<uid>/."""
     prefix = str(imex_dir).rstrip("/") + "/"

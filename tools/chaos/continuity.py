@@ -96,6 +96,7 @@ class IndexExpectation:
     node: str
     index: int
     job: str  # for the message
+    old_instance: str  # of its daemon when it was killed ("" if it had none): a new one is its return
 
     @property
     def key(self) -> tuple[str, str]:
@@ -105,14 +106,17 @@ class IndexExpectation:
 def index_findings(
     expected: Iterable[IndexExpectation],
     members: Mapping[tuple[str, str], pb.Member],
+    daemons: Mapping[tuple[str, str], pb.DaemonStatus],
     live_domains: Collection[str],
     quiescent: bool,
 ) -> tuple[list[str], list[IndexExpectation]]:
-    """(violations, expectations met or moot) for the members seen in one read of the store.
+    """(violations, expectations met or moot) for one consistent read of members and daemons.
 
     A member of the domain on that node with another index is a violation at any time (an index
-    never changes while the member exists). At quiescence the node must be back: its member
-    present and ACTIVE with the old index. Expectations of domains that are gone are moot.
+    never changes while the member exists). The node is back in the domain once a new daemon
+    instance of it is READY there: then its member must be ACTIVE with the old index and the
+    daemon must have identified itself as that node ID. At quiescence it must be back. Expectations
+    of domains that are gone are moot.
     """
     violations: list[str] = []
     settled: list[IndexExpectation] = []
@@ -121,18 +125,32 @@ def index_findings(
             settled.append(e)
             continue
         member = members.get(e.key)
+        daemon = daemons.get(e.key)
+        back = (
+            daemon is not None
+            and daemon.state == pb.DaemonState.READY
+            and bool(daemon.instance)
+            and daemon.instance != e.old_instance
+        )
         if member is not None and member.index != e.index:
             violations.append(
                 f"inv6: {e.node} came back to the domain of job {e.job} with index {member.index}; "
                 f"it held index {e.index} when it was killed"
             )
-        elif member is not None and member.state == pb.MemberState.ACTIVE:
-            if quiescent:
+        elif back and member is not None and member.state == pb.MemberState.ACTIVE:
+            assert daemon is not None
+            if daemon.node_id != e.index:
+                violations.append(
+                    f"inv6: the new IMEX daemon of {e.node} in the domain of job {e.job} identified "
+                    f"itself as node ID {daemon.node_id}; its member holds index {e.index}"
+                )
+            else:
                 settled.append(e)
         elif quiescent:
             state = "no member record" if member is None else pb.MemberState(member.state).name
+            running = "a new daemon READY" if back else "no new daemon READY"
             violations.append(
                 f"inv6: {e.node} did not take its index {e.index} in the domain of job {e.job} "
-                f"back after it was killed ({state})"
+                f"back after it was killed ({state}, {running})"
             )
     return violations, settled

@@ -23,7 +23,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, imex_agent_name
-from tools.chaos import continuity, injectors, jobops
+from tools.chaos import checks, continuity, injectors, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.injectors import ClusterHandle, NotApplicable
@@ -320,16 +320,16 @@ class FaultSteps:
     async def _indices_held(self, node: str) -> list[continuity.IndexExpectation]:
         """The indices `node` holds in its domains now (what it must take again when it returns)."""
         assert self.handle is not None
-        store = self.handle.store
-        members, _ = await store.list(store.keys.all_members(), pb.Member)
+        members, daemons = await checks.members_and_daemons(self.handle.store)
         names = {t.job.domain_uid: t.spec.describe() for t in self.jobs.values() if t.job is not None}
-        return [
-            continuity.IndexExpectation(
-                m.value.domain_uid, node, m.value.index, names.get(m.value.domain_uid, m.value.domain_uid)
-            )
-            for m in members
-            if m.value.node_name == node and m.value.index >= 0
-        ]
+        held = []
+        for (uid, member_node), member in sorted(members.items()):
+            if member_node != node or member.index < 0:
+                continue
+            daemon = daemons.get((uid, node))
+            instance = daemon.instance if daemon is not None else ""
+            held.append(continuity.IndexExpectation(uid, node, member.index, names.get(uid, uid), instance))
+        return held
 
     async def _corrupt_checkpoint(self, node: str, step: p.Step) -> str:
         assert self.handle is not None

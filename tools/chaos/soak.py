@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import structlog
 
@@ -45,12 +45,13 @@ from tools.chaos.injectors import ClusterHandle
 from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 CHECK_INTERVAL_S = 0.5
 MAX_SUBMITS_IN_FLIGHT = 3
 DELETE_TIMEOUT_S = 60.0
 HEALTHY_TIMEOUT_S = 90.0
-IMPORT_CHECK_INTERVAL_S = 10.0
+IMPORT_CHECK_INTERVAL_S = 5.0
 # How long a job's domain may take to be Ready after its claims were prepared, before its
 # workload's imports are left to the next quiescence; and how long the imports may take.
 READY_WAIT_S = 60.0
@@ -242,13 +243,22 @@ class Soak(FaultSteps):
         store = self.handle.store
         if tracked.job.num_nodes < 2:
             return  # one member imports from nobody: nothing for invariant 6 to watch
-        if not quiescent and not await jobops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S):
-            self.events.add("job", f"imports {jobops.NOT_READY}", tracked.spec.describe())
-            self.events.counts[f"job imports {jobops.NOT_READY}"] += 1
-            return
+        if not quiescent:
+            ready = await self._while_running(
+                tracked, jobops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S)
+            )
+            if not ready:
+                if ready is False:
+                    self.events.add("job", f"imports {jobops.NOT_READY}", tracked.spec.describe())
+                    self.events.counts[f"job imports {jobops.NOT_READY}"] += 1
+                return
         armed_s = self.events.elapsed() if quiescent else tracked.armed_s
         timeout_s = self.options.settle_s if quiescent else IMPORT_TIMEOUT_S
-        outcome = await jobops.make_imports(self.layout, store, tracked.job, timeout_s)
+        outcome = await self._while_running(
+            tracked, jobops.make_imports(self.layout, store, tracked.job, timeout_s)
+        )
+        if outcome is None:
+            return  # deleted meanwhile
         self.events.add("job", f"imports {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
         self.events.counts[f"job imports {outcome.result}"] += 1
         if tracked.state != "running":
@@ -260,6 +270,17 @@ class Soak(FaultSteps):
             self._fail(
                 f"live: {tracked.spec.describe()} is Ready but its workload cannot import: {outcome.detail}"
             )
+
+    async def _while_running(self, tracked: Tracked, work: Coroutine[Any, Any, T]) -> T | None:
+        """`work`'s result, or None once the job is no longer running (deleted meanwhile)."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            if tracked.state != "running":
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+            await asyncio.wait({task}, timeout=0.25)
+        return task.result()
 
     def _delete_one(self, step: p.Step) -> None:
         candidates = sorted(
@@ -274,11 +295,14 @@ class Soak(FaultSteps):
         if job is None:
             del self.jobs[key]
             return
+        was_running = tracked.state == "running"
         tracked.state = "deleting"
         self.events.add("job", "delete", tracked.spec.describe(), count="job delete")
-        self._spawn(f"delete {key[1]}", self._delete_run(tracked, job))
+        self._spawn(f"delete {key[1]}", self._delete_run(tracked, job, check_first=was_running))
 
-    async def _delete_run(self, tracked: Tracked, job: Job) -> None:
+    async def _delete_run(self, tracked: Tracked, job: Job, check_first: bool = False) -> None:
+        if check_first:
+            await self._check_before_delete(tracked)
         outcome = await jobops.delete(self.layout, job, DELETE_TIMEOUT_S)
         self.events.add("job", f"delete {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
         self.events.counts[f"job delete {outcome.result}"] += 1
@@ -341,17 +365,15 @@ class Soak(FaultSteps):
         if not self.index_expected:
             return
         assert self.handle is not None
-        store = self.handle.store
         try:
-            records, _ = await store.list(store.keys.all_members(), pb.Member)
+            members, daemons = await checks.members_and_daemons(self.handle.store)
         except jobops.CALL_FAILURES:
             if quiescent:
                 raise
             return
-        members = {(r.value.domain_uid, r.value.node_name): r.value for r in records}
         live = self._live_domains()
         violations, settled = continuity.index_findings(
-            list(self.index_expected.values()), members, live, quiescent
+            list(self.index_expected.values()), members, daemons, live, quiescent
         )
         for expectation in settled:
             self.index_expected.pop(expectation.key, None)
@@ -369,7 +391,7 @@ class Soak(FaultSteps):
             for t in sorted(self.jobs.values(), key=lambda t: t.spec.key)
             if t.state == "running" and t.importers and self._exemption(t) is None
         ]
-        suffix = " (quiescence)" if quiescent else ""
+        where = " (quiescence)" if quiescent else ""
         for attempt in range(IMPORT_CHECK_ATTEMPTS if quiescent else 1):
             if attempt:
                 await asyncio.sleep(1.0)
@@ -379,18 +401,36 @@ class Soak(FaultSteps):
                 # Deleted, hit by a fault that may break it, or imported anew while it was asked.
                 if tracked.state != "running" or tracked.armed_s != armed_s or self._exemption(tracked):
                     continue
-                verdict = continuity.verdict(report)
-                if verdict == continuity.INTACT:
-                    self.events.counts[f"check inv6 job imports intact{suffix}"] += 1
-                elif verdict == continuity.BROKEN or attempt == IMPORT_CHECK_ATTEMPTS - 1:
-                    self._fail(continuity.broken_imports(tracked.spec.describe(), report, armed_s))
-                else:
+                final = quiescent and attempt == IMPORT_CHECK_ATTEMPTS - 1
+                if self._judge(tracked, armed_s, report, where, final):
                     silent.append((tracked, armed_s, importers))
-            if silent and not quiescent:
-                self.events.counts["check inv6 job imports inconclusive (daemon silent)"] += len(silent)
             armed = silent
             if not armed:
                 return
+
+    async def _check_before_delete(self, tracked: Tracked) -> None:
+        """A running job's imports once more, just before it is deleted (most jobs live shorter
+        than the periodic check's interval)."""
+        armed_s, importers = tracked.armed_s, tracked.importers
+        if not importers or self._exemption(tracked) is not None:
+            return
+        report = await workload.check(tracked.spec.name, importers)
+        if self._exemption(tracked) is None:
+            self._judge(tracked, armed_s, report, " (before delete)", final=False)
+
+    def _judge(
+        self, tracked: Tracked, armed_s: float, report: workload.ImportReport, where: str, final: bool
+    ) -> bool:
+        """Count an intact check or fail a broken one; True: a daemon was silent, ask again."""
+        verdict = continuity.verdict(report)
+        if verdict == continuity.INTACT:
+            self.events.counts[f"check inv6 job imports intact{where}"] += 1
+            return False
+        if verdict == continuity.BROKEN or final:
+            self._fail(continuity.broken_imports(tracked.spec.describe(), report, armed_s))
+            return False
+        self.events.counts["check inv6 job imports inconclusive (daemon silent)"] += 1
+        return True
 
     async def _supervisor_state(self) -> dict[str, Any]:
         assert self.handle is not None
@@ -537,8 +577,9 @@ class Soak(FaultSteps):
         for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
             job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
             if job is not None:
+                was_running = tracked.state == "running"
                 tracked.state = "deleting"
-                self._spawn(f"delete {tracked.spec.name}", self._delete_run(tracked, job))
+                self._spawn(f"delete {tracked.spec.name}", self._delete_run(tracked, job, was_running))
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
         stuck = [t.spec.describe() for t in self.jobs.values() if t.job is not None]
