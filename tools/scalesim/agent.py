@@ -1,52 +1,64 @@
-"""One simulated node agent built from the real node-agent components, for hosting many in a process.
+"""One simulated node, both of its programs built by their own composition roots, for hosting
+many nodes in one process.
 
-`SimAgent` wires the same parts as ``services.nodeagent.main.run_agent`` in the same order:
-node inventory on a kept lease and the IMEX supervisor (both restarted on failure by the agent's
-own ``keep_running``) -> wait until the node record is in the store -> checkpoint / store / CDI
-reconcile -> membership keeper -> DRA socket -> registration socket. Prepare and unprepare are the
-agent's own ``DeviceState`` behind its own ``DraServer``; the IMEX supervisor starts a real
-simulated daemon process per domain. Nothing on the claim path is special-cased.
+Per hosted node, `SimAgent` runs what a node runs as two processes:
 
-What differs from a node-agent process, and why:
+* the IMEX agent (``cd-imex-agent``) as ``services.imexagent.main.compose_imex_agent`` builds it:
+  the node record on a kept lease and the IMEX supervisor, which starts a real simulated IMEX
+  daemon process per domain and writes its ``DaemonStatus`` records;
+* the kubelet plugin (``cd-node-agent``) as ``services.nodeagent.plugin.compose_plugin`` builds
+  it: node record and daemon record views fed by store watches, ``DeviceState`` behind its own
+  ``DraServer`` socket, then the registration socket, served only once the node record was seen.
+  A prepare waits for the daemon's READY in the store, as the process does; nothing on the claim
+  path is special-cased and nothing is wired here that the processes wire differently.
 
-* the ``Store`` is handed in, so many agents can share a few etcd client connections (one gRPC
-  channel and one watch stream per store instead of one per node), and so is the supervisor's
-  store watch (`tools.scalesim.watchhub`: one watch per prefix for all hosted agents);
-* no health HTTP server and no signal handlers (the host process owns both); problems still go
-  to a ``Health`` object per agent, which the host reports;
-* no daemon-restart metrics exporter (a periodic metrics-only store read of the real agent);
-* an *inventory-only* agent runs just the node inventory (record on a lease, hardware health
-  following): the form used to hold 10,000-node inventories, clearly not able to prepare.
+What differs from the two processes, and why:
+
+* both programs of every hosted node share one event loop, and the ``Store`` is handed in, so
+  many nodes share a few etcd client connections (one gRPC channel and one watch stream per
+  store instead of two per node), and so is the store watch function of both programs
+  (`tools.scalesim.watchhub`: one watch per prefix for all hosted nodes);
+* the two programs of a node share one simulated hardware handle (the processes open the same
+  node's files twice; the plugin only reads the channel major and creates channel files) and one
+  ``Health`` object (their task names differ), which the host reports;
+* no health HTTP servers, no signal handlers (the host process owns both), no metrics endpoint
+  (the plugin's metrics are counted but not served; the IMEX agent's scrape-time daemon gauges
+  are not registered);
+* claims come from the store (``claim_source=store``, as in every simulation), so there is no
+  Kubernetes client and no ResourceSlice;
+* the IMEX agent stops its daemons when the host stops it (``stop_daemons_on_exit``; the process
+  default leaves them running for its next incarnation);
+* an *inventory-only* node runs just the IMEX agent's node inventory (record on a lease,
+  hardware health following): the form used to hold 10,000-node inventories, clearly not able
+  to prepare.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from libs.cdi.specdir import ClaimSpecDir
 from libs.hardware.cluster import ClusterDescription
-from libs.hardware.errors import HardwareError
 from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
-from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.store import Store
 from libs.state.watch import watch_prefix
 from services.imexagent.inventory import InventorySettings, NodeInventory
+from services.imexagent.main import ImexAgent, compose_imex_agent
+from services.imexagent.main import keep_running as keep_imex_task_running
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
-from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import StoreClaimSource
-from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
-from services.nodeagent.main import keep_running
+from services.nodeagent.driver import dra_socket_path
+from services.nodeagent.main import keep_running as keep_plugin_task_running
 from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
-from services.nodeagent.state import STORE_FAILURES, DeviceState
+from services.nodeagent.plugin import Plugin, compose_plugin
+from services.nodeagent.registration import registration_socket_path
+from services.nodeagent.settings import AgentSettings
+from services.nodeagent.state import DeviceState
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +99,7 @@ class AgentLayout:
 
 @dataclass(frozen=True)
 class AgentOptions:
-    """The node-agent settings a hosted agent uses (defaults as the agent's, unless said)."""
+    """The settings a hosted node's two programs use (defaults as the programs', unless said)."""
 
     # Inventory only: node record on a lease, no DRA, no IMEX supervisor, no daemons.
     inventory_only: bool = False
@@ -97,13 +109,12 @@ class AgentOptions:
     health_poll_interval_s: float = 0.25
     prepare_budget_s: float = 45.0
     tombstone_ttl_s: float = 300.0
-    membership_check_interval_s: float = 10.0
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     imex: ImexSettings = field(default_factory=lambda: ImexSettings(stop_daemons_on_exit=True))
 
 
 class SimAgent:
-    """One node's agent, started with :meth:`start` and ended with :meth:`stop`."""
+    """One node's IMEX agent and kubelet plugin, started with :meth:`start`, ended with :meth:`stop`."""
 
     def __init__(
         self,
@@ -115,13 +126,10 @@ class SimAgent:
         watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.node_name = node_name
-        self._watch = watch
         self.layout = layout
         self.store = store
         self.options = options
         self.health = Health()
-        # Prometheus registries are not small; an inventory-only agent has nothing to count.
-        self.metrics = AgentMetrics() if not options.inventory_only else None
         self.serving = asyncio.Event()
         state_dir = (
             SimulatedNodePaths.under(layout.hardware_base, node_name).state_dir
@@ -131,24 +139,58 @@ class SimAgent:
         self.hardware = SimulatedNodeHardware(
             cluster, node_name, state_dir, poll_interval=options.health_poll_interval_s
         )
-        self.inventory = NodeInventory(
+        self.imex: ImexAgent = compose_imex_agent(
             store,
             node_name,
             self.hardware,
+            layout.imex_work_dir,
+            options.imex,
             InventorySettings(
                 lease_ttl_s=options.lease_ttl_s,
                 kubelet_dir=str(layout.kubelet_dir),
                 cdi_root=str(layout.cdi_root),
                 health_poll_interval_s=options.health_poll_interval_s,
             ),
+            watch=watch,
         )
-        self.supervisor: ImexSupervisor | None = None
-        self.state: DeviceState | None = None
-        self._dra: DraServer | None = None
-        self._registration: RegistrationServer | None = None
+        # Prometheus registries are not small; an inventory-only node has no plugin to count for.
+        self.plugin: Plugin | None = (
+            None
+            if options.inventory_only
+            else compose_plugin(
+                store,
+                AgentSettings(
+                    node_name=node_name,
+                    kubelet_dir=str(layout.kubelet_dir),
+                    cdi_root=str(layout.cdi_root),
+                    hardware="simulated",
+                    prepare_budget_s=options.prepare_budget_s,
+                    tombstone_ttl_s=options.tombstone_ttl_s,
+                    boot_id_file=str(options.boot_id_file),
+                    register_timeout_s=_REGISTER_WARN_S,
+                ),
+                self.hardware,
+                StoreClaimSource(store),
+                self.health,
+                AgentMetrics(),
+                watch=watch,
+            )
+        )
         self._background: list[asyncio.Task[None]] = []
         self._main: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    @property
+    def inventory(self) -> NodeInventory:
+        return self.imex.inventory
+
+    @property
+    def supervisor(self) -> ImexSupervisor | None:
+        return None if self.options.inventory_only else self.imex.supervisor
+
+    @property
+    def state(self) -> DeviceState | None:
+        return None if self.plugin is None else self.plugin.state
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -156,7 +198,7 @@ class SimAgent:
         self._main = asyncio.create_task(self._run(), name=f"scalesim-agent-{self.node_name}")
 
     async def stop(self) -> None:
-        """Close the sockets, end the background tasks (the supervisor stops its daemons)."""
+        """Close the plugin's sockets, end both programs' tasks (the supervisor stops its daemons)."""
         self._stop.set()
         if self._main is not None:
             await asyncio.wait([self._main])
@@ -164,7 +206,8 @@ class SimAgent:
                 log.error("hosted agent failed", node=self.node_name, error=str(self._main.exception()))
 
     async def wait_serving(self) -> None:
-        """Return once the agent serves (inventory-only: is registered); RuntimeError if it ended first."""
+        """Return once the plugin serves (inventory-only: the node is registered); RuntimeError
+        if the node's programs ended first."""
         assert self._main is not None, "start() first"
         serving = asyncio.create_task(self.serving.wait())
         try:
@@ -175,81 +218,44 @@ class SimAgent:
             error = None if self._main.cancelled() else self._main.exception()
             raise RuntimeError(f"agent {self.node_name} ended before serving: {error!r}")
 
-    def _spawn(self, name: str, run: Callable[[], Awaitable[object]]) -> None:
-        task = asyncio.create_task(keep_running(name, run, self.health), name=f"{name}-{self.node_name}")
-        self._background.append(task)
-
     async def _run(self) -> None:
+        imex_tasks: list[asyncio.Task[None]] = []
+        plugin_tasks: list[asyncio.Task[None]] = []
         try:
-            self._spawn("inventory", self.inventory.run)
-            if self.options.inventory_only:
+            for name, run in self.imex.tasks():
+                if self.options.inventory_only and name != "inventory":
+                    continue
+                imex_tasks.append(
+                    asyncio.create_task(
+                        keep_imex_task_running(name, run, self.health), name=f"{name}-{self.node_name}"
+                    )
+                )
+            if self.plugin is None:
                 if await self._until_registered():
                     self.serving.set()
                 await self._stop.wait()
                 return
-            await self._run_full()
+            for name, run in self.plugin.tasks():
+                plugin_tasks.append(
+                    asyncio.create_task(
+                        keep_plugin_task_running(name, run, self.health), name=f"{name}-{self.node_name}"
+                    )
+                )
+            if await self.plugin.serve(self._stop):
+                self.serving.set()
+            await self._stop.wait()
         finally:
-            self.health.set_ready("serving", False)
-            if self._registration is not None:
-                await self._registration.stop()
-            if self._dra is not None:
-                await self._dra.stop()
-            for task in self._background:
-                task.cancel()
-            await asyncio.gather(*self._background, return_exceptions=True)
+            # The plugin first (sockets, then its watches), then the IMEX agent (its daemons).
+            if self.plugin is not None:
+                await self.plugin.close()
+            for tasks in (plugin_tasks, imex_tasks):
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             self.hardware.close()
 
-    async def _run_full(self) -> None:
-        options, layout = self.options, self.layout
-        self.supervisor = ImexSupervisor(
-            self.store, self.node_name, self.hardware, layout.imex_work_dir, options.imex, watch=self._watch
-        )
-        self._spawn("imex-supervisor", self.supervisor.run)
-        if not await self._until_registered():
-            return
-        metrics = self.metrics or AgentMetrics()
-        self.state = DeviceState(
-            store=self.store,
-            identity=self.inventory,
-            claims=StoreClaimSource(self.store),
-            daemons=self.supervisor,
-            hardware=self.hardware,
-            checkpoint=Checkpoint.load(
-                checkpoint_path(layout.kubelet_dir),
-                options.boot_id_file,
-                tombstone_ttl_s=options.tombstone_ttl_s,
-            ),
-            cdi=ClaimSpecDir(layout.cdi_root, host_dev_root=str(self.hardware.dev_root)),
-            metrics=metrics,
-            prepare_budget_s=options.prepare_budget_s,
-        )
-        with contextlib.suppress(HardwareError):
-            self.state.cdi.prewarm(self.hardware.imex_channel_major())
-        backoff = Backoff(initial=0.2, cap=5.0)
-        while not self._stop.is_set():
-            try:
-                await self.state.reconcile()
-                break
-            except STORE_FAILURES as exc:
-                delay = backoff.next_delay()
-                log.warning(
-                    "reconcile failed; retrying", node=self.node_name, error=str(exc), retry_in_s=delay
-                )
-                await asyncio.sleep(delay)
-        state = self.state
-        self._spawn("memberships", lambda: state.keep_memberships(options.membership_check_interval_s))
-        self._dra = DraServer(ClaimDispatcher(state, metrics), layout.dra_socket)
-        await self._dra.start()
-        self._registration = RegistrationServer(
-            RegistrationService(layout.dra_socket, self.health), layout.registration_socket
-        )
-        await self._registration.start()
-        self.health.set_ready("serving", True)
-        self.serving.set()
-        await self._stop.wait()
-
     async def _until_registered(self) -> bool:
-        """Wait for the node record in the store; False if asked to stop first."""
+        """Wait for the node record in the store (inventory-only nodes); False if asked to stop first."""
         stopping = asyncio.create_task(self._stop.wait())
         try:
             while True:
