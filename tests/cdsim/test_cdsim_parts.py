@@ -18,6 +18,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
+from services.imexagent.settings import ImexAgentSettings
 from services.nodeagent.channelconfig import parse_parameters_json
 from services.nodeagent.settings import AgentSettings
 from tools.cdsim import jobs
@@ -26,7 +27,7 @@ from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.lifecycle import CommandError, UpOptions, up
 from tools.cdsim.progress import Progress, render_bar
 from tools.cdsim.runstate import SimConfig
-from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec
+from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec, imex_agent_spec
 from tools.cdsim.timeline import SubmitTimeline
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=3, address_block=77)
@@ -37,12 +38,23 @@ def test_agent_flags_are_understood_by_the_node_agent(tmp_path: Path) -> None:
     spec = agent_spec(CLUSTER, "rack1-tray2", layout, SimConfig(), "127.0.0.1:2379")
     settings = load_settings(AgentSettings, spec.argv, env={})
     assert settings.node_name == "rack1-tray2"
-    assert settings.node_ip == "127.77.1.3"
     assert settings.hardware == "simulated"
     assert settings.claim_source == "store"
     assert Path(settings.kubelet_dir) == layout.node("rack1-tray2").kubelet_dir
     assert Path(settings.cdi_root) == layout.node("rack1-tray2").cdi_root
     # Health is served on the node's own loopback address: no port to hand out per agent.
+    assert spec.health_url == f"http://127.77.1.3:{settings.health_port}/healthz"
+
+
+def test_imex_agent_flags_are_understood_by_the_imex_agent(tmp_path: Path) -> None:
+    layout = StateLayout.at(tmp_path)
+    spec = imex_agent_spec(CLUSTER, "rack1-tray2", layout, SimConfig(), "127.0.0.1:2379")
+    settings = load_settings(ImexAgentSettings, spec.argv, env={})
+    assert (settings.node_name, settings.node_ip) == ("rack1-tray2", "127.77.1.3")
+    assert settings.hardware == "simulated"
+    assert Path(settings.imex_work_dir) == layout.node("rack1-tray2").imex_dir
+    # The node record names the plugin's directories.
+    assert Path(settings.kubelet_dir) == layout.node("rack1-tray2").kubelet_dir
     assert spec.health_url == f"http://127.77.1.3:{settings.health_port}/healthz"
 
 
