@@ -1,5 +1,7 @@
 """The chaos soak, short: over two minutes of random jobs and every kind of fault on an 18-node
-rack, with the SPEC §4 invariants checked all along and at the end (`make chaos` runs 30 minutes).
+rack, with the SPEC §4 invariants checked all along and at the end (`make chaos` runs 30 minutes),
+and invariant 6: running jobs' workload imports survive every fault that does not replace one of
+their daemons, and a killed node comes back with its index.
 
 The seed is fresh each run (or $CHAOS_SEED) and printed on failure with the soak's event log, so
 a failure can be replayed with `python -m tools.chaos --seed S --duration 130 --racks 1`.
@@ -52,4 +54,6 @@ def test_invariants_hold_through_random_jobs_and_faults(tmp_path: Path) -> None:
     assert counts.get("job submit ok", 0) >= 3 and counts.get("job delete ok", 0) >= 1, shown
     assert counts.get("check 1-3", 0) >= 100 and counts.get("phase quiescence", 0) >= 2, shown
     assert counts.get("check cluster idle") == 1, shown
+    inv6 = sum(n for name, n in counts.items() if name.startswith("check inv6 job imports intact"))
+    assert inv6 >= 3 and counts.get("job imports ok", 0) >= 3, shown
     assert summary["elapsed_s"] >= DURATION_S

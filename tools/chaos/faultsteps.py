@@ -82,6 +82,8 @@ class FaultSteps:
             self._spawn(action, self._fault(action, self._restart_etcd()))
         elif action == p.KILL_NODE:
             self._kill_node(step)
+        elif action == p.PARTITION_ETCD:
+            self._partition_etcd(step)
         elif action == p.CORRUPT_CHECKPOINT:
             node = self._pick_node(step, prefer_busy_with_claims=step.coin)
             if node is None:
@@ -316,6 +318,35 @@ class FaultSteps:
                 self.ledger.end(fault, self.events.elapsed())
             self.busy_nodes.discard(node)
             self.nodes_down -= 1
+
+    def _partition_etcd(self, step: p.Step) -> None:
+        """Cut a node off etcd from shorter to well beyond its node record's lease TTL."""
+        action = p.PARTITION_ETCD
+        node = self._pick_node(step, prefer_busy_with_claims=True)
+        if node is None:
+            self._skipped(action, "every node is under another fault")
+            return
+        seconds = 1.0 + (IMEX_AGENT_LEASE_TTL_S + 8.0) * step.length
+        self.busy_nodes.add(node)
+        self._spawn(action, self._partition_etcd_run(node, seconds))
+
+    async def _partition_etcd_run(self, node: str, seconds: float) -> None:
+        assert self.handle is not None
+        handle = self.handle
+        cut = False
+
+        async def partition() -> str:
+            nonlocal cut
+            detail = await injectors.partition_etcd(handle, node, seconds)
+            cut = True
+            return detail
+
+        try:
+            await self._fault(p.PARTITION_ETCD, partition())
+            if cut:
+                await asyncio.sleep(seconds)  # the node stays busy while it is cut off
+        finally:
+            self.busy_nodes.discard(node)
 
     async def _indices_held(self, node: str) -> list[continuity.IndexExpectation]:
         """The indices `node` holds in its domains now (what it must take again when it returns)."""

@@ -134,6 +134,13 @@ async def kill_node(handle: ClusterHandle, node: str, restart_in_s: float) -> tu
     return f"{node}: killed ({names}), back in {restart_in_s:.1f}s", killed
 
 
+async def partition_etcd(handle: ClusterHandle, node: str, seconds: float) -> str:
+    """Cut the node's kubelet plugin and IMEX agent off etcd for `seconds` (its IMEX daemons and
+    their peer links are untouched); the cut ends by itself."""
+    answer = await _control(handle, "partition-etcd", node=node, seconds=round(seconds, 2))
+    return f"{node}: cut off etcd for {seconds:.1f}s ({answer.get('connections_cut')} connections reset)"
+
+
 async def corrupt_checkpoint(handle: ClusterHandle, node: str, garbage: bytes) -> str:
     """Kill the kubelet plugin, write garbage over its checkpoint (torn, in place), let it start again."""
     pid = await kill_process(handle, agent_name(node), restart_in_s=CHECKPOINT_AGENT_DOWN_S)

@@ -27,6 +27,7 @@ IMEX_KILL = "imex-kill"
 CONTROLLER_FAILOVER = "controller-failover"
 ETCD_RESTART = "etcd-restart"
 KILL_NODE = "kill-node"  # plugin, IMEX agent and daemons die; back later with its old index
+PARTITION_ETCD = "partition-etcd"  # the node's programs cut off etcd; daemons and peer links stay
 CORRUPT_CHECKPOINT = "corrupt-checkpoint"
 UNDECODABLE_VALUE = "undecodable-value"
 
@@ -44,6 +45,7 @@ FAULTS = (
     CONTROLLER_FAILOVER,
     ETCD_RESTART,
     KILL_NODE,
+    PARTITION_ETCD,
     CORRUPT_CHECKPOINT,
     UNDECODABLE_VALUE,
 )
@@ -59,6 +61,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     CONTROLLER_FAILOVER: 1.0,
     ETCD_RESTART: 0.7,
     KILL_NODE: 1.0,
+    PARTITION_ETCD: 1.5,
     CORRUPT_CHECKPOINT: 1.0,
     UNDECODABLE_VALUE: 1.0,
 }
