@@ -27,37 +27,30 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
-from tools.cdsim import jobs, lifecycle, workload
+from tools.cdsim import jobs, lifecycle
 from tools.cdsim.jobbook import Job
 from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.chaos import checks, continuity, injectors, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.faultsteps import FaultSteps
+from tools.chaos.importwatch import ImportWatch
 from tools.chaos.injectors import ClusterHandle
 from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 CHECK_INTERVAL_S = 0.5
 MAX_SUBMITS_IN_FLIGHT = 3
 DELETE_TIMEOUT_S = 60.0
 HEALTHY_TIMEOUT_S = 90.0
-IMPORT_CHECK_INTERVAL_S = 5.0
-# How long a job's domain may take to be Ready after its claims were prepared, before its
-# workload's imports are left to the next quiescence; and how long the imports may take.
-READY_WAIT_S = 60.0
-IMPORT_TIMEOUT_S = 30.0
-# At quiescence, a daemon that keeps not answering a job's import check is a violation.
-IMPORT_CHECK_ATTEMPTS = 4
 
 
 class SoakFailed(Exception):
@@ -65,7 +58,7 @@ class SoakFailed(Exception):
 
 
 @dataclass
-class Soak(FaultSteps):
+class Soak(FaultSteps, ImportWatch):
     options: SoakOptions
     out: TextIO
     layout: StateLayout = field(init=False)
@@ -233,55 +226,6 @@ class Soak(FaultSteps):
         else:
             tracked.state = "broken"  # half-created: it is deleted, not resumed
 
-    async def _import(self, tracked: Tracked, quiescent: bool) -> None:
-        """Once the job's domain is Ready, its workload imports memory between all members.
-
-        During the faults a domain that is not Ready soon enough, or imports that cannot be made
-        (a member's node or daemon hit meanwhile), are left to the next quiescence; at a
-        quiescence (every job Ready, no fault) they must succeed."""
-        assert self.handle is not None and tracked.job is not None
-        store = self.handle.store
-        if tracked.job.num_nodes < 2:
-            return  # one member imports from nobody: nothing for invariant 6 to watch
-        if not quiescent:
-            ready = await self._while_running(
-                tracked, jobops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S)
-            )
-            if not ready:
-                if ready is False:
-                    self.events.add("job", f"imports {jobops.NOT_READY}", tracked.spec.describe())
-                    self.events.counts[f"job imports {jobops.NOT_READY}"] += 1
-                return
-        armed_s = self.events.elapsed() if quiescent else tracked.armed_s
-        timeout_s = self.options.settle_s if quiescent else IMPORT_TIMEOUT_S
-        outcome = await self._while_running(
-            tracked, jobops.make_imports(self.layout, store, tracked.job, timeout_s)
-        )
-        if outcome is None:
-            return  # deleted meanwhile
-        self.events.add("job", f"imports {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
-        self.events.counts[f"job imports {outcome.result}"] += 1
-        if tracked.state != "running":
-            return  # deleted meanwhile
-        if outcome.result == jobops.IMPORTED and outcome.job is not None:
-            tracked.job, tracked.importers = outcome.job, outcome.job.importers
-            tracked.armed_s, tracked.exempt_noted = armed_s, False
-        elif quiescent:
-            self._fail(
-                f"live: {tracked.spec.describe()} is Ready but its workload cannot import: {outcome.detail}"
-            )
-
-    async def _while_running(self, tracked: Tracked, work: Coroutine[Any, Any, T]) -> T | None:
-        """`work`'s result, or None once the job is no longer running (deleted meanwhile)."""
-        task = asyncio.ensure_future(work)
-        while not task.done():
-            if tracked.state != "running":
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return None
-            await asyncio.wait({task}, timeout=0.25)
-        return task.result()
-
     def _delete_one(self, step: p.Step) -> None:
         candidates = sorted(
             (k for k, t in self.jobs.items() if t.state in ("running", "failed", "broken")),
@@ -331,106 +275,6 @@ class Soak(FaultSteps):
                 for text in violations:
                     self._fail(f"{text} (store revision {revision})")
             await asyncio.sleep(CHECK_INTERVAL_S)
-
-    # ---- invariant 6 -----------------------------------------------------------------------
-
-    def _exemption(self, tracked: Tracked) -> continuity.NodeFault | None:
-        """The fault that may have broken the job's imports since it was armed, noted once."""
-        nodes = set(tracked.job.nodes) if tracked.job is not None else set()
-        fault = self.ledger.exempting(nodes, tracked.armed_s)
-        if fault is not None and not tracked.exempt_noted:
-            tracked.exempt_noted = True
-            self.events.counts[f"check inv6 jobs exempted ({fault.kind})"] += 1
-            self.events.add("note", "inv6 exempt", f"{tracked.spec.describe()}: {fault.describe()}")
-        return fault
-
-    def _live_domains(self) -> set[str]:
-        out = set()
-        for tracked in self.jobs.values():
-            if tracked.state in ("deleting", "deleting-incomplete", "broken"):
-                continue
-            job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
-            if job is not None:
-                out.add(job.domain_uid)
-        return out
-
-    async def _check_imports_forever(self) -> None:
-        while True:
-            await asyncio.sleep(IMPORT_CHECK_INTERVAL_S)
-            await self._check_indices(quiescent=False)
-            await self._check_imports(quiescent=False)
-
-    async def _check_indices(self, quiescent: bool) -> None:
-        """Killed member nodes come back with the index they held (any other index: at once)."""
-        if not self.index_expected:
-            return
-        assert self.handle is not None
-        try:
-            members, daemons = await checks.members_and_daemons(self.handle.store)
-        except jobops.CALL_FAILURES:
-            if quiescent:
-                raise
-            return
-        live = self._live_domains()
-        violations, settled = continuity.index_findings(
-            list(self.index_expected.values()), members, daemons, live, quiescent
-        )
-        for expectation in settled:
-            self.index_expected.pop(expectation.key, None)
-            if expectation.domain_uid in live:
-                self.events.counts["check inv6 killed node back with its index"] += 1
-        for text in violations:
-            self._fail(text)
-
-    async def _check_imports(self, quiescent: bool) -> None:
-        """Every running job armed and not exempt has intact imports. A daemon that does not
-        answer is asked again at a quiescence (a violation if it never does); during the faults
-        it is left to the next round."""
-        armed = [
-            (t, t.armed_s, t.importers)
-            for t in sorted(self.jobs.values(), key=lambda t: t.spec.key)
-            if t.state == "running" and t.importers and self._exemption(t) is None
-        ]
-        where = " (quiescence)" if quiescent else ""
-        for attempt in range(IMPORT_CHECK_ATTEMPTS if quiescent else 1):
-            if attempt:
-                await asyncio.sleep(1.0)
-            reports = await asyncio.gather(*(workload.check(t.spec.name, imp) for t, _, imp in armed))
-            silent = []
-            for (tracked, armed_s, importers), report in zip(armed, reports, strict=True):
-                # Deleted, hit by a fault that may break it, or imported anew while it was asked.
-                if tracked.state != "running" or tracked.armed_s != armed_s or self._exemption(tracked):
-                    continue
-                final = quiescent and attempt == IMPORT_CHECK_ATTEMPTS - 1
-                if self._judge(tracked, armed_s, report, where, final):
-                    silent.append((tracked, armed_s, importers))
-            armed = silent
-            if not armed:
-                return
-
-    async def _check_before_delete(self, tracked: Tracked) -> None:
-        """A running job's imports once more, just before it is deleted (most jobs live shorter
-        than the periodic check's interval)."""
-        armed_s, importers = tracked.armed_s, tracked.importers
-        if not importers or self._exemption(tracked) is not None:
-            return
-        report = await workload.check(tracked.spec.name, importers)
-        if self._exemption(tracked) is None:
-            self._judge(tracked, armed_s, report, " (before delete)", final=False)
-
-    def _judge(
-        self, tracked: Tracked, armed_s: float, report: workload.ImportReport, where: str, final: bool
-    ) -> bool:
-        """Count an intact check or fail a broken one; True: a daemon was silent, ask again."""
-        verdict = continuity.verdict(report)
-        if verdict == continuity.INTACT:
-            self.events.counts[f"check inv6 job imports intact{where}"] += 1
-            return False
-        if verdict == continuity.BROKEN or final:
-            self._fail(continuity.broken_imports(tracked.spec.describe(), report, armed_s))
-            return False
-        self.events.counts["check inv6 job imports inconclusive (daemon silent)"] += 1
-        return True
 
     async def _supervisor_state(self) -> dict[str, Any]:
         assert self.handle is not None
