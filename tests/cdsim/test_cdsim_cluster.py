@@ -178,12 +178,32 @@ def test_submitting_the_same_job_again_is_refused(cluster: Path) -> None:
     assert result.returncode == 1 and "exists already" in result.stderr
 
 
-def test_fault_kill_agent_is_reported_as_node_lost_and_recovers(cluster: Path) -> None:
+def test_fault_kill_agent_restarts_the_plugin_and_changes_nothing(cluster: Path) -> None:
+    """The kubelet plugin holds no lease and runs no daemon: its job's domain does not notice."""
     doc = status(cluster)
     victim = job_of(doc, JOB)["claims"][1]["node"]
     old_pid = next(n["agent_pid"] for n in doc["nodes"] if n["name"] == victim)
-    out = ok(cdsim(cluster, "fault", "kill-agent", victim, "--down-for", "7"))
+    members_before = domain_of(doc, JOB)["nodes"]
+    out = ok(cdsim(cluster, "fault", "kill-agent", victim, "--down-for", "3"))
     assert f"pid {old_pid}" in out
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        node = next(n for n in status(cluster)["nodes"] if n["name"] == victim)
+        if node["agent_running"] and node["agent_pid"] not in (0, old_pid):
+            break
+        time.sleep(0.3)
+    assert node["agent_pid"] not in (0, old_pid), "the plugin was not started again"
+    after = status(cluster)
+    assert domain_of(after, JOB)["status"] == "Ready"
+    assert domain_of(after, JOB)["nodes"] == members_before  # same indices, states, daemon pids
+    assert_invariants(cluster)
+
+
+def test_fault_kill_node_is_reported_as_node_lost_and_recovers(cluster: Path) -> None:
+    doc = status(cluster)
+    victim = job_of(doc, JOB)["claims"][1]["node"]
+    index = next(n["index"] for n in domain_of(doc, JOB)["nodes"] if n["name"] == victim)
+    ok(cdsim(cluster, "fault", "kill-node", victim, "--down-for", "5"))
     ok(cdsim(cluster, "job", "wait", JOB, "--status", "NotReady", "--reason", "NodeLost", "--timeout", "30"))
     lost = domain_of(status(cluster), JOB)
     assert victim in lost["message"]
@@ -191,7 +211,8 @@ def test_fault_kill_agent_is_reported_as_node_lost_and_recovers(cluster: Path) -
     ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "60"))
     after = status(cluster)
     node = next(n for n in after["nodes"] if n["name"] == victim)
-    assert node["agent_running"] and node["agent_pid"] not in (0, old_pid)
+    assert node["agent_running"] and node["imex_agent_running"]
+    assert next(n["index"] for n in domain_of(after, JOB)["nodes"] if n["name"] == victim) == index
     assert sorted(n["index"] for n in domain_of(after, JOB)["nodes"]) == list(range(JOB_NODES))
     assert_invariants(cluster)
 
