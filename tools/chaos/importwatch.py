@@ -138,7 +138,13 @@ class ImportWatch:
         for expectation in settled:
             self.index_expected.pop(expectation.key, None)
             if expectation.domain_uid in live:
-                self.events.counts["check inv6 killed node back with its index"] += 1
+                e = expectation
+                self.events.add(
+                    "check",
+                    "inv6 node back",
+                    f"{e.node} took index {e.index} of {e.job} again",
+                    count="check inv6 killed node back with its index",
+                )
         for text in violations:
             self._fail(text)
 
