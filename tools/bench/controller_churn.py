@@ -192,10 +192,7 @@ def formed_domain_ops(
             Put(k.member(uid, n.name), member),
             Put(k.member_index(uid, n.clique_id, index), pb.IndexClaim(uid, n.clique_id, index, n.name)),
             Put(k.node_binding(n.name), pb.NodeBinding(n.name, uid)),
-            Put(
-                k.daemon(uid, n.name),
-                pb.DaemonStatus(domain_uid=uid, node_name=n.name, state=pb.DaemonState.READY),
-            ),
+            Put(k.daemon(uid, n.name), ready_status(uid, n, members)),
             Put(
                 k.preparation(n.name, claim),
                 pb.PreparedClaim(
@@ -208,6 +205,16 @@ def formed_domain_ops(
             ),
         ]
     return ops, held
+
+
+def ready_status(uid: str, node: pb.Node, members: list[pb.Node]) -> pb.DaemonStatus:
+    """A READY daemon connected to every other member of its clique (what makes a member ready)."""
+    return pb.DaemonStatus(
+        domain_uid=uid,
+        node_name=node.name,
+        state=pb.DaemonState.READY,
+        connected_nodes=[m.name for m in members if m.clique_id == node.clique_id and m.name != node.name],
+    )
 
 
 async def populate(store: Store, nodes: int, domains: int, members: int) -> Population:
@@ -277,8 +284,7 @@ async def form_domain(
         await store.put(k.preparation(n.name, claim), prep)
         held.append((n, claim))
     for n, _ in held:
-        status = pb.DaemonStatus(domain_uid=uid, node_name=n.name, state=pb.DaemonState.READY)
-        await store.put(k.daemon(uid, n.name), status)
+        await store.put(k.daemon(uid, n.name), ready_status(uid, n, members))
     return held
 
 
