@@ -1,10 +1,12 @@
-"""Many simulated node agents in one asyncio process, sharing a small pool of etcd clients.
+"""Many simulated nodes in one asyncio process, sharing a small pool of etcd clients.
 
-A node-agent process costs ~60 MB and most of a second of CPU to start; 256 of them do not fit a
-2-core machine, and 10,000 do not fit any. `ScaleHost` runs the agents as `SimAgent`s on one event
-loop instead: each keeps its own sockets, kubelet/CDI/IMEX directories, checkpoint and simulated
-IMEX daemon process, and talks to etcd through one of ``store_pool`` shared `Store` objects (agents
-are spread over them round-robin; each store is one gRPC channel and one watch stream).
+A node runs two programs (``cd-imex-agent`` and ``cd-node-agent``); each process costs ~60 MB and
+most of a second of CPU to start; 512 of them do not fit a 2-core machine, and 20,000 do not fit
+any. `ScaleHost` runs each node as a `SimAgent` (both programs, built by their own composition
+roots) on one event loop instead: each node keeps its own sockets, kubelet/CDI/IMEX directories,
+checkpoint and simulated IMEX daemon process, and talks to etcd through one of ``store_pool``
+shared `Store` objects (nodes are spread over them round-robin; each store is one gRPC channel
+and one watch stream).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""``python -m tools.scalesim``: host many simulated node agents in this one process.
+"""``python -m tools.scalesim``: host many simulated nodes (both programs each) in this process.
 
     python -m tools.scalesim --racks 15 --nodes 256 --state-dir DIR --etcd-endpoint HOST:PORT \\
         [--etcd-prefix /cd/v1/] [--inventory-only] [--ready-file FILE]
 
-Starts one agent per node (the first ``--nodes`` nodes spread over the racks, or every node),
+Starts both programs of each node (the first ``--nodes`` nodes spread over the racks, or every node),
 waits until all serve, writes the ready file (JSON: node -> DRA socket, start time, memory) and
-runs until SIGTERM/SIGINT, then stops every agent and its IMEX daemons.
+runs until SIGTERM/SIGINT, then stops every node and its IMEX daemons.
 """
 
 from __future__ import annotations
