@@ -4,8 +4,9 @@ Used by the tests, `cdsim check`, the demo and the chaos soak.
 
 `check_store_invariants` covers invariants 1-4; for 4 it reads each member's IMEX files on disk
 (with `nodes`): the fixed slot list, unchanged since its daemon started, and (at quiescence:
-peers catch up shortly after a membership change) the slot resolution in its hosts file. `check_domain_gone` covers invariant 5 after a domain was deleted: no
-record in the store, no file, process or checkpoint entry on any node. `check_cluster_idle`
+peers catch up shortly after a membership change) the slot resolution in its hosts file.
+`check_domain_gone` covers invariant 5 after a domain was deleted: no record in the store, no
+file, process or checkpoint entry on any node. `check_cluster_idle`
 checks that nothing of any domain is left anywhere (the end of a demo).
 """
 
@@ -138,9 +139,15 @@ async def check_store_invariants(
 
 
 def slot_addresses(domain_members: Iterable[pb.Member], clique_id: str) -> list[str]:
-    """What each slot of the clique should resolve to: its member's address or the placeholder."""
+    """What each slot of the clique should resolve to: its member's address (ACTIVE or LOST: a lost
+    member keeps its index and address) or the placeholder.
+
+    Should two records hold one index (an invariant 2 violation, reported as such), the lower node
+    name wins, as in the IMEX agent (services/imexagent/slotmap.py), so the one fault is not
+    reported again as every daemon's wrong slot resolution.
+    """
     out = [slots.PLACEHOLDER_ADDRESS] * slots.MAX_SLOTS
-    for m in domain_members:
+    for m in sorted(domain_members, key=lambda m: m.node_name, reverse=True):
         if m.clique_id == clique_id and 0 <= m.index < slots.MAX_SLOTS:
             out[m.index] = m.ip_address
     return out
@@ -188,21 +195,51 @@ def check_daemon_files(
 
 
 def _daemon_pid(directory: Path) -> int | None:
+    """The live daemon the domain directory's pidfile names, None if none runs.
+
+    The IMEX agent writes JSON ``{"pid": n, "start_ticks": t}`` (services/imexagent/process.py);
+    a bare number is accepted too. A pid whose start time is not the recorded one was reused by
+    another process, and a zombie has exited: neither is the daemon.
+    """
     try:
-        pid = int((directory / PID_FILE).read_text().split()[0])
+        text = (directory / PID_FILE).read_text()
+    except OSError:
+        return None
+    ticks: object = None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(record, dict):
+        pid, ticks = record.get("pid"), record.get("start_ticks")
+    else:
+        pid = record
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    started = _process_start_ticks(pid)
+    if started is None or (ticks is not None and ticks != started):
+        return None
+    return pid
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """Start of a process in clock ticks since boot (field 22 of proc(5)); None if gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return None if fields[0] == "Z" else int(fields[19])  # fields[0] is field 3
     except (OSError, ValueError, IndexError):
         return None
-    return pid if Path(f"/proc/{pid}").exists() else None
 
 
 def _process_start_time(pid: int) -> float | None:
     """Wall-clock start of a process (from /proc), None if it is gone."""
+    ticks = _process_start_ticks(pid)
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError):
         return None
-    ticks = int(stat.rpartition(")")[2].split()[19])
+    if ticks is None:
+        return None
     age = uptime - ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - age
 
