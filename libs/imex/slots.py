@@ -17,6 +17,7 @@ Imported by the simulated daemon at start-up: only cheap imports here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 TYPE_CHECKING = False
@@ -45,7 +46,13 @@ def slot_name(domain_uid: str, clique_id: str, index: int) -> str:
 
 
 def slot_names(domain_uid: str, clique_id: str) -> list[str]:
-    return [slot_name(domain_uid, clique_id, i) for i in range(MAX_SLOTS)]
+    return list(_slot_names(domain_uid, clique_id))
+
+
+@functools.lru_cache(maxsize=1024)
+def _slot_names(domain_uid: str, clique_id: str) -> tuple[str, ...]:
+    # Rendered on every hosts check of every daemon: 18 digests each time showed in profiles.
+    return tuple(slot_name(domain_uid, clique_id, i) for i in range(MAX_SLOTS))
 
 
 def render_nodes_config_slots(domain_uid: str, clique_id: str) -> str:

@@ -115,6 +115,8 @@ class DomainDaemon:
         self.last_probe: ProbeResult | None = None
         # member node -> when the daemon last reported its link CONNECTED (loop time)
         self._seen_connected: dict[str, float] = {}
+        # The slot addresses `written_hosts` was rendered from (None: not known yet).
+        self._hosts_for: tuple[str, ...] | None = None
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._reported = _Reported()
@@ -343,13 +345,17 @@ class DomainDaemon:
         return self.backend == "nvidia" and not self.settings.daemon_command
 
     async def _sync_hosts(self) -> None:
+        if self.desired.slot_addresses == self._hosts_for:
+            return  # the common case on every step: nothing moved
         text = self.dir.render_hosts(self.desired)
         if text == self.written_hosts:
+            self._hosts_for = self.desired.slot_addresses
             return
         await self._blocking(
             functools.partial(self.dir.write_hosts, text, in_place=self._through_bind_mount())
         )
         self.written_hosts = text
+        self._hosts_for = self.desired.slot_addresses
         self.generation += 1
         self.reload.changed()
         self._fresh_until = self._now() + _FRESH_S

@@ -45,13 +45,15 @@ async def start_agents(
     return agents
 
 
-async def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition") -> None:
+async def wait_for(
+    predicate, timeout_s: float = 15.0, what: str = "condition", detail=lambda: ""
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await predicate():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}: {detail()}")
 
 
 def node_files(agents: list[AgentProcess]) -> dict[str, bytes]:
@@ -115,15 +117,19 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
     # Teardown: every claim released, domain deleted -> nothing of it remains anywhere.
     errors = await asyncio.gather(*(Kubelet(a).unprepare_once(r) for a, r in zip(agents, refs, strict=True)))
     assert errors == [{r.uid: ""} for r in refs]
+    for ref in [*refs, intruder]:  # the claims go, as kubelet's pods and cdsim's jobs do
+        await store.delete(store.keys.claim(ref.uid))
     await store.delete(store.keys.domain(domain.uid))
 
-    async def gone() -> bool:
-        return (
-            await check_domain_gone(store, domain.uid, [r.uid for r in refs], [a.local_paths for a in agents])
-            == []
-        )
+    left: list[str] = []
 
-    await wait_for(gone, what="domain teardown")
+    async def gone() -> bool:
+        left[:] = await check_domain_gone(
+            store, domain.uid, [r.uid for r in refs], [a.local_paths for a in agents]
+        )
+        return left == []
+
+    await wait_for(gone, what="domain teardown", detail=lambda: left)
 
     # Graceful shutdown: exit 0, sockets removed.
     for agent in agents:

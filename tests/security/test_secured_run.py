@@ -104,6 +104,15 @@ def test_node_agent_sockets_are_not_world_writable(secured: SecuredCluster) -> N
 async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: SecuredCluster) -> None:
     nodes = _running_agents(secured)
     uid = str(uuid.uuid4())
+    async with Store(secured.store_config("admin")) as store:
+        # Healthy is not yet registered: wait until every running IMEX agent has its node record.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            registered, _ = await store.list(store.keys.nodes(), pb.Node)
+            if sorted(r.value.name for r in registered) == sorted(nodes):
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(r.value.name for r in registered) == sorted(nodes)
     placement = await advisor.place(
         secured.advisor_endpoint, len(nodes), uid, "single-clique", "security-test"
     )
