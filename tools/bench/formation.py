@@ -1,9 +1,10 @@
 """Benchmark: ComputeDomain formation, submit to Ready, for an 18-node rack and a 256-node job.
 
 Set-up per scenario: a private etcd, one `cd-controller` process (leader, simulation mode) and one
-scale-mode host process (`tools.scalesim`) whose node agents are the real node-agent components,
-each with its own DRA socket, checkpoint, CDI root and a real simulated IMEX daemon process per
-domain. This process plays the user and kubelet.
+scale-mode host process (`tools.scalesim`) that runs, per node, the two node programs as their
+own composition roots build them (the IMEX agent and the kubelet plugin), each node with its own
+DRA socket, checkpoint, CDI root and a real simulated IMEX daemon process per domain. This
+process plays the user and kubelet.
 
 One formation, timed from t0 in this process:
 
@@ -11,10 +12,10 @@ One formation, timed from t0 in this process:
    store (as `cdsim job submit` does, without the placement advisor: nodes are fixed);
 2. every node's kubelet calls NodePrepareResources on that node's DRA socket, all at once, retried
    like kubelet on failure. A prepare returns only once the node joined the domain and its IMEX
-   daemon is READY (all peers of its clique connected), so "all claims prepared" implies "all
-   daemons READY";
-3. the controller marks the domain Ready (every member active and healthy, every daemon READY),
-   seen through a watch on the domain record.
+   daemon is READY (local: the daemon is up with its node ID), so "all claims prepared" implies
+   "all daemons READY";
+3. the controller marks the domain Ready (every member's daemon READY and reporting every other
+   member of its clique connected: the full mesh), seen through a watch on the domain record.
 
 Reported: the formation time t(Ready) - t0 (the target figure) and t(all prepared) - t0. Between
 repetitions the job is deleted (claims unprepared, claims deleted, domain marked deleting) and the

@@ -102,10 +102,10 @@ FORMATION = Benchmark(
             lambda raw: float(_get(raw, "formation_18", "ready_p50_s")),
             "Median over repetitions of: ComputeDomain and 18 allocated channel claims written to the store "
             "(t0) → NodePrepareResources on each node's DRA socket, all at once, kubelet-style retries "
-            "(a prepare answers once the node joined and its IMEX daemon is READY, i.e. connected to all "
-            "17 peers) → the controller's status.status Ready, seen through a store watch. One rack, "
-            "agents in the scale-mode host (real node-agent components, one simulated IMEX daemon "
-            "process per node), one cd-controller process, private etcd on tmpfs. The job is deleted "
+            "(a prepare answers once the node joined and its IMEX daemon is READY) → the controller's "
+            "status.status Ready (every daemon connected to its 17 peers), seen through a store watch. "
+            "One rack, both node programs per node in the scale-mode host (their own composition "
+            "roots, one simulated IMEX daemon process per node), one cd-controller process, private etcd on tmpfs. The job is deleted "
             "and fully torn down between repetitions.",
         ),
         Metric(
