@@ -345,17 +345,19 @@ class DomainDaemon:
         return self.backend == "nvidia" and not self.settings.daemon_command
 
     async def _sync_hosts(self) -> None:
-        if self.desired.slot_addresses == self._hosts_for:
+        # Taken before the write's await: a membership change during it must not be taken as written.
+        addresses = self.desired.slot_addresses
+        if addresses == self._hosts_for:
             return  # the common case on every step: nothing moved
         text = self.dir.render_hosts(self.desired)
         if text == self.written_hosts:
-            self._hosts_for = self.desired.slot_addresses
+            self._hosts_for = addresses
             return
         await self._blocking(
             functools.partial(self.dir.write_hosts, text, in_place=self._through_bind_mount())
         )
         self.written_hosts = text
-        self._hosts_for = self.desired.slot_addresses
+        self._hosts_for = addresses
         self.generation += 1
         self.reload.changed()
         self._fresh_until = self._now() + _FRESH_S
