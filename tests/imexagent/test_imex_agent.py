@@ -341,3 +341,37 @@ async def test_a_daemon_that_cannot_start_is_failed_with_its_own_words(store: St
     finally:
         await rack.stop(a)
         kill_daemons_under(tmp_path)
+
+
+async def test_a_peer_joining_while_the_hosts_file_is_written_still_reaches_it(
+    rack: Rack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A membership change that lands during a hosts write is written next, not taken as written."""
+    import threading
+
+    from services.imexagent.domaindir import DomainDir
+
+    a, b, c = rack.node(0), rack.node(1), rack.node(2)
+    for node in (a, b, c):
+        rack.start(node)
+    await rack.join(UID, a, 0)
+    await rack.ready_status(UID, a, node_id=0)
+    writing, release = threading.Event(), threading.Event()
+    real_write = DomainDir.write_hosts
+
+    def slow_write(self: DomainDir, text: str, *, in_place: bool = False) -> None:
+        if self.path.parent == a.work_dir and not release.is_set():
+            writing.set()
+            release.wait(10)  # hold the first rewrite of A's hosts until C has joined
+        real_write(self, text, in_place=in_place)
+
+    monkeypatch.setattr(DomainDir, "write_hosts", slow_write)
+    await rack.join(UID, b, 1)
+    assert await asyncio.to_thread(writing.wait, 10), "A never rewrote its hosts for B"
+    await rack.join(UID, c, 2)
+    await eventually(lambda: a.supervisor is not None and a.supervisor.member(c.name) is not None)
+    release.set()
+    await rack.ready_status(UID, a, connected_nodes=[b.name, c.name])
+    names = slots.slot_names(UID, a.sim.clique)
+    hosts = hosts_of(a.dir(UID))
+    assert (hosts[names[1]], hosts[names[2]]) == (b.sim.address, c.sim.address)
