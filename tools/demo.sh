@@ -103,7 +103,7 @@ import json, sys
 doc = json.load(sys.stdin)
 node = sys.argv[1]
 entry = next(n for d in doc["domains"] if d["name"] == "train-b" for n in d["nodes"] if n["name"] == node)
-print(f"    {node}: index {entry[\"index\"]}, member {entry[\"member_state\"]}, daemon {entry[\"daemon\"]}")
+print("    %s: index %s, member %s, daemon %s" % (node, entry["index"], entry["member_state"], entry["daemon"]))
 ' "$VICTIM"
 cdsim check
 

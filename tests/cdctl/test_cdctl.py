@@ -213,7 +213,7 @@ def test_describe_names_the_nodes_still_waited_for() -> None:
     snap.preparations = snap.preparations[:2]
     snap.members = snap.members[:2]
     reasons = reasons_not_ready(snap, snap.domains[0])
-    assert any("2 of numNodes=5 joined" in r and "rack0-tray2" in r for r in reasons)
+    assert any("2 of numNodes=5 active" in r and "rack0-tray2" in r for r in reasons)
 
 
 def test_describe_of_a_ready_domain_says_so() -> None:

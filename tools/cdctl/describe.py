@@ -56,10 +56,17 @@ def reasons_not_ready(snap: Snapshot, domain: pb.ComputeDomain) -> list[str]:
         )
     for m in sorted(members, key=lambda m: m.node_name):
         node = snap.node(m.node_name)
-        if m.state == pb.MemberState.LOST or node is None:
+        if m.state == pb.MemberState.LOST:
             reasons.append(
-                f"{m.node_name}: node lost - its node agent's lease expired (agent down, node gone or cut off "
-                f"from etcd); its index was freed. Check the node agent on {m.node_name}."
+                f"{m.node_name}: node lost - its IMEX agent's lease expired and no peer reports it connected "
+                f"(node down, or cut off from etcd and its peers); it keeps index {m.index} for its return. "
+                f"Check the node and cd-imex-agent on {m.node_name}."
+            )
+            continue
+        if node is None:
+            reasons.append(
+                f"{m.node_name}: node record lapsed (cd-imex-agent down or cut off from etcd); not lost while "
+                f"its peers report it connected"
             )
             continue
         if node.health not in (pb.Health.HEALTHY, pb.Health.UNKNOWN):
@@ -70,7 +77,7 @@ def reasons_not_ready(snap: Snapshot, domain: pb.ComputeDomain) -> list[str]:
             continue  # non-fabric node: no IMEX daemon
         daemon = daemons.get(m.node_name)
         if daemon is None:
-            reasons.append(f"{m.node_name}: no IMEX daemon status yet (the node agent has not started it)")
+            reasons.append(f"{m.node_name}: no IMEX daemon status yet (its IMEX agent has not started it)")
         elif daemon.state != pb.DaemonState.READY:
             text = f"{m.node_name}: IMEX daemon {enum_name(daemon.state)}"
             if daemon.restarts:
@@ -83,7 +90,7 @@ def reasons_not_ready(snap: Snapshot, domain: pb.ComputeDomain) -> list[str]:
             reasons.append(text)
     if domain.spec.num_nodes > len(active):
         pending = [c for c in claims_of(snap, domain.uid) if c.uid not in prepared]
-        text = f"waiting for nodes: {len(active)} of numNodes={domain.spec.num_nodes} joined"
+        text = f"waiting for nodes: {len(active)} of numNodes={domain.spec.num_nodes} active"
         if pending:
             names = ", ".join(sorted(c.node_name for c in pending)[:8])
             text += (
