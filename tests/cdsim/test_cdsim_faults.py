@@ -39,7 +39,7 @@ from tools.etcd.server import free_port
 TRAYS = 6
 ADDRESS_BLOCK = 86  # its own loopback block
 JOB = "grow"
-PARTITION_S = 8.0
+PARTITION_S = 30.0  # as long as the outage a running job must not notice
 
 
 # ---- the gate on its own ---------------------------------------------------------------------
