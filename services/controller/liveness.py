@@ -8,6 +8,13 @@ when its record is absent and no live peer (an active member of its clique
 whose own record is present, so whose report is current) lists it. A
 member alone in its clique has no peer to ask: its record decides.
 
+That test, made on the current reports, is `gone`: the one answer to "may
+the controller act as if this node were dead". The loss decision marks the
+gone members LOST; the teardown drops prepared claims only of gone nodes. A
+LOST mark is history, not that answer: a member marked while its only peer
+was itself LOST is reported connected again once that peer is back, and a
+node a live peer reaches may still run the job, so its claims must stay.
+
 The same reports decide readiness: a fabric member is ready when its daemon
 is READY and connected to every other active fabric member of its clique.
 """
@@ -22,10 +29,14 @@ from services.controller.observed import DomainObservation, MemberRecord
 
 @dataclass(frozen=True)
 class Liveness:
-    # Members lost: marked LOST, or active with no node record and no live peer reporting them.
+    # Members gone now: no node record and no live peer reporting them (marked LOST or not).
+    gone: frozenset[str]
+    # Members lost: marked LOST, or gone (what the status shows and the mesh leaves out).
     lost: frozenset[str]
     # Active fabric members by clique (index >= 0, not lost): whom each daemon must reach.
     mesh: Mapping[str, frozenset[str]]
+    # LOST fabric members whose record is back: their reports count once they are ACTIVE again.
+    returning: frozenset[str]
 
     def missing_peers(self, obs: DomainObservation, name: str) -> list[str]:
         """Active fabric peers of `name` its daemon does not report connected, sorted."""
@@ -68,13 +79,13 @@ def vouched_for(obs: DomainObservation) -> dict[str, set[str]]:
 
 def liveness(obs: DomainObservation) -> Liveness:
     vouched = vouched_for(obs)
-    lost = frozenset(
-        name
-        for name, m in obs.members.items()
-        if m.lost or (not obs.node_present(name) and not vouched.get(name))
+    gone = frozenset(n for n in obs.members if not obs.node_present(n) and not vouched.get(n))
+    lost = gone | {n for n, m in obs.members.items() if m.lost}
+    returning = frozenset(
+        n for n, m in obs.members.items() if m.lost and m.fabric and m.index >= 0 and obs.node_present(n)
     )
     mesh: dict[str, set[str]] = {}
     for name, m in obs.members.items():
         if m.fabric and m.index >= 0 and name not in lost:
             mesh.setdefault(m.clique_id, set()).add(name)
-    return Liveness(lost, {clique: frozenset(names) for clique, names in mesh.items()})
+    return Liveness(gone, lost, {clique: frozenset(names) for clique, names in mesh.items()}, returning)

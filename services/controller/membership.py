@@ -32,10 +32,10 @@ from services.controller.observed import DomainObservation
 
 def loss_actions(obs: DomainObservation, live: Liveness | None = None) -> list[Action]:
     """MarkMemberLost for every active member with no node record that no live peer vouches for."""
-    lost = (live if live is not None else liveness(obs)).lost
+    gone = (live if live is not None else liveness(obs)).gone
     out: list[Action] = []
     for name, member in sorted(obs.members.items()):
-        if member.lost or name not in lost:
+        if member.lost or name not in gone:
             continue
         reports = tuple(
             (peer, daemon.mod_revision if (daemon := obs.daemons.get(peer)) is not None else 0)

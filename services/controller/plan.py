@@ -29,7 +29,7 @@ def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Pl
     actions: list[Action] = membership.loss_actions(obs, live)
     actions += membership.activations(obs)
     actions += membership.lost_member_releases(obs)
-    actions += teardown.teardown_actions(obs)
+    actions += teardown.teardown_actions(obs, live)
     if not obs.domain.deleting:
         actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
     if any(isinstance(a, DeleteDomain) for a in actions):

@@ -11,15 +11,19 @@ pure core (`plan_domain`) on every domain and applies its actions with the
 store's semantics. After every step: indices are unique per clique and
 inside the bound (lost members included), a member's index never changes
 while it exists, a node is in at most one domain, a member is marked LOST
-only when its record is gone and no live peer reports it connected, and each
-domain's status is Ready exactly when the contract says.
+only when its record is gone and no live peer reports it connected, a prepared
+claim is dropped only of such a node (judged before the plan and after its
+earlier actions), and each domain's status is Ready exactly when the contract
+says.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from hypothesis import event, settings
+from hypothesis import currently_in_test_context, settings
+from hypothesis import event as hypothesis_event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -52,6 +56,12 @@ NODES = {
     "c1": "",
 }
 DOMAINS = ["d0", "d1", "d2"]
+
+
+def event(value: str) -> None:
+    """Count an event for the statistics; a no-op when a test replays steps by hand."""
+    if currently_in_test_context():
+        hypothesis_event(value)
 
 
 @dataclass
@@ -137,6 +147,12 @@ class Model:
         if row is not None and row.index >= 0:
             self.index_claims.pop((uid, row.clique, row.index), None)
 
+    def unprepare(self, node: str, claim: str) -> None:
+        """The node agent unprepares a claim; on its last one of the domain it leaves."""
+        uid = self.preparations.pop((node, claim))
+        if not any(n == node and u == uid for (n, _), u in self.preparations.items()):
+            self.leave(node, uid)
+
     # ---- what the controller sees and does ------------------------------------------------
 
     def observe(self, uid: str) -> DomainObservation:
@@ -200,9 +216,10 @@ class Model:
             self.leave(action.node, uid)
         elif isinstance(action, DeletePreparation):
             assert action.node not in self.present, f"{action} of a live node"
-            # Decided on the plan's one observation (an earlier action of the same plan may revive a
-            # peer whose last report lists this node; the store compares only the record's absence).
+            # Neither in the observation the plan was made from nor after the plan's earlier
+            # actions (which may make a peer ACTIVE again whose report lists this node).
             assert action.node not in self.vouched_at_decision, f"{action} of a node its peers still reach"
+            assert action.node not in self.vouched(uid), f"{action} of a node a revived peer reaches"
             assert self.domains[uid].deleting
             del self.preparations[(action.node, action.claim_uid)]
         elif isinstance(action, DeleteDaemonStatus):
@@ -286,9 +303,7 @@ class ControllerCoreMachine(RuleBasedStateMachine):
             d.deleting = True
         for node, claim in sorted(self.m.preparations):
             if node in self.m.present:
-                uid = self.m.preparations.pop((node, claim))
-                if not any(n == node and u == uid for (n, _), u in self.m.preparations.items()):
-                    self.m.leave(node, uid)
+                self.m.unprepare(node, claim)
         for _ in range(6):
             self.controller_step(advance_past_grace=True)
         assert not self.m.domains and not self.m.members and not self.m.bindings
@@ -316,10 +331,7 @@ class ControllerCoreMachine(RuleBasedStateMachine):
         live = sorted(k for k in self.m.preparations if k[0] in self.m.present)
         if not live:
             return
-        node, claim = data.draw(st.sampled_from(live))
-        uid = self.m.preparations.pop((node, claim))
-        if not any(n == node and u == uid for (n, _), u in self.m.preparations.items()):
-            self.m.leave(node, uid)
+        self.m.unprepare(*data.draw(st.sampled_from(live)))
 
     @precondition(lambda self: bool(self.m.bindings))
     @rule(data=st.data(), links_drop=st.booleans())
@@ -328,7 +340,9 @@ class ControllerCoreMachine(RuleBasedStateMachine):
 
         Its peers' links may drop at once (the node died) or stay up (only the IMEX side did).
         """
-        node = data.draw(st.sampled_from(sorted(self.m.bindings)))
+        self.lose_node(data.draw(st.sampled_from(sorted(self.m.bindings))), links_drop)
+
+    def lose_node(self, node: str, links_drop: bool) -> None:
         self.m.present.discard(node)
         if links_drop:
             self.links_to_node_drop(node)
@@ -345,7 +359,9 @@ class ControllerCoreMachine(RuleBasedStateMachine):
     @rule(data=st.data(), agent_rejoins=st.booleans())
     def node_returns(self, data: st.DataObject, agent_rejoins: bool) -> None:
         """The node record is back; the kubelet plugin may rejoin first, or leave it to the controller."""
-        node = data.draw(st.sampled_from(sorted(set(NODES) - self.m.present)))
+        self.node_back(data.draw(st.sampled_from(sorted(set(NODES) - self.m.present))), agent_rejoins)
+
+    def node_back(self, node: str, agent_rejoins: bool) -> None:
         self.m.present.add(node)
         if not agent_rejoins:
             return
@@ -369,6 +385,8 @@ class ControllerCoreMachine(RuleBasedStateMachine):
         for uid in sorted(self.m.all_uids()):
             if any(n not in self.m.present for n in self.m.vouched(uid)):
                 event("node record gone, a peer still connected")
+            if any(self.m.members[(uid, n)].lost for n in self.m.vouched(uid) - self.m.present):
+                event("LOST member reported connected again")
             obs = self.m.observe(uid)
             self.m.vouched_at_decision = self.m.vouched(uid)
             plan = plan_domain(obs, self.m.now_ms, GRACE_MS)
@@ -467,5 +485,52 @@ class ControllerCoreMachine(RuleBasedStateMachine):
         assert all(len(u) == 1 for u in per_node.values())
 
 
-ControllerCoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+# A longer hunt: CORE_MODEL_MAX_EXAMPLES=2000 (the default keeps the suite quick).
+ControllerCoreMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CORE_MODEL_MAX_EXAMPLES", "200")), stateful_step_count=40, deadline=None
+)
 TestControllerCore = ControllerCoreMachine.TestCase
+
+
+def test_member_marked_lost_while_its_only_peer_was_lost_keeps_its_claims() -> None:
+    """Found by the machine: a LOST mark is not the teardown's licence to drop claims.
+
+    a0 dies (links drop) and is marked LOST; its record comes back, its last report still lists
+    a1. a1's IMEX side stops (links stay up): a0 does not count yet, so a1 is marked LOST in the
+    plan that makes a0 ACTIVE again. Then a0 reports a1 connected: a1 may run the job, and
+    deleting the domain must not drop a1's prepared claim (it did, on the strength of the mark).
+    """
+    machine = ControllerCoreMachine()
+    machine.start_with_two_domains([0, 0])
+    machine.job_starts(uid="d1", count=2, all_ready=True)
+    machine.lose_node("a0", links_drop=True)
+    machine.node_back("a0", agent_rejoins=False)
+    machine.lose_node("a1", links_drop=False)
+    machine.controller_step(advance_past_grace=False)
+    assert machine.m.members[("d1", "a1")].lost and not machine.m.members[("d1", "a0")].lost
+    machine.delete_domain("d1")
+    machine.controller_step(advance_past_grace=False)
+    assert ("a1", "claim2") in machine.m.preparations  # a0 still reaches a1
+    # a0's link to a1 drops: now a1 is gone and the teardown finishes without anyone's help.
+    machine.links_to_node_drop("a1")
+    machine.m.unprepare("a0", "claim1")
+    for _ in range(3):
+        machine.controller_step(advance_past_grace=False)
+    assert "d1" not in machine.m.domains and not machine.m.preparations
+
+
+def test_no_claim_dropped_in_the_plan_that_revives_the_peer_reaching_it() -> None:
+    """As above with the domain deleted first: one plan marks a1 LOST and makes a0 ACTIVE again.
+
+    a0's report does not count in that plan's observation, but it does right after; the claims
+    of a1 wait for the next observation, in which a0 vouches for a1.
+    """
+    machine = ControllerCoreMachine()
+    machine.start_with_two_domains([0, 0])
+    machine.job_starts(uid="d1", count=2, all_ready=True)
+    machine.lose_node("a0", links_drop=True)
+    machine.node_back("a0", agent_rejoins=False)
+    machine.delete_domain("d1")
+    machine.lose_node("a1", links_drop=False)  # runs the controller step
+    machine.controller_step(advance_past_grace=False)
+    assert ("a1", "claim2") in machine.m.preparations
