@@ -238,14 +238,28 @@ class DaemonLifecycle:
 
 @dataclass
 class ReloadPolicy:
-    """When to send SIGUSR1: after an address change, at most once per `min_interval_s`."""
+    """When to send SIGUSR1: after an address change, at most once per `min_interval_s`.
+
+    With `settle_s` > 0 an owed signal also waits until the slot map has been quiet for
+    `settle_s` (but no longer than `settle_max_s` after the first change it covers): a domain
+    forming sees a burst of joins, and one signal after the burst reaches every new member,
+    where a signal at its first join would leave the rest to the daemon's reconnect backoff
+    until the next signal is allowed 5.2 s later.
+    """
 
     min_interval_s: float = 5.2
+    settle_s: float = 0.0
+    settle_max_s: float = 0.0
     pending: bool = False
     last_sent_at: float | None = None
+    first_change_at: float = 0.0
+    last_change_at: float = 0.0
 
-    def changed(self) -> None:
-        """A slot's address changed (the hosts file was rewritten)."""
+    def changed(self, now: float = 0.0) -> None:
+        """A slot's address changed (the hosts file was rewritten) at `now`."""
+        if not self.pending:
+            self.first_change_at = now
+        self.last_change_at = now
         self.pending = True
 
     def daemon_started(self) -> None:
@@ -259,9 +273,11 @@ class ReloadPolicy:
         """When the owed signal may be sent (None: none is owed)."""
         if not self.pending:
             return None
-        if self.last_sent_at is None:
-            return float("-inf")
-        return self.last_sent_at + self.min_interval_s
+        due = float("-inf") if self.last_sent_at is None else self.last_sent_at + self.min_interval_s
+        if self.settle_s > 0:
+            quiet = min(self.last_change_at + self.settle_s, self.first_change_at + self.settle_max_s)
+            due = max(due, quiet)
+        return due
 
     def should_send(self, now: float, responsive: bool) -> bool:
         """True (and the signal counted as sent at `now`) when one is owed, allowed and useful."""

@@ -105,7 +105,9 @@ class DomainDaemon:
         self._on_ready_changed = on_ready_changed
         self._on_fence_lost = on_fence_lost
         self.lifecycle = DaemonLifecycle(settings.lifecycle_policy())
-        self.reload = ReloadPolicy(settings.reload_min_interval_s)
+        self.reload = ReloadPolicy(
+            settings.reload_min_interval_s, settings.reload_settle_s, settings.reload_settle_max_s
+        )
         self.process: proc.DaemonProcess | None = None
         self.identity: Identity | None = None  # of the files on disk / the running daemon
         self.written_hosts: str | None = None
@@ -359,7 +361,7 @@ class DomainDaemon:
         self.written_hosts = text
         self._hosts_for = addresses
         self.generation += 1
-        self.reload.changed()
+        self.reload.changed(self._now())
         self._fresh_until = self._now() + _FRESH_S
         log.info("IMEX slot addresses rewritten", cd_uid=self.uid, node=self.node, generation=self.generation)
 

@@ -54,6 +54,10 @@ class ImexSettings:
     stop_grace_s: float = 5.0
     # At most one SIGUSR1 this often (nvidia-imex ignores repeats within 5 s).
     reload_min_interval_s: float = 5.2
+    # An owed SIGUSR1 waits until the slot map was quiet this long (at most reload_settle_max_s
+    # after the first change): one signal after a burst of joins instead of one at its start.
+    reload_settle_s: float = 0.15
+    reload_settle_max_s: float = 1.0
     # A status change that only concerns peers / connections / generation is written at most
     # this often; state changes are written at once.
     status_coalesce_s: float = 0.2

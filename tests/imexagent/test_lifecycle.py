@@ -11,6 +11,7 @@ signals closer than the minimum interval, none without a change, and none owed f
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -248,6 +249,20 @@ def test_a_burst_of_changes_is_one_signal_and_the_next_waits_for_the_interval() 
     assert policy.due_at() == 0.1 + 5.2
     assert policy.should_send(5.3, responsive=True)
     assert not policy.should_send(20.0, responsive=True), "nothing changed since"
+
+
+def test_a_burst_of_joins_is_signalled_once_it_is_quiet() -> None:
+    policy = ReloadPolicy(min_interval_s=5.2, settle_s=0.15, settle_max_s=1.0)
+    for t in (0.0, 0.1, 0.2):  # joins 100 ms apart: the map is not quiet yet
+        policy.changed(t)
+        assert not policy.should_send(t + 0.01, responsive=True)
+    assert policy.due_at() == pytest.approx(0.35)
+    assert policy.should_send(0.35, responsive=True)
+    # A burst that never goes quiet is still signalled settle_max_s after its first change.
+    for t in (10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6, 10.7, 10.8, 10.9, 11.0):
+        policy.changed(t)
+    assert policy.due_at() == pytest.approx(11.0)
+    assert policy.should_send(11.0, responsive=True)
 
 
 def test_a_daemon_hung_at_start_is_killed_after_the_silence_limit() -> None:
