@@ -29,10 +29,10 @@ import structlog
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware
 from libs.hardware.interface import NodeHardware
-from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
 from services.nodeagent.metrics import AgentMetrics
@@ -41,45 +41,6 @@ from services.nodeagent.settings import AgentSettings
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
-
-# A restarted background task that then runs this long counts as recovered.
-_STABLE_AFTER_S = 60.0
-
-
-async def keep_running(
-    name: str,
-    run: Callable[[], Awaitable[object]],
-    health: Health,
-    stable_after_s: float = _STABLE_AFTER_S,
-    backoff: Backoff | None = None,
-) -> None:
-    """Run a task that should never end; on failure log, report in health, restart with backoff.
-    The health problem clears once the restarted task has run ``stable_after_s``."""
-    loop = asyncio.get_running_loop()
-    backoff = backoff or Backoff(initial=0.5, cap=30.0)
-    problem = f"task:{name}"
-    while True:
-        started = loop.time()
-        # A restarted task that runs long enough again clears its problem.
-        recovered = (
-            loop.call_later(stable_after_s, health.clear_problem, problem)
-            if problem in health.problems
-            else None
-        )
-        try:
-            await run()
-            message = "exited unexpectedly"
-        except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            log.exception("background task failed; restarting", task=name)
-        finally:
-            if recovered is not None:
-                recovered.cancel()
-        if loop.time() - started >= stable_after_s:
-            backoff.reset()
-        health.set_problem(problem, message)
-        await asyncio.sleep(backoff.next_delay())
-        log.info("restarting background task", task=name)
 
 
 def _open_hardware(settings: AgentSettings) -> NodeHardware:

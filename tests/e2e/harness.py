@@ -40,7 +40,7 @@ import yaml
 
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
-from tests.invariants import NodeLocalPaths
+from libs.invariants.checker import NodeLocalPaths
 from tests.manifests.kustomize import build as kustomize_build
 from tools.cdsim.layout import StateLayout
 from tools.controlplane.binaries import Binaries

@@ -1,7 +1,7 @@
 """The steps of the ComputeDomain + Indexed Job scenario, shared by the scenario tests.
 
 Each step waits (bounded) for what a user would see, asserts it, and returns what later steps
-need. The store and node-local checks are the SPEC §4 invariants (tests/invariants.py).
+need. The store and node-local checks are the invariants of libs/invariants/checker.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_domain_gone, check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, DOMAIN_LABEL, DRIVER, E2EEnvironment, example_compute_domain
-from tests.invariants import check_domain_gone, check_store_invariants
 
 
 @dataclass

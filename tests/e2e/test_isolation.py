@@ -10,11 +10,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import DRIVER, E2EEnvironment
 from tests.e2e.scenario import apply_example_cd, cdi_spec_exists, kubectl_get_computedomains
-from tests.invariants import check_store_invariants
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import E2EEnvironment
@@ -24,7 +25,6 @@ from tests.e2e.scenario import (
     wait_cd_ready,
     wait_job_running,
 )
-from tests.invariants import check_store_invariants
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -9,7 +9,7 @@ import pytest
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.runtime.settings import SettingsError, load_settings
-from services.nodeagent.main import keep_running
+from libs.runtime.tasks import keep_running
 from services.nodeagent.settings import AgentSettings
 
 

@@ -44,16 +44,15 @@ import structlog
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
 from libs.runtime.health import Health
+from libs.runtime.tasks import keep_running
 from libs.state.store import Store
 from libs.state.watch import watch_prefix
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.main import ImexAgent, compose_imex_agent
-from services.imexagent.main import keep_running as keep_imex_task_running
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
 from services.nodeagent.claimsource import StoreClaimSource
 from services.nodeagent.driver import dra_socket_path
-from services.nodeagent.main import keep_running as keep_plugin_task_running
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.plugin import Plugin, compose_plugin
 from services.nodeagent.registration import registration_socket_path
@@ -226,9 +225,7 @@ class SimAgent:
                 if self.options.inventory_only and name != "inventory":
                     continue
                 imex_tasks.append(
-                    asyncio.create_task(
-                        keep_imex_task_running(name, run, self.health), name=f"{name}-{self.node_name}"
-                    )
+                    asyncio.create_task(keep_running(name, run, self.health), name=f"{name}-{self.node_name}")
                 )
             if self.plugin is None:
                 if await self._until_registered():
@@ -237,9 +234,7 @@ class SimAgent:
                 return
             for name, run in self.plugin.tasks():
                 plugin_tasks.append(
-                    asyncio.create_task(
-                        keep_plugin_task_running(name, run, self.health), name=f"{name}-{self.node_name}"
-                    )
+                    asyncio.create_task(keep_running(name, run, self.health), name=f"{name}-{self.node_name}")
                 )
             if await self.plugin.serve(self._stop):
                 self.serving.set()
