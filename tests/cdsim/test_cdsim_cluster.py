@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.cdsim.cli import cdsim, ok, status
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
 
@@ -31,27 +30,6 @@ RACKS, TRAYS = 2, 4
 ADDRESS_BLOCK = 77
 JOB = "train"
 JOB_NODES = 4
-
-
-def cdsim(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.cdsim.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (
-        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    )
-    return result.stdout
-
-
-def status(state_dir: Path) -> dict[str, Any]:
-    return dict(json.loads(ok(cdsim(state_dir, "status", "--json"))))
 
 
 def domain_of(doc: dict[str, Any], name: str) -> dict[str, Any]:

@@ -26,13 +26,12 @@ from hypothesis import strategies as st
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import config as imexcfg
 from libs.imex.simulator import client as simclient
-from tests.cdsim.test_continuity import ReadyWatch, cdsim, ok, status
+from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, run_state, status
 from tools.cdsim.etcdgate import EtcdGate
 from tools.cdsim.jobbook import Importer
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
-from tools.cdsim.runstate import RunState
 from tools.cdsim.workload import missing_pairs
 from tools.etcd.server import free_port
 
@@ -149,12 +148,6 @@ class Member:
     instance: str
 
 
-def _run_state(state_dir: Path) -> RunState:
-    state = RunState.load(StateLayout.at(state_dir))
-    assert state is not None
-    return state
-
-
 def job_doc(state_dir: Path) -> dict[str, Any]:
     return dict(next(j for j in status(state_dir)["jobs"] if j["name"] == JOB))
 
@@ -162,14 +155,8 @@ def job_doc(state_dir: Path) -> dict[str, Any]:
 def members(state_dir: Path) -> dict[str, Member]:
     doc = status(state_dir)
     domain = next(d for d in doc["domains"] if d["name"] == JOB)
-    instances = asyncio.run(_instances(state_dir, domain["uid"]))
+    instances = asyncio.run(daemon_instances(state_dir, domain["uid"]))
     return {n["name"]: Member(n["index"], n["daemon_pid"], instances[n["name"]]) for n in domain["nodes"]}
-
-
-async def _instances(state_dir: Path, uid: str) -> dict[str, str]:
-    async with open_store(_run_state(state_dir)) as store:
-        records, _ = await store.list(store.keys.daemons(uid), pb.DaemonStatus)
-    return {r.value.node_name: r.value.instance for r in records}
 
 
 def imports_of(state_dir: Path, nodes: list[str]) -> dict[str, set[tuple[int, str, bool]]]:
@@ -192,7 +179,7 @@ def import_log_lines(state_dir: Path, uid: str, node: str) -> list[str]:
 
 
 async def _node_record_present(state_dir: Path, node: str) -> bool:
-    async with open_store(_run_state(state_dir)) as store:
+    async with open_store(run_state(state_dir)) as store:
         return await store.get(store.keys.node(node), pb.Node) is not None
 
 

@@ -10,28 +10,21 @@ whole node is killed: NodeLost within 10 s, peers untouched, and the node takes 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from libs.gen.computedomain.state import v1 as pb
-from libs.state.watch import Resync, watch_prefix
-from tools.cdsim.jobs import open_store
+from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, status
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
-from tools.cdsim.runstate import RunState
 
 pytestmark = pytest.mark.slow
 
@@ -41,27 +34,6 @@ JOB = "steady"
 JOB_NODES = 3
 PLUGIN_OUTAGE_S = 30
 NODE_LOST_WITHIN_S = 10
-
-
-def cdsim(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.cdsim.main", "--state-dir", str(state_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, (
-        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    )
-    return result.stdout
-
-
-def status(state_dir: Path) -> dict[str, Any]:
-    return dict(json.loads(ok(cdsim(state_dir, "status", "--json"))))
 
 
 @dataclass(frozen=True)
@@ -84,67 +56,10 @@ def members(state_dir: Path) -> dict[str, MemberView]:
     """Index, daemon pid and instance, and nodes config file of every member of the job."""
     doc = status(state_dir)
     domain = next(d for d in doc["domains"] if d["name"] == JOB)
-    instances = asyncio.run(_instances(state_dir, domain["uid"]))
+    instances = asyncio.run(daemon_instances(state_dir, domain["uid"]))
     return {
         n["name"]: MemberView.of(state_dir, domain["uid"], n, instances[n["name"]]) for n in domain["nodes"]
     }
-
-
-async def _instances(state_dir: Path, uid: str) -> dict[str, str]:
-    store = open_store(_run_state(state_dir))
-    async with store:
-        records, _ = await store.list(store.keys.daemons(uid), pb.DaemonStatus)
-    return {r.value.node_name: r.value.instance for r in records}
-
-
-def _run_state(state_dir: Path) -> RunState:
-    state = RunState.load(StateLayout.at(state_dir))
-    assert state is not None
-    return state
-
-
-@dataclass
-class ReadyWatch:
-    """Every status the job's domain record shows while a fault runs (a store watch in a thread)."""
-
-    state_dir: Path
-    uid: str
-    seen: list[tuple[float, str, str]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _started: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> ReadyWatch:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-        assert self._started.wait(30), "the domain watch did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(30)
-
-    def not_ready(self) -> list[tuple[float, str, str]]:
-        return [s for s in self.seen if s[1] != "READY"]
-
-    async def _run(self) -> None:
-        store = open_store(_run_state(self.state_dir))
-        async with store:
-            task = asyncio.create_task(self._follow(store))
-            await asyncio.to_thread(self._stop.wait)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _follow(self, store: Any) -> None:
-        async for event in watch_prefix(store, store.keys.domain(self.uid), pb.ComputeDomain):
-            records = event.items if isinstance(event, Resync) else []
-            values = [r.value for r in records] if isinstance(event, Resync) else [event.value]
-            for domain in values:
-                if domain is not None and domain.uid == self.uid:
-                    reason = domain.status.conditions[0].reason if domain.status.conditions else ""
-                    self.seen.append((time.monotonic(), domain.status.status.name, reason))
-            self._started.set()
 
 
 @pytest.fixture(scope="module")
