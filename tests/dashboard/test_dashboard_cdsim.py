@@ -1,7 +1,7 @@
 """The dashboard of a real `cdsim` cluster, in headless Chromium, driven as a user would.
 
 `cdsim up` (1 rack x 4 trays) prints the dashboard's URL; the page shows the rack; `cdsim job
-submit` makes two trays take the job's colour with READY daemons; `cdsim fault kill-agent` shows
+submit` makes two trays take the job's colour with READY daemons; `cdsim fault kill-node` shows
 the node lost and the domain NotReady with reason NodeLost. A screenshot is saved at each step.
 """
 
@@ -108,7 +108,7 @@ async def test_the_page_follows_a_job_and_a_lost_node(cluster: tuple[Path, str],
         await save_screenshot(page, tmp_path / "cdsim-dashboard-job.png")
 
         victim = nodes[0]
-        await cdsim_async(state_dir, "fault", "kill-agent", victim, "--down-for", "30")
+        await cdsim_async(state_dir, "fault", "kill-node", victim, "--down-for", "30")
         lost = page.locator(f'.tray[data-node="{victim}"]')
         await expect(lost).to_have_attribute("data-member", "LOST", timeout=20_000)
         await expect(lost).to_contain_text("NodeLost")
