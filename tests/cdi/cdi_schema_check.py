@@ -1,6 +1,8 @@
 """What a CDI spec must pass to be loaded: the published JSON schema, plus the Go loader's extras.
 
-The schema (shared/reference/cdi-schema, a sibling of the repo, or $CD_SHARED_DIR/cdi-schema)
+Both come from the CDI project's Go module, put into the per-user cache by tools/cdi/build.sh
+(`make setup`): the JSON schema (schema.json, defs.json, testdata/) and ``cdi-check``, the CDI
+package itself loading spec dirs as runtimes do (``cdi_check``). The schema
 does not forbid unknown fields, but the loader decodes strictly (yaml.UnmarshalStrict), so
 ``unknown_fields`` walks a spec against the properties the schema declares; the loader also knows
 ``fileMode`` on device nodes, which the schema lacks. ``loader_violations`` restates the loader's
@@ -11,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +25,48 @@ from referencing.jsonschema import DRAFT7
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Fields the Go loader accepts beyond the schema's declared properties, keyed by definition.
-LOADER_EXTRA_FIELDS = {"DeviceNode": {"fileMode"}}
+BUILD_SCRIPT = REPO_ROOT / "tools" / "cdi" / "build.sh"
+
+# Fields the Go loader accepts beyond the schema's declared properties, keyed by definition
+# ("Spec" is the spec itself: its top-level containerEdits is in the Go Spec type but missing
+# from schema.json of the release tools/cdi/build.sh takes the schema from).
+LOADER_EXTRA_FIELDS = {"Spec": {"containerEdits"}, "DeviceNode": {"fileMode"}}
+
+
+@functools.cache
+def cdi_tools_dir() -> Path:
+    """The cache folder of tools/cdi/build.sh; fails (never skips) when `make setup` has not made it."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--cached-only"], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"the CDI schema and cdi-check are not in the cache: run `make setup` "
+            f"(tools/cdi/build.sh):\n{proc.stderr.strip()}",
+            pytrace=False,
+        )
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def schema_dir() -> Path:
-    shared = Path(os.environ.get("CD_SHARED_DIR", REPO_ROOT.parent / "shared"))
-    path = shared / "reference" / "cdi-schema"
-    if not (path / "schema.json").is_file():
-        pytest.skip(f"CDI schema not found at {path} (set CD_SHARED_DIR to the shared directory)")
-    return path
+    return cdi_tools_dir() / "schema"
 
 
+def cdi_check(*spec_dirs: Path) -> dict[str, Any]:
+    """What the CDI Go package makes of spec dirs: {"errors": {path or device: [msg]},
+    "devices": [qualified name], "injected": {device: OCI spec after injecting it alone}}."""
+    proc = subprocess.run(
+        [str(cdi_tools_dir() / "cdi-check"), *map(str, spec_dirs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+@functools.cache
 def load_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
     d = schema_dir()
     return json.loads((d / "schema.json").read_text()), json.loads((d / "defs.json").read_text())
@@ -66,8 +98,9 @@ def unknown_fields(spec: Any) -> list[str]:
         name = pointer.rsplit("/", 1)[-1]
         return resolve(defs["definitions"][name])[0], name
 
-    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+    def walk(value: Any, node: dict[str, Any], path: str, name: str | None = None) -> None:
         node, def_name = resolve(node)
+        def_name = def_name or name
         if isinstance(value, dict) and "properties" in node:
             allowed = set(node["properties"]) | LOADER_EXTRA_FIELDS.get(def_name or "", set())
             for key, child in value.items():
@@ -79,7 +112,7 @@ def unknown_fields(spec: Any) -> list[str]:
             for i, item in enumerate(value):
                 walk(item, node["items"], f"{path}/{i}")
 
-    walk(spec, schema, "")
+    walk(spec, schema, "", "Spec")
     return found
 
 

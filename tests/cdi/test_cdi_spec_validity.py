@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdi_schema_check import loader_violations, schema_dir, schema_errors, unknown_fields
+from cdi_schema_check import cdi_check, loader_violations, schema_dir, schema_errors, unknown_fields
 
-from libs.cdi import ClaimSpecDir, channels_for, check_cdi_version
+from libs.cdi import ClaimSpecDir, channels_for, check_cdi_version, claim_cdi_device_id
 from libs.cdi.versions import version_key
 
 MAJOR = 234
@@ -46,6 +46,34 @@ def test_written_spec_passes_schema_strict_fields_and_loader_rules(
     assert unknown_fields(spec) == []
     assert loader_violations(spec) == []
     check_cdi_version(spec)
+
+
+@pytest.mark.parametrize(("uid", "mode", "fabric", "host"), CASES)
+def test_written_spec_loads_and_injects_with_the_cdi_go_package(
+    tmp_path: Path, uid: str, mode: str, fabric: bool, host: str | None
+) -> None:
+    spec = write_and_read(tmp_path, uid, mode, fabric, host)
+    result = cdi_check(tmp_path / "cdi")
+    device = claim_cdi_device_id(uid)
+    assert result["errors"] == {}
+    assert result["devices"] == [device]
+    edits = spec["devices"][0]["containerEdits"]
+    oci = result["injected"][device]
+    assert oci["process"]["env"] == edits["env"]
+    injected = [
+        (d["path"], d["type"], d["major"], d["minor"]) for d in oci.get("linux", {}).get("devices", [])
+    ]
+    assert injected == [(n["path"], n["type"], n["major"], n["minor"]) for n in edits.get("deviceNodes", [])]
+
+
+def test_cdi_go_package_rejects_a_spec_our_checks_reject(tmp_path: Path) -> None:
+    spec = write_and_read(tmp_path, DIGIT_UID, "Single", True, None)
+    spec["devices"][0]["containerEdits"]["deviceNodes"][0]["mode"] = 438
+    (tmp_path / "cdi" / "bad.json").write_text(json.dumps(spec | {"kind": "vendor.com/other"}))
+    result = cdi_check(tmp_path / "cdi")
+    assert list(result["errors"]) == [str(tmp_path / "cdi" / "bad.json")]
+    assert "mode" in result["errors"][str(tmp_path / "cdi" / "bad.json")][0]
+    assert unknown_fields(spec) == ["/devices/0/containerEdits/deviceNodes/0/mode"]
 
 
 @pytest.mark.parametrize(("uid", "mode", "fabric", "host"), CASES)

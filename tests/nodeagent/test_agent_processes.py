@@ -21,7 +21,7 @@ from libs.state.store import Store
 from libs.state.watch import WatchEvent, watch_prefix
 from services.nodeagent.driver import dra_socket_path
 from services.nodeagent.registration import registration_socket_path
-from tests.cdi.cdi_schema_check import loader_violations, schema_errors, unknown_fields
+from tests.cdi.cdi_schema_check import cdi_check, loader_violations, schema_errors, unknown_fields
 from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
 from tools.etcd.server import EtcdServer
@@ -85,6 +85,9 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
         spec = json.loads(agent.cdi_spec(ref.uid).read_text())
         assert schema_errors(spec) == [] and unknown_fields(spec) == [] and loader_violations(spec) == []
         check_cdi_version(spec)
+        # The CDI package itself (as the runtime) loads the agent's spec dir and resolves the ids.
+        loaded = cdi_check(agent.cdi_root)
+        assert loaded["errors"] == {} and loaded["devices"] == answer.devices[0].cdi_device_ids
         (node,) = spec["devices"][0]["containerEdits"]["deviceNodes"]
         assert (node["path"], node["major"], node["minor"]) == (
             "/dev/nvidia-caps-imex-channels/channel0",
@@ -236,6 +239,9 @@ async def test_all_mode_and_non_fabric_node(sim: SimCluster, store: Store) -> No
     plain_spec = json.loads(plain.cdi_spec(bare.uid).read_text())
     assert "deviceNodes" not in plain_spec["devices"][0]["containerEdits"]
     assert loader_violations(plain_spec) == [] and schema_errors(plain_spec) == []
+    for agent, answer in zip((fabric, plain), answers, strict=True):
+        loaded = cdi_check(agent.cdi_root)
+        assert loaded["errors"] == {} and loaded["devices"] == answer.devices[0].cdi_device_ids
     member = await store.get(store.keys.member(domain.uid, plain.name), pb.Member)
     assert member is not None and member.value.index == -1 and member.value.clique_id == ""
     assert await store.get(store.keys.daemon(domain.uid, plain.name), pb.DaemonStatus) is None
