@@ -181,7 +181,7 @@ def test_fault_kill_node_is_reported_as_node_lost_and_recovers(cluster: Path) ->
     doc = status(cluster)
     victim = job_of(doc, JOB)["claims"][1]["node"]
     index = next(n["index"] for n in domain_of(doc, JOB)["nodes"] if n["name"] == victim)
-    ok(cdsim(cluster, "fault", "kill-node", victim, "--down-for", "5"))
+    ok(cdsim(cluster, "fault", "kill-node", victim, "--down-for", "20"))
     ok(cdsim(cluster, "job", "wait", JOB, "--status", "NotReady", "--reason", "NodeLost", "--timeout", "30"))
     lost = domain_of(status(cluster), JOB)
     assert victim in lost["message"]
