@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,45 @@ class EtcdConfig:
     @property
     def tls(self) -> bool:
         return self.ca_file is not None
+
+    @classmethod
+    def from_settings(cls, settings: EtcdSettingsFields) -> EtcdConfig:
+        """From a service's `etcd_*` settings (flags / CD_* variables; "" means not set)."""
+        return cls(
+            endpoint=settings.etcd_endpoint,
+            prefix=settings.etcd_prefix,
+            ca_file=settings.etcd_ca_file or None,
+            cert_file=settings.etcd_cert_file or None,
+            key_file=settings.etcd_key_file or None,
+            username=settings.etcd_username or None,
+            password=settings.etcd_password or None,
+            timeout_s=settings.etcd_timeout_s,
+        )
+
+
+class EtcdSettingsFields(Protocol):
+    """The etcd settings every service declares (its flags and CD_* variables)."""
+
+    @property
+    def etcd_endpoint(self) -> str: ...
+
+    @property
+    def etcd_prefix(self) -> str: ...
+
+    @property
+    def etcd_ca_file(self) -> str: ...
+
+    @property
+    def etcd_cert_file(self) -> str: ...
+
+    @property
+    def etcd_key_file(self) -> str: ...
+
+    @property
+    def etcd_username(self) -> str: ...
+
+    @property
+    def etcd_password(self) -> str: ...
+
+    @property
+    def etcd_timeout_s(self) -> float: ...

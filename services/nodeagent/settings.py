@@ -90,16 +90,7 @@ class AgentSettings:
         return f"AgentSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def etcd_config(self) -> EtcdConfig:
-        return EtcdConfig(
-            endpoint=self.etcd_endpoint,
-            prefix=self.etcd_prefix,
-            ca_file=self.etcd_ca_file or None,
-            cert_file=self.etcd_cert_file or None,
-            key_file=self.etcd_key_file or None,
-            username=self.etcd_username or None,
-            password=self.etcd_password or None,
-            timeout_s=self.etcd_timeout_s,
-        )
+        return EtcdConfig.from_settings(self)
 
     @property
     def kubelet_path(self) -> Path:
