@@ -33,7 +33,7 @@ from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
 from tools.cdsim.workload import missing_pairs
-from tools.etcd.server import free_port
+from tools.netports import free_port
 
 TRAYS = 6
 ADDRESS_BLOCK = 86  # its own loopback block

@@ -34,8 +34,9 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, all_specs
 from tools.dashboard.cdsim_hook import dashboard_spec
-from tools.etcd.server import etcd_binary, free_port
+from tools.etcd.server import etcd_binary
 from tools.gen_settings_docs import settings_of_entry_point
+from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

@@ -45,8 +45,9 @@ from tests.manifests.kustomize import build as kustomize_build
 from tools.cdsim.layout import StateLayout
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.etcd.server import EtcdServer, free_port
+from tools.etcd.server import EtcdServer
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
+from tools.netports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"

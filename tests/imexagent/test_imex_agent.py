@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -31,15 +30,10 @@ from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
 from tests.imexagent.imex_rack import FAST, Rack, eventually, free_cluster, kill_daemons_under, pid_alive
+from tools.netports import free_port
 
 UID = "cd-0001"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _http_ok(http: aiohttp.ClientSession, url: str) -> bool:

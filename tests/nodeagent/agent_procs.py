@@ -33,7 +33,7 @@ from libs.state.config import EtcdConfig
 from services.nodeagent.checkpoint import checkpoint_path
 from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.driver import dra_socket_path
-from tools.etcd.server import free_port
+from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -36,7 +36,8 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, ServiceSpec, all_specs
 from tools.controlplane.pki import CertKeyPair, generate_pki, issue_from_ca
-from tools.etcd.server import EtcdServer, free_port
+from tools.etcd.server import EtcdServer
+from tools.netports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "/cd/v1/"

@@ -41,7 +41,8 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain, leave_domain
 from libs.state.store import Op, Put, Store
-from tools.etcd.server import EtcdServer, etcd_binary, free_port
+from tools.etcd.server import EtcdServer, etcd_binary
+from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_EVENTS_PER_S = 500.0

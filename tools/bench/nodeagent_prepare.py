@@ -35,7 +35,8 @@ from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-from tools.etcd.server import EtcdServer, etcd_binary, free_port
+from tools.etcd.server import EtcdServer, etcd_binary
+from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "compute-domain.nvidia.com"

@@ -28,7 +28,8 @@ from typing import Any
 from libs.hardware.cluster import ClusterDescription
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from tools.cdsim import procscan
-from tools.etcd.server import EtcdServer, etcd_binary, free_port
+from tools.etcd.server import EtcdServer, etcd_binary
+from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")

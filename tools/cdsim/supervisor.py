@@ -47,7 +47,8 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
 from tools.cdsim.services import AGENT_KIND, IMEX_AGENT_KIND, PRELOAD_MODULES, Ports, ServiceSpec, all_specs
 from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
-from tools.etcd.server import EtcdServer, free_port
+from tools.etcd.server import EtcdServer
+from tools.netports import free_port
 
 log = structlog.get_logger(__name__)
 

@@ -16,7 +16,6 @@ import base64
 import contextlib
 import ctypes
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import yaml
 
 from tools.controlplane.binaries import Binaries, ensure_binaries
 from tools.controlplane.pki import FRONT_PROXY_CLIENT, CertKeyPair, ControlPlanePKI, generate_pki
+from tools.netports import free_ports
 
 log = structlog.get_logger(__name__)
 
@@ -64,20 +64,6 @@ class _Process:
     popen: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together so none repeats)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _die_with_parent() -> None:
@@ -201,7 +187,7 @@ class ControlPlane:
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
-        etcd_client, etcd_peer, apiserver, kcm, scheduler = _free_ports(5)
+        etcd_client, etcd_peer, apiserver, kcm, scheduler = free_ports(5)
         self.etcd_url = f"http://127.0.0.1:{etcd_client}"
         self.server = f"https://127.0.0.1:{apiserver}"
         self._kcm_port, self._scheduler_port = kcm, scheduler

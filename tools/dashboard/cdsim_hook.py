@@ -12,7 +12,7 @@ import os
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState, SimConfig
 from tools.cdsim.services import ServiceSpec
-from tools.etcd.server import free_port
+from tools.netports import free_port
 
 DASHBOARD_NAME = "dashboard"
 DASHBOARD_KIND = "dashboard"

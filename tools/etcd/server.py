@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.netports import free_port
+
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 
 
@@ -35,12 +37,6 @@ def etcd_binary() -> Path:
     if result.returncode != 0:
         raise EtcdError(f"building etcd failed (tools/etcd/build.sh):\n{result.stderr[-4000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
