@@ -112,7 +112,7 @@ for job in train-a train-b infer-c; do
     cdsim job delete "$job" --wait
 done
 
-step "Invariants (SPEC §4) after teardown: store, node-local files (CDI specs, IMEX configs," \
+step "Invariants (docs/state-model.md) after teardown: store, node-local files (CDI specs, IMEX configs," \
     "checkpoints) and IMEX processes"
 cdsim check --idle
 

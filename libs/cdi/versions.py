@@ -4,7 +4,7 @@ The Go CDI loader (tags.cncf.io/container-device-interface, ``specs-go/version.g
 spec whose ``cdiVersion`` is unknown to it or older than the newest feature the spec uses. An
 older loader also refuses a version newer than it knows, so we always write the *minimum* version
 that covers what a spec uses. The rules below restate the released-versions table of the CDI
-SPEC.md as data; each rule inspects a spec in its JSON form (a dict as written to disk).
+specification as data; each rule inspects a spec in its JSON form (a dict as written to disk).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Released spec versions, oldest first (CDI SPEC.md "Released versions").
+# Released spec versions, oldest first (the CDI specification's "Released versions").
 KNOWN_VERSIONS: tuple[str, ...] = (
     "0.1.0",
     "0.2.0",

@@ -1,4 +1,4 @@
-"""The SPEC §4 invariants, checked against the real store and the nodes' local files.
+"""The invariants of docs/state-model.md, checked against the real store and the nodes' local files.
 
 Used by the tests, `cdsim check`, the demo and the chaos soak.
 

@@ -3,7 +3,7 @@
 Shared by the node agent (join on first prepare, leave on last unprepare), the
 controller (node loss and return) and the tests. Each step is one etcd
 transaction that compares what it read, so concurrent joins never hand out an
-index twice and a node is never in two domains (SPEC §4 invariants 1 and 2).
+index twice and a node is never in two domains (invariants 1 and 2 of docs/state-model.md).
 Upstream assigns indices client-side and races (#816, #1050); here the store
 arbitrates.
 

@@ -1,7 +1,7 @@
 """The status of a ComputeDomain, computed from what the store shows (pure).
 
 `desired_status` turns a `DomainObservation` into `status.status`,
-`status.nodes` and `status.conditions` (SPEC §3, §5):
+`status.nodes` and `status.conditions` (the shapes of NVIDIA's driver, docs/architecture.md):
 
 - a member is lost when marked LOST, or when its node record is gone and no
   live peer's daemon reports it connected (`liveness.py`);

@@ -1,6 +1,6 @@
 """Prepare and unprepare of channel claims on this node, and the start-up reconcile.
 
-Prepare (SPEC §5): resolve the claim, take our driver's allocation on this node, decode the
+Prepare: resolve the claim, take our driver's allocation on this node, decode the
 opaque ComputeDomainChannelConfig strictly, check that the ComputeDomain exists in the claim's
 namespace (the security boundary: nothing is written before this check passes), refuse a claim
 unprepared moments ago (upstream #1162), then

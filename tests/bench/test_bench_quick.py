@@ -1,4 +1,4 @@
-"""`make bench --quick` end to end: every benchmark of SPEC §9 runs and yields its figures.
+"""`make bench --quick` end to end: every benchmark of tools/bench/suite.py runs and yields its figures.
 
 Targets are not asserted here: a smoke run on a busy CI machine measures nothing; `make bench`
 compares the figures with the targets and writes them down.

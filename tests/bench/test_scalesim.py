@@ -102,7 +102,7 @@ async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemon
         assert all([(await kubelet.unprepare(call, deadline_s=30)).ok for call in calls])
         members, _ = await store.list(store.keys.members(job.domain_uid), pb.Member)
         assert members == []
-        # Leaving the domain stops each node's daemon (SPEC §4 invariant 5).
+        # Leaving the domain stops each node's daemon (invariant 5 of docs/state-model.md).
         for _ in range(150):
             if not procscan.imex_daemons_under(state_dir):
                 break

@@ -83,7 +83,7 @@ def test_cdi_version_is_the_minimum_covering_the_features_used(
     spec = write_and_read(tmp_path, uid, mode, fabric, host)
     has_host_path = any("hostPath" in n for n in spec["devices"][0]["containerEdits"].get("deviceNodes", []))
     needs_050 = has_host_path or spec["devices"][0]["name"][0].isdigit()
-    # CDI SPEC.md: 0.5.0 added hostPath on device nodes and device names starting with a digit;
+    # The CDI specification: 0.5.0 added hostPath on device nodes and device names starting with a digit;
     # nothing else we use is versioned, and 0.3.0 is the oldest version the loader accepts.
     assert spec["cdiVersion"] == ("0.5.0" if needs_050 else "0.3.0")
     assert has_host_path == (fabric and host is not None)

@@ -1,5 +1,5 @@
 """The chaos soak, short: over two minutes of random jobs and every kind of fault on an 18-node
-rack, with the SPEC §4 invariants checked all along and at the end (`make chaos` runs 30 minutes),
+rack, with the invariants of docs/state-model.md checked all along and at the end (`make chaos` runs 30 minutes),
 and invariant 6: running jobs' workload imports survive every fault that does not replace one of
 their daemons, and a killed node comes back with its index.
 

@@ -1,4 +1,4 @@
-"""``make bench``: run every benchmark of SPEC §9 in simulation, write the results and the report.
+"""``make bench``: run every benchmark in simulation, write the results and the report.
 
     python -m tools.bench.run [--quick] [--only formation,controller_churn] [--out build/bench/results.json]
         [--docs docs/benchmarks.md]

@@ -1,4 +1,4 @@
-"""The benchmark suite of SPEC §9: which scripts run, with which arguments, and what each metric is.
+"""The benchmark suite and the project's targets: which scripts run, with which arguments, and what each metric is.
 
 Each benchmark is a module under ``tools.bench`` run as its own process with ``--out <file>``;
 each metric is read out of that file. Full arguments are the measurement of record; quick ones
@@ -20,7 +20,7 @@ Raw = Mapping[str, Any]
 class Metric:
     name: str
     unit: str
-    target: str  # as the SPEC states it
+    target: str  # the project's target, as docs/benchmarks.md states it
     threshold: float
     at_most: bool  # True: value <= threshold meets the target; False: value >= threshold
     extract: Callable[[Raw], float]

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="nodes, domains and jobs")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
-    check = sub.add_parser("check", parents=[common], help="check the SPEC §4 invariants now")
+    check = sub.add_parser("check", parents=[common], help="check the invariants of docs/state-model.md now")
     check.add_argument(
         "--idle", action="store_true", help="also require that no domain leaves anything behind"
     )

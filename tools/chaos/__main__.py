@@ -32,7 +32,7 @@ def _pair(text: str, cast: type[int] | type[float]) -> tuple[float, float]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tools.chaos",
-        description="Random jobs and real faults on a simulated NVL72 cluster; the SPEC §4 invariants are "
+        description="Random jobs and real faults on a simulated NVL72 cluster; the invariants of docs/state-model.md are "
         "checked all along and after quiescence. Seeded: the same seed makes the same decisions.",
     )
     parser.add_argument("--duration", type=float, default=1800.0, help="seconds of faults (default 1800)")

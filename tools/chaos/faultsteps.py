@@ -32,7 +32,7 @@ from tools.chaos.tracking import SoakOptions, Tracked, failover_time
 MAX_NODES_DOWN = 2
 # The IMEX agent kills a daemon that has not answered for 20 s; beyond that on a busy machine.
 HANG_REPLACED_S = 75.0
-# A standby must lead within one lease TTL (SPEC §9); the margin covers a busy 2-core machine.
+# A standby must lead within one lease TTL (the failover target); the margin covers a busy 2-core machine.
 FAILOVER_BOUND_S = 12.0
 GARBAGE_MARKER = b"\xff\xfe chaos: not a protobuf envelope \x00"
 

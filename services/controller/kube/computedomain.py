@@ -1,6 +1,6 @@
 """The ComputeDomain custom resource and its mapping to the store (pure).
 
-Names are those of NVIDIA's driver (SPEC §3), so existing manifests and
+Names are those of NVIDIA's driver, so existing manifests and
 tooling keep working: group `resource.nvidia.com`, version `v1beta1`, plural
 `computedomains`, finalizer and label `resource.nvidia.com/computeDomain`.
 """

@@ -1,6 +1,6 @@
 """The workload ResourceClaimTemplate the controller creates for each ComputeDomain.
 
-Shape (SPEC §3, as NVIDIA's driver makes it): in the CD's namespace, named by
+Shape (as NVIDIA's driver makes it): in the CD's namespace, named by
 `spec.channel.resourceClaimTemplate.name`, labelled and finalized
 `resource.nvidia.com/computeDomain`, one request `channel` for exactly one
 device of the default channel DeviceClass, and opaque config for our driver
