@@ -42,6 +42,17 @@ IMEX_NODE_CONFIG_FILE = "IMEX_NODE_CONFIG_FILE"
 NETWORK_INTERFACE = "NETWORK_INTERFACE"
 IMEX_WAIT_FOR_QUORUM = "IMEX_WAIT_FOR_QUORUM"
 IMEX_ENABLE_AUTH_ENCRYPTION = "IMEX_ENABLE_AUTH_ENCRYPTION"
+IMEX_AUTH_ENCRYPTION_MODE = "IMEX_AUTH_ENCRYPTION_MODE"
+IMEX_AUTH_SOURCE = "IMEX_AUTH_SOURCE"
+IMEX_SERVER_KEY = "IMEX_SERVER_KEY"
+IMEX_SERVER_CERT = "IMEX_SERVER_CERT"
+IMEX_SERVER_CERT_AUTH = "IMEX_SERVER_CERT_AUTH"
+IMEX_CLIENT_KEY = "IMEX_CLIENT_KEY"
+IMEX_CLIENT_CERT = "IMEX_CLIENT_CERT"
+IMEX_CLIENT_CERT_AUTH = "IMEX_CLIENT_CERT_AUTH"
+IMEX_SECURITY_TARGET_OVERRIDE = "IMEX_SECURITY_TARGET_OVERRIDE"
+AUTH_MODE_SSL_TLS = "SSL_TLS"
+AUTH_SOURCE_FILE = "FILE"
 IMEX_CMD_ENABLED = "IMEX_CMD_ENABLED"
 IMEX_CMD_BIND_INTERFACE_IP = "IMEX_CMD_BIND_INTERFACE_IP"
 IMEX_CMD_PORT = "IMEX_CMD_PORT"
@@ -76,8 +87,58 @@ MANAGED_KEYS = frozenset(
         IMEX_CMD_BIND_INTERFACE_IP,
         IMEX_CMD_PORT,
         DAEMONIZE,
+        IMEX_ENABLE_AUTH_ENCRYPTION,
+        IMEX_AUTH_ENCRYPTION_MODE,
+        IMEX_AUTH_SOURCE,
+        IMEX_SERVER_KEY,
+        IMEX_SERVER_CERT,
+        IMEX_SERVER_CERT_AUTH,
+        IMEX_CLIENT_KEY,
+        IMEX_CLIENT_CERT,
+        IMEX_CLIENT_CERT_AUTH,
+        IMEX_SECURITY_TARGET_OVERRIDE,
     }
 )
+
+
+class MeshTlsFiles:
+    """The daemon's mesh credentials (absolute paths); one set serves as server and client.
+    (A plain class: this module imports nothing at run time.)"""
+
+    __slots__ = ("ca", "cert", "key")
+
+    def __init__(self, key: str, cert: str, ca: str) -> None:
+        self.key = key
+        self.cert = cert
+        self.ca = ca
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshTlsFiles) and (self.key, self.cert, self.ca) == (
+            other.key, other.cert, other.ca
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.cert, self.ca))
+
+
+def _mesh_tls_entries(mesh_tls: MeshTlsFiles | None) -> list[tuple[str, str]]:
+    if mesh_tls is None:
+        return [(IMEX_ENABLE_AUTH_ENCRYPTION, "0")]
+    for name, path in (("key", mesh_tls.key), ("cert", mesh_tls.cert), ("ca", mesh_tls.ca)):
+        _check_line_value(f"mesh TLS {name} file", path)
+        if not path:
+            raise ValueError(f"mesh TLS {name} file must not be empty")
+    return [
+        (IMEX_ENABLE_AUTH_ENCRYPTION, "1"),
+        (IMEX_AUTH_ENCRYPTION_MODE, AUTH_MODE_SSL_TLS),
+        (IMEX_AUTH_SOURCE, AUTH_SOURCE_FILE),
+        (IMEX_SERVER_KEY, mesh_tls.key),
+        (IMEX_SERVER_CERT, mesh_tls.cert),
+        (IMEX_SERVER_CERT_AUTH, mesh_tls.ca),
+        (IMEX_CLIENT_KEY, mesh_tls.key),
+        (IMEX_CLIENT_CERT, mesh_tls.cert),
+        (IMEX_CLIENT_CERT_AUTH, mesh_tls.ca),
+    ]
 
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
@@ -103,6 +164,7 @@ def render_imex_config(
     reconnect_initial_s: float | None = None,
     reconnect_max_s: float | None = None,
     sigusr1_min_interval_s: float | None = None,
+    mesh_tls: MeshTlsFiles | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> str:
     """Return the text of a ``config.cfg`` for one node's IMEX daemon.
@@ -160,9 +222,13 @@ def render_imex_config(
                 (IMEX_NODE_CONFIG_FILE, nodes_config_file),
                 (NETWORK_INTERFACE, ""),
                 (IMEX_WAIT_FOR_QUORUM, wait_for_quorum),
-                (IMEX_ENABLE_AUTH_ENCRYPTION, "0"),
                 (IMEX_NODE_DISCONNECTED_GRACE_TIME, str(node_disconnected_grace_time_s)),
             ],
+        ),
+        (
+            "Mutual TLS between the domain's daemons (credentials from the domain's own CA; "
+            "SIGUSR1 reloads them).",
+            _mesh_tls_entries(mesh_tls),
         ),
         (
             "Command service queried by nvidia-imex-ctl (-q, -N).",

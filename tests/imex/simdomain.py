@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.imex import slots
-from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT, render_imex_config, render_nodes_config
+from libs.imex.config import (
+    DEFAULT_CMD_PORT,
+    DEFAULT_SERVER_PORT,
+    MeshTlsFiles,
+    render_imex_config,
+    render_nodes_config,
+)
 from libs.imex.simulator import client
 from libs.imex.simulator.launch import simulator_daemon_argv
 
@@ -65,6 +71,7 @@ class SimNode:
     reconnect_initial_s: float | None = 0.05
     reconnect_max_s: float | None = 0.25
     sigusr1_min_interval_s: float | None = 0.0
+    mesh_tls: MeshTlsFiles | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -107,6 +114,7 @@ class SimNode:
                 reconnect_initial_s=self.reconnect_initial_s,
                 reconnect_max_s=self.reconnect_max_s,
                 sigusr1_min_interval_s=self.sigusr1_min_interval_s,
+                mesh_tls=self.mesh_tls,
             )
         )
 

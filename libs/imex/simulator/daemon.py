@@ -280,6 +280,12 @@ class Daemon(PeerMesh):
         self.log.write(
             "INFO", "Received SIGUSR1: re-resolving node names and restarting all peer connections"
         )
+        if self.mesh_tls is not None:
+            failed = self.mesh_tls.reload()
+            if failed:
+                self.log.write("ERROR", f"Reloading SSL credentials failed, keeping the previous ones: {failed}")
+            else:
+                self.log.write("INFO", "Reloaded SSL credentials")
         self.resolver.refresh(force=True)
         self._heal("SIGUSR1")
         for link in self.links.values():
@@ -396,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         log.write("ERROR", f"{what}; exiting")
         log.close()
         return EXIT_ERROR
-    except StartError as exc:
+    except (StartError, ConfigError) as exc:
         log.write("ERROR", str(exc))
         log.close()
         return EXIT_ERROR

@@ -29,6 +29,7 @@ import time
 
 from libs.imex.simulator import protocol as proto
 from libs.imex.simulator.daemonlog import DaemonLog
+from libs.imex.simulator.meshtls import MeshTls, TlsChannel, TlsError
 from libs.imex.simulator.resolver import HostsResolver
 from libs.imex.simulator.settings import Settings
 from libs.imex.slots import nodes_map_digest
@@ -44,6 +45,7 @@ _EPOLL_BROKEN = select.EPOLLERR | select.EPOLLHUP
 
 # Link phases.
 _CONNECTING = "connecting"  # TCP connect in progress (outgoing only)
+_TLS = "tls"  # TLS handshake before HELLO (outgoing only; incoming waits for HELLO meanwhile)
 _HANDSHAKE = "handshake"  # waiting for HELLO (incoming) or WELCOME/REFUSE (outgoing)
 OPEN = "open"
 # Connection kinds.
@@ -65,6 +67,7 @@ class Conn:
         "phase",
         "rbuf",
         "sock",
+        "tls",
         "wbuf",
         "writing",
     )
@@ -81,6 +84,7 @@ class Conn:
         self.last_recv = now
         self.last_sent = now
         self.writing = False  # registered for EPOLLOUT
+        self.tls: TlsChannel | None = None  # peer links of a mesh with TLS on
 
 
 class PeerLink:
@@ -125,6 +129,10 @@ class PeerMesh:
         self.names = names  # the nodes config, in ID order; never re-read
         self.own_id = own_id
         self.resolver = resolver
+        # Raises ConfigError when a credential file is unusable: the daemon does not initialise.
+        self.mesh_tls = (
+            MeshTls(settings.mesh_tls, settings.security_target_override) if settings.mesh_tls else None
+        )
         self.map_digest = nodes_map_digest(names)
         self.state = proto.STATE_INITIALIZING
         self.instance = f"{os.getpid()}.{time.time_ns()}"
@@ -252,9 +260,12 @@ class PeerMesh:
                 return
             sock = _socket.socket(listener.family, _socket.SOCK_STREAM, 0, fd)
             sock.setblocking(False)
+            conn = Conn(sock, kind, _HANDSHAKE, -1, time.monotonic())
             if kind == _IN:
                 sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-            self._register(Conn(sock, kind, _HANDSHAKE, -1, time.monotonic()), _EPOLLIN)
+                if self.mesh_tls is not None:
+                    conn.tls = self.mesh_tls.accept()
+            self._register(conn, _EPOLLIN)
 
     def _register(self, conn: Conn, mask: int) -> None:
         self.conns[conn.fd] = conn
@@ -276,6 +287,9 @@ class PeerMesh:
                     del self.incoming[conn.node_id]
 
     def _send(self, conn: Conn, data: bytes) -> None:
+        if conn.tls is not None:
+            conn.tls.encrypt(data)
+            data = conn.tls.pending()
         conn.wbuf += data
         conn.last_sent = time.monotonic()
         self._flush(conn)
@@ -311,6 +325,10 @@ class PeerMesh:
             self._lost(conn, "connection closed by peer")
             return
         conn.last_recv = time.monotonic()
+        if conn.tls is not None:
+            data = self._decrypt(conn, data)
+            if not data:
+                return
         if conn.node_id >= 0 and conn.phase == OPEN and conn.kind != CMD:
             self.heard[conn.node_id] = conn.last_recv
         conn.rbuf += data
@@ -335,6 +353,41 @@ class PeerMesh:
                 self._on_incoming_message(conn, verb, fields)
             else:
                 self._on_command(conn, verb, fields)
+
+    def _decrypt(self, conn: Conn, data: bytes) -> bytes:
+        """Plaintext of ``data`` (b"" while the handshake runs); a TLS failure ends the connection."""
+        tls = conn.tls
+        assert tls is not None
+        try:
+            plain = tls.receive(data)
+        except TlsError as exc:
+            self._send_raw(conn, tls.pending())  # e.g. the alert that tells the peer why
+            if conn.kind == _IN and conn.phase != OPEN:
+                self._refuse_tls(conn, str(exc))
+            else:
+                self._lost(conn, str(exc))
+            return b""
+        self._send_raw(conn, tls.pending())
+        if conn.phase == _TLS and tls.established and self.conns.get(conn.fd) is conn:
+            conn.phase = _HANDSHAKE
+            self._send(conn, proto.encode(proto.HELLO, self._identity()))
+        return plain
+
+    def _send_raw(self, conn: Conn, data: bytes) -> None:
+        if data and self.conns.get(conn.fd) is conn:
+            conn.wbuf += data
+            self._flush(conn)
+
+    def _refuse_tls(self, conn: Conn, reason: str) -> None:
+        try:
+            source = conn.sock.getpeername()[0]
+        except OSError:
+            source = "?"
+        count = self.refused_in.get((source, proto.REFUSE_TLS), 0) + 1
+        self.refused_in[(source, proto.REFUSE_TLS)] = count
+        if count % LOG_EVERY == 1:
+            self.log.write("WARNING", f"Refused connection from {source}: {reason} (attempt {count})")
+        self._close(conn)
 
     def _lost(self, conn: Conn, reason: str) -> None:
         """A connection ended (closed, failed or timed out)."""
@@ -400,10 +453,21 @@ class PeerMesh:
             if broken:
                 self._lost(conn, "connection failed")
             return  # otherwise a stale event for a reused fd: the connect is still in progress
-        conn.phase = _HANDSHAKE
         conn.writing = False
         self.epoll.modify(conn.fd, _EPOLLIN)
-        self._send(conn, proto.encode(proto.HELLO, self._identity()))
+        if self.mesh_tls is None:
+            conn.phase = _HANDSHAKE
+            self._send(conn, proto.encode(proto.HELLO, self._identity()))
+            return
+        link = self.links[conn.node_id]
+        conn.phase = _TLS
+        conn.tls = self.mesh_tls.dial(link.name)
+        try:
+            conn.tls.start()
+        except TlsError as exc:
+            self._lost(conn, str(exc))
+            return
+        self._send_raw(conn, conn.tls.pending())
 
     def _identity(self) -> dict[str, str]:
         return {
@@ -504,6 +568,8 @@ class PeerMesh:
         raw_id = fields.get("node_id", "")
         node_id = int(raw_id) if raw_id.isdigit() else -1
         code, reason = self._check_hello(fields, node_id, source)
+        if not code and conn.tls is not None:
+            code, reason = self._check_certificate(conn.tls, node_id)
         if code:
             self._refuse(conn, source, code, reason)
             return
@@ -536,6 +602,16 @@ class PeerMesh:
                 f"{expected or why}"
             )
         return "", ""
+
+    def _check_certificate(self, tls: TlsChannel, node_id: int) -> tuple[str, str]:
+        """The TLS client certificate must name the slot of the node ID the dialler claims."""
+        names = tls.peer_dns_names()
+        if self.names[node_id].lower() in (n.lower() for n in names):
+            return "", ""
+        return proto.REFUSE_CERTIFICATE_MISMATCH, (
+            f"the client certificate names {', '.join(names) or 'no host'}, not node {node_id}'s "
+            f"{self.names[node_id]}"
+        )
 
     def _refuse(self, conn: Conn, source: str, code: str, reason: str) -> None:
         count = self.refused_in.get((source, code), 0) + 1

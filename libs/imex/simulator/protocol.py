@@ -62,6 +62,8 @@ REFUSE_INVALID_NODE_ID = "invalid-node-id"  # out of range, or the acceptor's ow
 REFUSE_DROPPED = "dropped"
 REFUSE_ADDRESS_MISMATCH = "address-mismatch"  # source address is not what the ID's name resolves to
 REFUSE_SHUTTING_DOWN = "shutting-down"
+REFUSE_TLS = "tls"  # no TLS, or a certificate not from the domain's CA (closed, no REFUSE sent)
+REFUSE_CERTIFICATE_MISMATCH = "certificate-mismatch"  # the certificate names another node's slot
 
 # Command verbs.
 CMD_STATUS = "STATUS"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from libs.imex import config as keys
 
 DEFAULT_LOG_FILE = "/var/log/nvidia-imex.log"
@@ -58,6 +60,63 @@ class Settings:
         self.sigusr1_min_interval_s = _seconds(
             values, keys.SIM_SIGUSR1_MIN_INTERVAL_S, DEFAULT_SIGUSR1_MIN_INTERVAL_S
         )
+        self.mesh_tls = _mesh_tls(values)
+        self.security_target_override = values.get(keys.IMEX_SECURITY_TARGET_OVERRIDE, "")
+
+
+class MeshTlsPaths:
+    """Where the daemon's TLS credentials are (files; read at start and at SIGUSR1)."""
+
+    __slots__ = ("client_ca", "client_cert", "client_key", "server_ca", "server_cert", "server_key")
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.server_key = files[keys.IMEX_SERVER_KEY]
+        self.server_cert = files[keys.IMEX_SERVER_CERT]
+        self.server_ca = files[keys.IMEX_SERVER_CERT_AUTH]
+        self.client_key = files[keys.IMEX_CLIENT_KEY]
+        self.client_cert = files[keys.IMEX_CLIENT_CERT]
+        self.client_ca = files[keys.IMEX_CLIENT_CERT_AUTH]
+
+
+_TLS_FILE_KEYS = (
+    keys.IMEX_SERVER_KEY,
+    keys.IMEX_SERVER_CERT,
+    keys.IMEX_SERVER_CERT_AUTH,
+    keys.IMEX_CLIENT_KEY,
+    keys.IMEX_CLIENT_CERT,
+    keys.IMEX_CLIENT_CERT_AUTH,
+)
+
+
+def _mesh_tls(values: dict[str, str]) -> MeshTlsPaths | None:
+    """The TLS settings, as strictly as nvidia-imex: an empty or unknown mode or source prevents
+    initialization."""
+    enabled = values.get(keys.IMEX_ENABLE_AUTH_ENCRYPTION, "0") or "0"
+    if enabled == "0":
+        return None
+    if enabled != "1":
+        raise ConfigError(f"{keys.IMEX_ENABLE_AUTH_ENCRYPTION} must be 0 or 1, got {enabled!r}")
+    mode = values.get(keys.IMEX_AUTH_ENCRYPTION_MODE, "")
+    if mode in ("GSS_AUTH_ENCRYPT", "GSS_AUTH_ONLY"):
+        raise ConfigError(f"{keys.IMEX_AUTH_ENCRYPTION_MODE}={mode} (GSSAPI) is not simulated; use SSL_TLS")
+    if mode != keys.AUTH_MODE_SSL_TLS:
+        raise ConfigError(
+            f"{keys.IMEX_ENABLE_AUTH_ENCRYPTION}=1 needs {keys.IMEX_AUTH_ENCRYPTION_MODE}=SSL_TLS, got {mode!r}"
+        )
+    source = values.get(keys.IMEX_AUTH_SOURCE, "")
+    if source == "ENV_VAL":
+        raise ConfigError(f"{keys.IMEX_AUTH_SOURCE}=ENV_VAL is not simulated; use FILE or ENV_PATH")
+    if source not in (keys.AUTH_SOURCE_FILE, "ENV_PATH"):
+        raise ConfigError(f"{keys.IMEX_AUTH_SOURCE} must be FILE or ENV_PATH with SSL_TLS, got {source!r}")
+    files: dict[str, str] = {}
+    for key in _TLS_FILE_KEYS:
+        raw = values.get(key, "")
+        path = os.environ.get(raw, "") if source == "ENV_PATH" else raw
+        if not path:
+            where = f"the environment variable {raw!r} named by {key}" if source == "ENV_PATH" else key
+            raise ConfigError(f"{where} is empty: SSL_TLS needs every key, certificate and CA file")
+        files[key] = path
+    return MeshTlsPaths(files)
 
 
 def _int(values: dict[str, str], key: str, default: int) -> int:
