@@ -11,6 +11,9 @@
 <prefix>reservations/<id>                      Reservation (on a TTL lease)
 <prefix>nodereservations/<node>                Reservation guard of one node (same lease)
 <prefix>election/<name>                        LeaderRecord (on the leader's lease)
+<prefix>meshca/<uid>                           MeshAuthority (the domain's CA; controller only)
+<prefix>meshcsr/<uid>/<node>                   MeshCertificateRequest (the node's IMEX agent)
+<prefix>meshcert/<uid>/<node>                  MeshCertificate (signed by the controller)
 """
 
 from __future__ import annotations
@@ -100,6 +103,30 @@ class Keys:
 
     def node_reservation(self, node: str) -> str:
         return self.node_reservations() + _segment(node, "node name")
+
+    def mesh_authorities(self) -> str:
+        return f"{self.prefix}meshca/"
+
+    def mesh_authority(self, domain_uid: str) -> str:
+        return self.mesh_authorities() + _segment(domain_uid, "domain uid")
+
+    def all_mesh_requests(self) -> str:
+        return f"{self.prefix}meshcsr/"
+
+    def mesh_requests(self, domain_uid: str) -> str:
+        return f"{self.prefix}meshcsr/{_segment(domain_uid, 'domain uid')}/"
+
+    def mesh_request(self, domain_uid: str, node: str) -> str:
+        return self.mesh_requests(domain_uid) + _segment(node, "node name")
+
+    def all_mesh_certificates(self) -> str:
+        return f"{self.prefix}meshcert/"
+
+    def mesh_certificates(self, domain_uid: str) -> str:
+        return f"{self.prefix}meshcert/{_segment(domain_uid, 'domain uid')}/"
+
+    def mesh_certificate(self, domain_uid: str, node: str) -> str:
+        return self.mesh_certificates(domain_uid) + _segment(node, "node name")
 
     def election(self, name: str) -> str:
         return f"{self.prefix}election/{_segment(name, 'election name')}"

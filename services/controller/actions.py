@@ -76,6 +76,39 @@ class DeleteDomain:
     domain_revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class SecureMesh:
+    """Record the domain's mesh mode (the controller's setting, once) and, for mutual TLS, mint
+    its CA; compares the domain record at `domain_revision` and that no CA exists yet."""
+
+    domain_revision: int
+    mutual_tls: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SignMeshCertificate:
+    """Sign `node`'s request (as read at `request_revision`) for its slot and address."""
+
+    node: str
+    request_revision: int
+    member_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMeshCredentials:
+    """Drop the request and certificate of a node that is not a member (left, or orphaned)."""
+
+    node: str
+
+
 Action = (
-    MarkMemberLost | ActivateMember | ReleaseMember | DeletePreparation | DeleteDaemonStatus | DeleteDomain
+    MarkMemberLost
+    | ActivateMember
+    | ReleaseMember
+    | DeletePreparation
+    | DeleteDaemonStatus
+    | DeleteDomain
+    | SecureMesh
+    | SignMeshCertificate
+    | DeleteMeshCredentials
 )

@@ -38,6 +38,9 @@ REASON_DAEMONS_NOT_READY = "ImexDaemonsNotReady"
 REASON_WAITING_FOR_PEERS = "WaitingForPeers"
 
 # A daemon in one of these states has failed (rather than still starting).
+# status.imexMesh: how the domain's IMEX daemons authenticate each other.
+MESH_LABELS = {pb.MeshMode.MUTUAL_TLS: "MutualTLS", pb.MeshMode.PLAINTEXT: "Plaintext"}
+
 _FAILED_DAEMON_STATES = frozenset({pb.DaemonState.FAILED})
 
 # How many node names a condition message lists before summarising.
@@ -199,4 +202,5 @@ def desired_status(
         ready=v.ready,
         nodes=node_statuses(obs, live),
         conditions=merge_conditions(old_conditions, [ready_condition], now_ms),
+        imex_mesh=MESH_LABELS.get(obs.domain.mesh_mode, "") if obs.domain is not None else "",
     )

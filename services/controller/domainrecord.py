@@ -30,6 +30,7 @@ class ComputeDomain(betterproto.Message):
     deleting: bool = betterproto.bool_field(7)
     deletion_requested_unix_ms: int = betterproto.int64_field(8)
     source: str = betterproto.string_field(9)
+    mesh_mode: pb.MeshMode = betterproto.enum_field(10)  # noqa: RUF009
 
 
 DomainRecord = ComputeDomain

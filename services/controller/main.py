@@ -47,6 +47,8 @@ class ControllerService:
                 orphan_grace_s=settings.orphan_grace_s,
                 resync_period_s=settings.resync_period_s,
                 busy_share=settings.reconcile_busy_share,
+                mesh_tls=settings.imex_mesh_tls,
+                mesh_certificate_validity_s=settings.imex_mesh_certificate_validity_s,
             ),
         )
         self.election = LeaderElection(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from libs.gen.computedomain.state import v1 as pb
 from services.controller.domainrecord import DomainRecord
+from services.controller.meshview import MeshRequestRecord
 from services.controller.statusmodel import StatusValue
 
 
@@ -102,6 +103,11 @@ class DomainObservation:
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
     # Prepared claims of this domain: node -> claim uids.
     preparations: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # IMEX mesh credentials: whether the CA exists, pending requests by node, and the request
+    # digest each stored certificate answers.
+    mesh_authority: bool = False
+    mesh_requests: Mapping[str, MeshRequestRecord] = field(default_factory=dict)
+    mesh_certificates: Mapping[str, str] = field(default_factory=dict)
 
     def node_present(self, node: str) -> bool:
         return node in self.nodes

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from services.controller import cdstatus, membership, teardown
 from services.controller.actions import Action, DeleteDomain
 from services.controller.liveness import liveness
+from services.controller.meshplan import mesh_actions
 from services.controller.observed import DomainObservation
 from services.controller.statusmodel import StatusValue
 
@@ -20,15 +21,18 @@ class Plan:
     recheck_after_ms: int | None = None
 
 
-def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int) -> Plan:
+def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int, mesh_tls: bool = True) -> Plan:
+    """`mesh_tls`: the mode a domain gets when it is first seen (mutual TLS, or plaintext)."""
     recheck = membership.grace_recheck_ms(obs, now_ms, orphan_grace_ms)
+    mesh = mesh_actions(obs, mesh_tls, now_ms, orphan_grace_ms)
     if obs.domain is None:
-        return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms), recheck)
+        return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms) + mesh, recheck)
     # Who is lost and whose mesh is complete: one pass over the members and their reports.
     live = liveness(obs)
     actions: list[Action] = membership.loss_actions(obs, live)
     actions += membership.activations(obs)
     actions += membership.lost_member_releases(obs)
+    actions += mesh
     actions += teardown.teardown_actions(obs, live)
     if not obs.domain.deleting:
         actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)

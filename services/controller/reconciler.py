@@ -34,11 +34,15 @@ from services.controller.actions import (
     ActivateMember,
     DeleteDaemonStatus,
     DeleteDomain,
+    DeleteMeshCredentials,
     DeletePreparation,
     MarkMemberLost,
     ReleaseMember,
+    SecureMesh,
+    SignMeshCertificate,
 )
 from services.controller.domainrecord import DomainRecord
+from services.controller.meshsigner import MeshSigner
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain
 from services.controller.statusmodel import StatusValue, encode_status
@@ -64,6 +68,14 @@ class ReconcilerConfig:
     reconcile_timeout_s: float = 30.0
     # Share of the time one domain may keep a worker busy (see workqueue.py: pacing).
     busy_share: float = 0.25
+    # Mode of newly seen domains: mutual TLS between their IMEX daemons (else plaintext).
+    mesh_tls: bool = True
+    # Lifetime of a node's mesh certificate (its IMEX agent renews at two thirds) and of a CA.
+    mesh_certificate_validity_s: float = 24 * 3600.0
+    mesh_authority_validity_s: float = 366 * 24 * 3600.0
+
+
+_WATCHED_RESOURCES = 8
 
 
 class FenceLost(RuntimeError):
@@ -84,6 +96,13 @@ class DomainReconciler:
         self.config = config or ReconcilerConfig()
         self.clock = clock
         self.view = StoreView(store.keys)
+        self.mesh_signer = MeshSigner(
+            store,
+            self.view,
+            certificate_validity_s=self.config.mesh_certificate_validity_s,
+            authority_validity_s=self.config.mesh_authority_validity_s,
+            clock=clock,
+        )
         self.queue: WorkQueue[str] = WorkQueue(busy_share=self.config.busy_share)
         # Seconds of computing of the reconcile that just ran, per domain (read by its worker).
         self._compute_s: dict[str, float] = {}
@@ -125,6 +144,18 @@ class DomainReconciler:
             self._consume(
                 "preparations", k.all_preparations(), pb.PreparedClaim, self.view.apply_preparations
             ),
+            self._consume(
+                "meshauthorities", k.mesh_authorities(), pb.MeshAuthority, self.view.mesh.apply_authorities
+            ),
+            self._consume(
+                "meshrequests", k.all_mesh_requests(), pb.MeshCertificateRequest, self.view.mesh.apply_requests
+            ),
+            self._consume(
+                "meshcertificates",
+                k.all_mesh_certificates(),
+                pb.MeshCertificate,
+                self.view.mesh.apply_certificates,
+            ),
         )
 
     def _apply_domains(self, event: WatchEvent[DomainRecord] | Resync[DomainRecord]) -> set[str]:
@@ -150,7 +181,7 @@ class DomainReconciler:
             if isinstance(event, Resync):
                 log.info("view resynced", resource=resource, items=len(event.items), revision=event.revision)
                 self._synced_resources.add(resource)
-                if len(self._synced_resources) == 5:
+                if len(self._synced_resources) == _WATCHED_RESOURCES:
                     self.synced.set()
             else:
                 counter.inc()
@@ -228,7 +259,7 @@ class DomainReconciler:
         now_ms = int(self.clock() * 1000)
         started = time.perf_counter()
         obs = self.view.observe(uid)
-        plan = plan_domain(obs, now_ms, int(self.config.orphan_grace_s * 1000))
+        plan = plan_domain(obs, now_ms, int(self.config.orphan_grace_s * 1000), self.config.mesh_tls)
         encoded = encode_status(plan.status) if plan.status is not None else None
         # The computing this domain costs (no awaits in it): what the work queue paces by.
         self._compute_s[uid] = time.perf_counter() - started
@@ -340,12 +371,17 @@ class DomainReconciler:
                     Delete(k.domain(uid)),
                     Delete(k.daemons(uid), prefix=True),
                     Delete(k.member_indices(uid), prefix=True),
+                    Delete(k.mesh_authority(uid)),
+                    Delete(k.mesh_requests(uid), prefix=True),
+                    Delete(k.mesh_certificates(uid), prefix=True),
                 ],
                 leadership,
             )
             if ok:
                 log.info("domain torn down", cd_uid=uid)
             return ok
+        if isinstance(action, SecureMesh | SignMeshCertificate | DeleteMeshCredentials):
+            return await self.mesh_signer.apply(uid, action, leadership, self._fenced_txn)
         raise TypeError(f"unknown action {action!r}")
 
     async def _claim_held(self, uid: str, action: ActivateMember) -> Compare | None:
@@ -369,7 +405,12 @@ class DomainReconciler:
         compares: list[Compare] = [Unchanged(member_key, action.mod_revision)]
         if action.orphan:
             compares.append(Absent(k.domain(uid)))
-        ops: list[Op] = [Delete(member_key), Delete(k.daemon(uid, action.node))]
+        ops: list[Op] = [
+            Delete(member_key),
+            Delete(k.daemon(uid, action.node)),
+            Delete(k.mesh_request(uid, action.node)),
+            Delete(k.mesh_certificate(uid, action.node)),
+        ]
         if binding is not None and binding.value.domain_uid == uid:
             compares.append(Unchanged(binding_key, binding.mod_revision))
             ops.append(Delete(binding_key))

@@ -40,6 +40,14 @@ class ControllerSettings:
         "are coalesced for d*(1/share-1) s, at most 1 s (1 = reconcile on every event)",
         validate=fraction,
     )
+    imex_mesh_tls: bool = setting(
+        True,
+        "new domains get mutual TLS between their IMEX daemons, with certificates of a CA of their own "
+        "(false: plaintext, for IMEX versions or sites without TLS); a domain keeps the mode it got",
+    )
+    imex_mesh_certificate_validity_s: float = setting(
+        24 * 3600.0, "lifetime of a node's IMEX mesh certificate (renewed at two thirds)", validate=positive
+    )
     health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
     health_port: int = setting(8081, "port of the health server (0 = any free port)", validate=non_negative)
     log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))

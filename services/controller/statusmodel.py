@@ -40,6 +40,8 @@ class StatusValue:
     ready: bool = False
     nodes: tuple[NodeEntry, ...] = ()
     conditions: tuple[ConditionEntry, ...] = ()
+    # "MutualTLS" | "Plaintext" | "" (not decided yet): how the domain's IMEX daemons talk.
+    imex_mesh: str = ""
 
     def to_pb(self) -> pb.ComputeDomainStatus:
         return pb.ComputeDomainStatus(
@@ -64,6 +66,7 @@ class StatusValue:
                 )
                 for c in self.conditions
             ],
+            imex_mesh=self.imex_mesh,
         )
 
     @classmethod
@@ -78,6 +81,7 @@ class StatusValue:
                 ConditionEntry(c.type, c.status, c.reason, c.message, c.last_transition_unix_ms)
                 for c in status.conditions
             ),
+            imex_mesh=status.imex_mesh,
         )
 
     def condition(self, type_: str) -> ConditionEntry | None:
@@ -144,4 +148,5 @@ def encode_status(status: StatusValue) -> bytes:
             + _integer(5, c.last_transition_unix_ms)
         )
         parts.append(_message(3, cond))
+    parts.append(_string(4, status.imex_mesh))
     return b"".join(parts)

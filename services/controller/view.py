@@ -16,6 +16,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.keys import Keys
 from libs.state.watch import Resync, WatchEvent
 from services.controller.domainrecord import DomainRecord
+from services.controller.meshview import MeshView
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.statusmodel import StatusValue
 
@@ -56,11 +57,12 @@ class StoreView:
         # node -> claim uid -> domain uid, and the same by domain.
         self.preparations: dict[str, dict[str, str]] = {}
         self.domain_preparations: dict[str, dict[str, set[str]]] = {}
+        self.mesh = MeshView(keys)
 
     # ---- reads ------------------------------------------------------------------
 
     def all_uids(self) -> set[str]:
-        return set(self.domains) | set(self.members) | set(self.daemons)
+        return set(self.domains) | set(self.members) | set(self.daemons) | self.mesh.uids()
 
     def observe(self, uid: str) -> DomainObservation:
         entry = self.domains.get(uid)
@@ -80,6 +82,9 @@ class StoreView:
             daemons=daemons,
             nodes=nodes,
             preparations={n: frozenset(c) for n, c in preps.items() if c},
+            mesh_authority=uid in self.mesh.authorities,
+            mesh_requests=dict(self.mesh.requests.get(uid, {})),
+            mesh_certificates=dict(self.mesh.certificates.get(uid, {})),
         )
 
     # ---- domains ------------------------------------------------------------------

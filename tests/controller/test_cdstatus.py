@@ -43,7 +43,12 @@ def daemon(
 
 def domain(num_nodes: int = 0, deleting: bool = False) -> DomainRecord:
     return DomainRecord(
-        uid="d1", namespace="ns", name="cd", spec=pb.ComputeDomainSpec(num_nodes=num_nodes), deleting=deleting
+        uid="d1",
+        namespace="ns",
+        name="cd",
+        spec=pb.ComputeDomainSpec(num_nodes=num_nodes),
+        deleting=deleting,
+        mesh_mode=pb.MeshMode.PLAINTEXT,  # decided (the mesh's own decisions are tested apart)
     )
 
 

@@ -318,6 +318,7 @@ class ControllerCoreMachine(RuleBasedStateMachine):
                 name=uid,
                 spec=pb.ComputeDomainSpec(num_nodes=num_nodes),
                 created_unix_ms=self.m.bump(),
+                mesh_mode=pb.MeshMode.PLAINTEXT,
             )
 
     @rule(node=st.sampled_from(sorted(NODES)), uid=st.sampled_from(DOMAINS))

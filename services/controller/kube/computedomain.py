@@ -79,9 +79,10 @@ def domain_from_cr(cr: dict[str, Any]) -> pb.ComputeDomain:
 
 
 def cr_status(status: StatusValue) -> dict[str, Any]:
-    """status.status, status.nodes (and nodeCount, the Nodes printer column) and status.conditions
-    as the CRD declares them."""
-    return {
+    """status.status, status.nodes (and nodeCount, the Nodes printer column), status.conditions
+    and, once decided, status.imexMesh, as the CRD declares them."""
+    mesh = {"imexMesh": status.imex_mesh} if status.imex_mesh else {}
+    return mesh | {
         "status": "Ready" if status.ready else "NotReady",
         "nodeCount": len(status.nodes),
         "nodes": [
@@ -109,7 +110,7 @@ def cr_status(status: StatusValue) -> dict[str, Any]:
 
 def cr_status_differs(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
     current = current or {}
-    return any(current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions"))
+    return any(current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions", "imexMesh"))
 
 
 def has_finalizer(cr: dict[str, Any]) -> bool:

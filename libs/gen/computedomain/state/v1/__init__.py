@@ -20,6 +20,22 @@ class Readiness(betterproto.Enum):
     READY = 1
 
 
+class MeshMode(betterproto.Enum):
+    """
+    How a domain's IMEX daemons authenticate each other. Decided by the controller when it first
+     sees the domain and never changed while the domain exists.
+    """
+
+    UNDECIDED = 0
+    MUTUAL_TLS = 1
+    """Mutual TLS with certificates of the domain's own CA."""
+
+    PLAINTEXT = 2
+    """
+    No authentication beyond the node map's addresses (for IMEX versions or sites without TLS).
+    """
+
+
 class MemberState(betterproto.Enum):
     UNSPECIFIED = 0
     ACTIVE = 1
@@ -122,6 +138,10 @@ class ComputeDomainStatus(betterproto.Message):
     status: "Readiness" = betterproto.enum_field(1)
     nodes: List["NodeStatus"] = betterproto.message_field(2)
     conditions: List["Condition"] = betterproto.message_field(3)
+    imex_mesh: str = betterproto.string_field(4)
+    """
+    How the domain's IMEX daemons talk: "MutualTLS" or "Plaintext" ("" until decided).
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -141,6 +161,48 @@ class ComputeDomain(betterproto.Message):
     deletion_requested_unix_ms: int = betterproto.int64_field(8)
     source: str = betterproto.string_field(9)
     """kubernetes" or "simulation": who owns the spec."""
+
+    mesh_mode: "MeshMode" = betterproto.enum_field(10)
+
+
+@dataclass(eq=False, repr=False)
+class MeshAuthority(betterproto.Message):
+    """
+    Key: meshca/<domain uid>. The domain's CA; readable by the controller's etcd identity only.
+    """
+
+    domain_uid: str = betterproto.string_field(1)
+    ca_cert_pem: bytes = betterproto.bytes_field(2)
+    ca_key_pem: bytes = betterproto.bytes_field(3)
+
+
+@dataclass(eq=False, repr=False)
+class MeshCertificateRequest(betterproto.Message):
+    """
+    Key: meshcsr/<domain uid>/<node name>. Written by the node's IMEX agent; its key stays on the node.
+    """
+
+    domain_uid: str = betterproto.string_field(1)
+    node_name: str = betterproto.string_field(2)
+    csr_pem: bytes = betterproto.bytes_field(3)
+    requested_unix_ms: int = betterproto.int64_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class MeshCertificate(betterproto.Message):
+    """
+    Key: meshcert/<domain uid>/<node name>. Written by the controller for a member's request.
+    """
+
+    domain_uid: str = betterproto.string_field(1)
+    node_name: str = betterproto.string_field(2)
+    cert_pem: bytes = betterproto.bytes_field(3)
+    ca_cert_pem: bytes = betterproto.bytes_field(4)
+    not_after_unix_ms: int = betterproto.int64_field(5)
+    request_sha256: str = betterproto.string_field(6)
+    """
+    sha256 (hex) of the request it answers: the agent uses a certificate only with that key.
+    """
 
 
 @dataclass(eq=False, repr=False)
