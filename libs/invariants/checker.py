@@ -262,6 +262,11 @@ def _entry_domain(entry: dict[str, object]) -> object:
     return entry.get("domainUID", entry.get("domain_uid"))
 
 
+def _in_prefix(key: str, prefix: str) -> bool:
+    """A listing of `prefix` that is one key (meshca/<uid>) also finds meshca/<uid><more>."""
+    return prefix.endswith("/") or key == prefix
+
+
 async def check_domain_gone(
     store: Store, domain_uid: str, claim_uids: Iterable[str] = (), nodes: Iterable[NodeLocalPaths] = ()
 ) -> list[str]:
@@ -273,9 +278,12 @@ async def check_domain_gone(
         (k.members(domain_uid), pb.Member, "member"),
         (k.member_indices(domain_uid), pb.IndexClaim, "index claim"),
         (k.daemons(domain_uid), pb.DaemonStatus, "daemon status"),
+        (k.mesh_authority(domain_uid), pb.MeshAuthority, "mesh CA"),
+        (k.mesh_requests(domain_uid), pb.MeshCertificateRequest, "mesh certificate request"),
+        (k.mesh_certificates(domain_uid), pb.MeshCertificate, "mesh certificate"),
     ):
         items, _ = await store.list(prefix, cls)
-        violations += [f"inv5: {what} {i.key} remains" for i in items]
+        violations += [f"inv5: {what} {i.key} remains" for i in items if _in_prefix(i.key, prefix)]
     bindings, _ = await store.list(k.node_bindings(), pb.NodeBinding)
     violations += [
         f"inv5: node binding {b.key} remains" for b in bindings if b.value.domain_uid == domain_uid
@@ -315,6 +323,9 @@ async def check_cluster_idle(store: Store, nodes: Iterable[NodeLocalPaths]) -> l
         (k.claims(), pb.Claim, "claim"),
         (k.all_preparations(), pb.PreparedClaim, "prepared claim"),
         (k.all_daemons(), pb.DaemonStatus, "daemon status"),
+        (k.mesh_authorities(), pb.MeshAuthority, "mesh CA"),
+        (k.all_mesh_requests(), pb.MeshCertificateRequest, "mesh certificate request"),
+        (k.all_mesh_certificates(), pb.MeshCertificate, "mesh certificate"),
     ):
         items, _ = await store.list(prefix, cls)
         violations += [f"idle: {what} {i.key} remains" for i in items]

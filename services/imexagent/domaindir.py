@@ -25,6 +25,7 @@ from pathlib import Path
 from libs.fsio.atomic import write_atomic
 from libs.imex import config as imexcfg
 from libs.imex import slots
+from services.imexagent.meshcreds import mesh_files
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity
 
@@ -72,7 +73,13 @@ class DomainDir:
 
     # ---- rendering (pure) ---------------------------------------------------------------
 
-    def render_config(self, identity: Identity, node_name: str, settings: ImexSettings) -> str:
+    def render_config(
+        self,
+        identity: Identity,
+        node_name: str,
+        settings: ImexSettings,
+        mesh_tls: imexcfg.MeshTlsFiles | None = None,
+    ) -> str:
         return imexcfg.render_imex_config(
             bind_interface_ip=identity.address,
             nodes_config_file=str(self.nodes_config),
@@ -89,6 +96,7 @@ class DomainDir:
             reconnect_initial_s=settings.sim_reconnect_initial_s,
             reconnect_max_s=settings.sim_reconnect_max_s,
             sigusr1_min_interval_s=settings.sim_sigusr1_min_interval_s,
+            mesh_tls=mesh_tls,
         )
 
     @staticmethod
@@ -107,12 +115,14 @@ class DomainDir:
         except OSError:
             return None
 
-    def prepare_start(self, desired: DesiredDaemon, settings: ImexSettings) -> str:
+    def prepare_start(
+        self, desired: DesiredDaemon, settings: ImexSettings, mesh_tls: imexcfg.MeshTlsFiles | None = None
+    ) -> str:
         """Write what a daemon about to start reads (no daemon runs here now); returns the hosts
         text written. Files already right are left alone (no needless fsync)."""
         self.path.mkdir(parents=True, exist_ok=True)
         wanted = (
-            (self.config, self.render_config(desired.identity, desired.node_name, settings)),
+            (self.config, self.render_config(desired.identity, desired.node_name, settings, mesh_tls)),
             (self.nodes_config, self.render_nodes_config(desired.identity)),
             (self.hosts, self.render_hosts(desired)),
         )
@@ -139,10 +149,13 @@ class DomainDir:
             os.close(fd)
 
     def serves(self, identity: Identity, node_name: str, settings: ImexSettings) -> bool:
-        """Whether a daemon started on this directory's files has this identity (adoption)."""
-        return self.read(self.config) == self.render_config(identity, node_name, settings) and self.read(
-            self.nodes_config
-        ) == self.render_nodes_config(identity)
+        """Whether a daemon started on this directory's files has this identity (adoption), in
+        either mesh mode (a domain's mode never changes)."""
+        config = self.read(self.config)
+        rendered = [
+            self.render_config(identity, node_name, settings, mesh) for mesh in (None, mesh_files(self.path))
+        ]
+        return config in rendered and self.read(self.nodes_config) == self.render_nodes_config(identity)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -34,9 +34,11 @@ from libs.hardware import ImexBackendName
 from libs.imex.simulator.launch import simulator_daemon_argv
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
+from libs.state.watch import watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
+from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
 from services.imexagent.probe import NvidiaCtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes, recently_connected
@@ -92,6 +94,7 @@ class DomainDaemon:
         desired: DesiredDaemon,
         on_ready_changed: Callable[[], None],
         on_fence_lost: Callable[[], None],
+        watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.store = store
         self.keys = store.keys
@@ -128,6 +131,16 @@ class DomainDaemon:
         self._task: asyncio.Task[None] | None = None
         # nvidia-imex shows no instance: a process (pid and start time) is one instance.
         self._process_instance = ""
+        self.mesh = MeshCredentials(
+            store,
+            domain_dir.path,
+            self.uid,
+            self.node,
+            desired.identity,
+            self._mesh_changed,
+            io_timeout_s=settings.io_timeout_s,
+            watch=watch,
+        )
 
     # ---- control ------------------------------------------------------------------------
 
@@ -145,11 +158,19 @@ class DomainDaemon:
                 "adopted IMEX daemon of a previous agent", cd_uid=self.uid, node=self.node, pid=adopted_pid
             )
         self._task = asyncio.create_task(self._run(), name=f"imex-daemon-{self.uid}")
+        self.mesh.start()
 
     def update(self, desired: DesiredDaemon) -> None:
         if desired != self.desired:
             self.desired = desired
+            self.mesh.want(desired.identity)
             self.wake()
+
+    def _mesh_changed(self, rotated: bool) -> None:
+        """New mesh credentials on disk: a daemon waiting for them may start; a running one reloads."""
+        if rotated and self.process is not None:
+            self.reload.changed(self._now())
+        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -161,6 +182,7 @@ class DomainDaemon:
     async def stop(self) -> None:
         """Stop the daemon (SIGTERM, SIGKILL after the grace), remove the directory and status."""
         await self._end_task()
+        await self.mesh.stop()
         if self.process is not None:
             await self.process.stop(self.settings.stop_grace_s)
             self.process.close()
@@ -180,6 +202,7 @@ class DomainDaemon:
     async def detach(self) -> None:
         """Stop supervising but leave the daemon running (agent shutdown; adopted next time)."""
         await self._end_task()
+        await self.mesh.stop()
         if self.process is not None:
             self.process.close()
 
@@ -223,7 +246,8 @@ class DomainDaemon:
     def _next_deadline(self, now: float) -> float:
         lc = self.lifecycle
         if self.process is None:
-            deadline = lc.next_start_at
+            # Waiting for mesh credentials: their arrival wakes the loop.
+            deadline = lc.next_start_at if self.mesh.ready_for(self.desired.identity) else now + 60.0
         else:
             deadline = self._next_probe
             due = self.reload.due_at()
@@ -240,7 +264,7 @@ class DomainDaemon:
             await self._replace()
         if self.process is not None and not self.process.alive:
             self._handle_exit()
-        if self.process is None and self.lifecycle.start_due(self._now()):
+        if self.process is None and self.lifecycle.start_due(self._now()) and self.mesh.ready_for(d.identity):
             await self._spawn()
         if self.process is not None and self.process.alive:
             await self._sync_hosts()
@@ -303,7 +327,7 @@ class DomainDaemon:
     async def _spawn(self) -> None:
         d = self.desired
         try:
-            hosts = await self._blocking(self.dir.prepare_start, d, self.settings)
+            hosts = await self._blocking(self.dir.prepare_start, d, self.settings, self.mesh.files())
             popen = await self._blocking(proc.spawn_daemon, self._argv(), self.dir.path, self.dir.log)
         except (OSError, TimeoutError, ValueError) as exc:
             reason = (

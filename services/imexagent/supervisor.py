@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
@@ -35,6 +34,7 @@ from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import M, Resync, WatchEvent, watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, domain_dirs
+from services.imexagent.meshcreds import PrefixWatcher
 from services.imexagent.probe import NvidiaCtlProbe, ReadinessProbe, SimulatorProbe
 from services.imexagent.runner import DomainDaemon
 from services.imexagent.settings import ImexSettings
@@ -62,14 +62,6 @@ async def _resilient(
                 "store watch failed; reopening", prefix=what, error=str(exc), retry_in_s=round(delay, 3)
             )
             await asyncio.sleep(delay)
-
-
-class PrefixWatcher(Protocol):
-    """``libs.state.watch.watch_prefix`` or a stand-in with the same stream semantics."""
-
-    def __call__(
-        self, store: Store, prefix: str, cls: type[M]
-    ) -> AsyncIterable[WatchEvent[M] | Resync[M]]: ...
 
 
 class ImexSupervisor:
@@ -317,6 +309,7 @@ class ImexSupervisor:
             desired,
             self._signal_change,
             self._wake.set,
+            watch=self._watch,
         )
         self._runners[desired.domain_uid] = runner
         runner.start(adopted_pid)

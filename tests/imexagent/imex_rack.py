@@ -139,6 +139,11 @@ class Rack:
 
     async def join(self, uid: str, node: Node, index: int, address: str | None = None) -> None:
         keys = self.store.keys
+        # The controller's mesh decision; these tests run plaintext domains (mutual TLS is
+        # exercised with a real controller in tests/cdsim/test_mesh_tls.py).
+        if await self.store.get(keys.domain(uid), pb.ComputeDomain) is None:
+            domain = pb.ComputeDomain(uid=uid, namespace="default", name=uid, mesh_mode=pb.MeshMode.PLAINTEXT)
+            await self.store.put(keys.domain(uid), domain)
         member = pb.Member(
             domain_uid=uid,
             node_name=node.name,

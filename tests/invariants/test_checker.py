@@ -257,7 +257,18 @@ async def gone(rig: Rig) -> list[str]:
     return await check_domain_gone(rig.store, rig.uid, ["claim-n0"], rig.nodes)
 
 
-RECORDS = ["domain", "member", "index claim", "daemon status", "node binding", "prepared claim", "claim"]
+RECORDS = [
+    "domain",
+    "member",
+    "index claim",
+    "daemon status",
+    "node binding",
+    "prepared claim",
+    "claim",
+    "mesh CA",
+    "mesh certificate request",
+    "mesh certificate",
+]
 
 
 async def plant_record(rig: Rig, what: str) -> str:
@@ -276,6 +287,15 @@ async def plant_record(rig: Rig, what: str) -> str:
         "claim": (
             k.claim("claim-n0"),
             pb.Claim(uid="claim-n0", namespace=NAMESPACE, name="c", node_name="n0"),
+        ),
+        "mesh CA": (k.mesh_authority(uid), pb.MeshAuthority(domain_uid=uid, ca_cert_pem=b"x")),
+        "mesh certificate request": (
+            k.mesh_request(uid, "n1"),
+            pb.MeshCertificateRequest(domain_uid=uid, node_name="n1", csr_pem=b"x"),
+        ),
+        "mesh certificate": (
+            k.mesh_certificate(uid, "n1"),
+            pb.MeshCertificate(domain_uid=uid, node_name="n1", cert_pem=b"x"),
         ),
     }
     key, value = planted[what]

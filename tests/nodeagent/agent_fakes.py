@@ -45,6 +45,9 @@ async def put_domain(
         name=name,
         spec=pb.ComputeDomainSpec(channel=pb.ChannelSpec(resource_claim_template_name=f"{name}-channel")),
         source="simulation",
+        # As the controller decides it (no controller runs here): plaintext keeps these tests on
+        # the node agent; mutual TLS is exercised with a real controller in tests/cdsim.
+        mesh_mode=pb.MeshMode.PLAINTEXT,
     )
     await store.put(store.keys.domain(domain.uid), domain)
     return domain

@@ -35,6 +35,8 @@ class UpOptions:
     partitions_per_rack: int = 1
     address_block: int = 1
     log_level: str = "info"
+    mesh: str = "tls"  # tls | plaintext: the controller's mode for new domains
+    mesh_certificate_validity_s: float = 24 * 3600.0
 
 
 def _address_in_use(host: str, port: int) -> str:
@@ -110,6 +112,8 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             trays_per_rack=options.trays,
             partitions_per_rack=options.partitions_per_rack,
             log_level=options.log_level,
+            mesh=options.mesh,
+            mesh_certificate_validity_s=options.mesh_certificate_validity_s,
         ).save(layout)
         # The supervisor and its fork server run in the state dir: make this code importable there.
         python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)

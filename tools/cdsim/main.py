@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="second octet of node addresses 127.<block>.<rack>.<tray+1>",
     )
     up.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    up.add_argument(
+        "--mesh",
+        default="tls",
+        choices=("tls", "plaintext"),
+        help="IMEX daemons of new domains talk mutual TLS with per-domain certificates (default) or plaintext",
+    )
+    up.add_argument(
+        "--mesh-certificate-validity-s",
+        type=float,
+        default=24 * 3600.0,
+        help="lifetime of a node's mesh certificate; renewed at two thirds (short values show rotation)",
+    )
 
     sub.add_parser("down", parents=[common], help="stop everything `up` started")
 
@@ -221,6 +233,8 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             partitions_per_rack=args.partitions_per_rack,
             address_block=args.address_block,
             log_level=args.log_level,
+            mesh=args.mesh,
+            mesh_certificate_validity_s=args.mesh_certificate_validity_s,
         )
         lifecycle.up(layout, options, out)
         url = dashboard_url(RunState.load(layout))

@@ -30,6 +30,8 @@ class SimConfig:
     etcd_client_port: int = 0
     etcd_peer_port: int = 0
     log_level: str = "info"
+    mesh: str = "tls"
+    mesh_certificate_validity_s: float = 24 * 3600.0
     # Seconds before a killed node agent / controller replica is started again.
     agent_restart_delay_s: float = 1.0
     controller_restart_delay_s: float = 3.0

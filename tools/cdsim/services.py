@@ -157,6 +157,8 @@ def controller_spec(replica: int, port: int, config: SimConfig, etcd_endpoint: s
         "--health-port", str(port),
         "--log-format", "json",
         "--log-level", config.log_level,
+        "--imex-mesh-tls", "true" if config.mesh == "tls" else "false",
+        "--imex-mesh-certificate-validity-s", str(config.mesh_certificate_validity_s),
         *_etcd_flags(etcd_endpoint),
     ]  # fmt: skip
     return ServiceSpec(

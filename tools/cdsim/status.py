@@ -107,6 +107,7 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
                 "message": condition.message if condition else "",
                 "deleting": domain.deleting,
                 "num_nodes": domain.spec.num_nodes,
+                "imex_mesh": domain.status.imex_mesh,
                 "nodes": node_docs,
             }
         )
