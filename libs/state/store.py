@@ -210,7 +210,8 @@ class Store:
         return items, int(result.header.revision)
 
     async def revision(self) -> int:
-        result = await self.client.get_prefix(self.keys.prefix.encode(), keys_only=True)
+        # A small range every component may read (the prefix as a whole is not: see roles.py).
+        result = await self.client.get_prefix(self.keys.domains().encode(), keys_only=True)
         return int(result.header.revision)
 
     # ---- writes ---------------------------------------------------------------
