@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import betterproto
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
@@ -53,6 +54,19 @@ class NodeBusy(RuntimeError):
         super().__init__(f"node {node} is busy: it is a member of domain {other_domain}")
         self.node = node
         self.other_domain = other_domain
+
+
+class DomainUnavailable(RuntimeError):
+    """The domain does not exist (yet, or any more) or is being deleted: no node may join it."""
+
+
+@dataclass(eq=False, repr=False)
+class ComputeDomain(betterproto.Message):
+    """The two fields of a stored `computedomain.state.v1.ComputeDomain` a join checks (same name,
+    so the same stored kind; the status, possibly a rack's worth of nodes, is skipped unparsed)."""
+
+    uid: str = betterproto.string_field(1)
+    deleting: bool = betterproto.bool_field(7)
 
 
 class CliqueFull(RuntimeError):
@@ -89,11 +103,16 @@ class _JoinView:
     binding: Versioned[pb.NodeBinding] | None
     member: Versioned[pb.Member] | None
     used_indices: list[int]
+    domain: Versioned[ComputeDomain] | None = None
 
 
 def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
     keys = store.keys
-    reads: list[Op] = [Read(keys.node_binding(node.name)), Read(keys.member(domain_uid, node.name))]
+    reads: list[Op] = [
+        Read(keys.node_binding(node.name)),
+        Read(keys.member(domain_uid, node.name)),
+        Read(keys.domain(domain_uid)),
+    ]
     if node.clique_id:
         reads.append(Read(keys.member_indices(domain_uid, node.clique_id), prefix=True))
     return reads
@@ -102,13 +121,14 @@ def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
 def _join_view(store: Store, reads: tuple[list[RawKV], ...]) -> _JoinView:
     binding = store.decode_kv(reads[0][0], pb.NodeBinding) if reads[0] else None
     member = store.decode_kv(reads[1][0], pb.Member) if reads[1] else None
+    domain = store.decode_kv(reads[2][0], ComputeDomain) if reads[2] else None
     used: list[int] = []
-    if len(reads) > 2:
-        for kv in reads[2]:
+    if len(reads) > 3:
+        for kv in reads[3]:
             index = index_of_claim_key(kv.key)
             if index is not None:
                 used.append(index)
-    return _JoinView(binding, member, used)
+    return _JoinView(binding, member, used, domain)
 
 
 def index_of_claim_key(key: str) -> int | None:
@@ -220,9 +240,16 @@ async def join_domain(
             view = _join_view(store, (await store.txn([], reads)).reads)
             continue
 
+        domain = view.domain
+        if domain is None:
+            raise DomainUnavailable(f"node {node.name} cannot join domain {domain_uid}: it does not exist")
+        if domain.value.deleting:
+            raise DomainUnavailable(f"node {node.name} cannot join domain {domain_uid}: it is being deleted")
         compares: list[Compare] = [
             Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
             Unchanged(member_key, member.mod_revision) if member else Absent(member_key),
+            # In the same transaction: a deletion (or re-creation) meanwhile fails the join.
+            Unchanged(domain.key, domain.mod_revision),
         ]
         ops: list[Op]
         offered: list[int] = []

@@ -40,7 +40,14 @@ from libs.cdi.specdir import ClaimSpecDir
 from libs.fsio.atomic import TEMP_SUFFIX
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
-from libs.state.membership import CliqueFull, IndexConflict, NodeBusy, join_domain, leave_domain
+from libs.state.membership import (
+    CliqueFull,
+    DomainUnavailable,
+    IndexConflict,
+    NodeBusy,
+    join_domain,
+    leave_domain,
+)
 from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
 from services.nodeagent.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
@@ -338,7 +345,7 @@ class DeviceState:
             result = await join_domain(self.store, domain_uid, namespace, node)
         except NodeBusy as exc:
             raise RetryableError(f"node busy: {exc}") from None
-        except (CliqueFull, IndexConflict) as exc:
+        except (CliqueFull, IndexConflict, DomainUnavailable) as exc:
             raise RetryableError(str(exc)) from None
         return result.joined_now, result.member.index
 

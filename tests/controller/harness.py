@@ -90,6 +90,39 @@ class AgentDouble:
         self.claims[claim] = domain_uid
         return result
 
+    async def plant_orphan_membership(self, domain_uid: str, namespace: str) -> JoinResult:
+        """The records a prepare and join leave, for a domain that is gone: what an agent of an older
+        version (whose join did not compare the domain) or a crash mid-release leaves behind.
+        join_domain itself refuses a missing domain."""
+        claim = f"claim-{uuid.uuid4().hex[:8]}"
+        prepared = pb.PreparedClaim(
+            claim_uid=claim,
+            namespace=namespace,
+            node_name=self.name,
+            domain_uid=domain_uid,
+            state=pb.PreparedState.PREPARE_COMPLETED,
+        )
+        await self.store.put(self.store.keys.preparation(self.name, claim), prepared)
+        self.claims[claim] = domain_uid
+        member = pb.Member(
+            domain_uid=domain_uid,
+            node_name=self.name,
+            clique_id=self.node.clique_id,
+            index=0,
+            state=pb.MemberState.ACTIVE,
+            ip_address=self.node.ip_address,
+            joined_unix_ms=int(time.time() * 1000),
+            namespace=namespace,
+        )
+        k = self.store.keys
+        await self.store.put(k.node_binding(self.name), pb.NodeBinding(node_name=self.name, domain_uid=domain_uid))
+        await self.store.put(
+            k.member_index(domain_uid, self.node.clique_id, 0),
+            pb.IndexClaim(domain_uid=domain_uid, clique_id=self.node.clique_id, index=0, node_name=self.name),
+        )
+        await self.store.put(k.member(domain_uid, self.name), member)
+        return JoinResult(member, True, 1)
+
     async def peers(self, domain_uid: str) -> list[str]:
         """The address each slot of the clique resolves to: its member's (lost ones keep their slot)."""
         members, _ = await self.store.list(self.store.keys.members(domain_uid), pb.Member)

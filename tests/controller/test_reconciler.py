@@ -297,8 +297,8 @@ async def test_join_that_raced_teardown_is_released_after_grace(
 ) -> None:
     async with running_controller(etcd_config, orphan_grace_s=0.5):
         (a,) = await agents(store, 1)
-        # An agent read the domain, the domain was torn down, then the join landed.
-        await a.prepare(GONE, "ns")
+        # Records of a join whose domain is gone (a join itself now refuses a missing domain).
+        await a.plant_orphan_membership(GONE, "ns")
 
         await asyncio.sleep(0.2)
         assert await store.get(store.keys.member(GONE, a.name), pb.Member) is not None, (

@@ -13,6 +13,7 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.codec import encode
 from libs.state.membership import (
     CliqueFull,
+    DomainUnavailable,
     IndexConflict,
     NodeBusy,
     activate_member,
@@ -22,6 +23,13 @@ from libs.state.membership import (
     mark_member_lost,
 )
 from libs.state.store import Store
+
+
+@pytest.fixture(autouse=True)
+async def domains(store: Store) -> None:
+    """The domains these tests join (a join needs its domain to exist and not be deleting)."""
+    for uid in ("d1", "d2"):
+        await store.put(store.keys.domain(uid), pb.ComputeDomain(uid=uid, namespace="ns", name=uid))
 
 
 def node(name: str, clique: str = "c1", ip: str = "") -> pb.Node:
@@ -213,3 +221,37 @@ async def test_an_undecodable_index_claim_still_holds_its_index(store: Store) ->
     await store.put_raw(store.keys.member_index("d1", "c1", 0), b"\x00\xffnot a protobuf envelope")
     joined = await join_domain(store, "d1", "ns", node("a"), max_attempts=5)
     assert joined.member.index == 1 and joined.attempts == 1
+
+
+async def test_a_join_needs_its_domain_and_not_a_deleting_one(store: Store) -> None:
+    with pytest.raises(DomainUnavailable, match="cannot join domain d9: it does not exist"):
+        await join_domain(store, "d9", "ns", node("a"))
+    await store.put(store.keys.domain("d2"), pb.ComputeDomain(uid="d2", deleting=True))
+    with pytest.raises(DomainUnavailable, match="cannot join domain d2: it is being deleted"):
+        await join_domain(store, "d2", "ns", node("a"))
+    members, _ = await store.list(store.keys.all_members(), pb.Member)
+    bindings, _ = await store.list(store.keys.node_bindings(), pb.NodeBinding)
+    assert members == [] and bindings == []
+
+
+async def test_a_deletion_between_the_joins_read_and_write_fails_the_join(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The domain is marked deleting after the join read it: the join's transaction compares the
+    domain record, so it does not land; read again, the domain is deleting and the join refused."""
+    real_txn = store.txn
+    marked = False
+
+    async def txn(compares, success, failure=()):  # type: ignore[no-untyped-def]
+        nonlocal marked
+        if compares and not marked:
+            marked = True
+            await store.put(store.keys.domain("d1"), pb.ComputeDomain(uid="d1", deleting=True))
+        return await real_txn(compares, success, failure)
+
+    monkeypatch.setattr(store, "txn", txn)
+    with pytest.raises(DomainUnavailable, match="being deleted"):
+        await join_domain(store, "d1", "ns", node("a"))
+    assert marked
+    assert await store.get(store.keys.member("d1", "a"), pb.Member) is None
+    assert await store.get(store.keys.node_binding("a"), pb.NodeBinding) is None
