@@ -20,6 +20,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
+from libs.state.leasevalidity import LeaseValidity
 from libs.state.store import Absent, CreatedAt, Put, Store
 
 log = structlog.get_logger(__name__)
@@ -33,10 +34,17 @@ class Leadership:
     create_revision: int
     lease_id: int
     acquired_monotonic: float
+    # Shared with the election's refresh loop: until when this term may act (loop-clock seconds).
+    validity: LeaseValidity | None = None
 
     @property
     def fence(self) -> CreatedAt:
         return CreatedAt(self.key, self.create_revision)
+
+    def may_act(self) -> bool:
+        """Whether the lease is certainly still valid: checked right before a write that etcd's
+        fence cannot guard (Kubernetes objects)."""
+        return self.validity is None or self.validity.may_act(time.monotonic())
 
 
 LeadFunction = Callable[[Leadership], Coroutine[Any, Any, None]]
@@ -59,13 +67,16 @@ class LeaderElection:
         return record.value.holder if record else None
 
     async def _try_acquire(self) -> Leadership | None:
+        sent_at = time.monotonic()
         lease_id = await self.store.grant_lease(self.ttl_s)
         record = pb.LeaderRecord(holder=self.holder, acquired_unix_ms=int(time.time() * 1000))
         result = await self.store.txn([Absent(self.key)], [Put(self.key, record, lease_id)])
         if not result.succeeded:
             await self.store.revoke_lease(lease_id)
             return None
-        return Leadership(self.name, self.holder, self.key, result.revision, lease_id, time.monotonic())
+        validity = LeaseValidity(self.ttl_s, margin_s=min(0.2, self.ttl_s / 10))
+        validity.granted(sent_at)
+        return Leadership(self.name, self.holder, self.key, result.revision, lease_id, time.monotonic(), validity)
 
     async def _wait_for_vacancy(self) -> None:
         """Return once the leader key is gone (or seems to be); bounded by the TTL per check."""
@@ -90,13 +101,20 @@ class LeaderElection:
                     await watch.cancel()
 
     async def _hold(self, leadership: Leadership) -> None:
-        """Refresh the lease until it is lost; return then."""
-        loop = asyncio.get_running_loop()
-        last_ok = loop.time()
+        """Refresh the lease until it is lost, or until it could have expired; return then."""
+        validity = leadership.validity
+        assert validity is not None
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            pause = min(self.ttl_s / 3, validity.valid_until - validity.margin_s - time.monotonic())
+            if pause > 0:
+                await asyncio.sleep(pause)
+            sent_at = time.monotonic()
+            timeout = validity.refresh_timeout(sent_at)
+            if timeout <= 0:
+                log.warning("leader lease could have expired; stepping down", election=self.name)
+                return
             try:
-                async with asyncio.timeout(self.ttl_s / 2):
+                async with asyncio.timeout(timeout):
                     remaining = await self.store.refresh_lease(leadership.lease_id)
             except asyncio.CancelledError:
                 raise
@@ -104,14 +122,10 @@ class LeaderElection:
                 log.warning(
                     "leader lease refresh failed", election=self.name, error=str(exc) or type(exc).__name__
                 )
-                # Give up before the lease could have expired on the server, so that
-                # two leaders never act at once.
-                if loop.time() - last_ok >= self.ttl_s * 2 / 3:
-                    return
-                continue
+                continue  # the next pass steps down once the validity is used up
             if remaining <= 0:
                 return
-            last_ok = loop.time()
+            validity.granted(sent_at, remaining)
 
     async def run(self, lead: LeadFunction) -> None:
         """Campaign forever; while leader, run `lead` (cancelled when leadership is lost)."""

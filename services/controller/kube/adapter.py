@@ -56,6 +56,7 @@ from services.controller.kube.computedomain import (
     status_patch,
 )
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
+from services.controller.kube.fence import fence_writes
 from services.controller.kube.nodelabel import NodeLabeler, desired_nodes
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.controller.kube.sweep import list_labelled, sweep_once
@@ -129,6 +130,7 @@ class KubeAdapter:
             self.queue.add(uid)
 
     async def run(self, leadership: Leadership) -> None:
+        fence_writes(self.api, leadership)
         self.labeler.invalidate()  # a former leader may have labelled nodes: list them again
         self.reconciler.listeners.append(self._on_domain_change)
         try:
