@@ -20,16 +20,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import betterproto
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
 from libs.state.codec import encode_payload
+from libs.state.domaingate import DomainGate
 from libs.state.store import (
     Absent,
     Compare,
     ConflictError,
+    CreatedAt,
     Delete,
     FirstAbsent,
     Op,
@@ -58,15 +59,6 @@ class NodeBusy(RuntimeError):
 
 class DomainUnavailable(RuntimeError):
     """The domain does not exist (yet, or any more) or is being deleted: no node may join it."""
-
-
-@dataclass(eq=False, repr=False)
-class ComputeDomain(betterproto.Message):
-    """The two fields of a stored `computedomain.state.v1.ComputeDomain` a join checks (same name,
-    so the same stored kind; the status, possibly a rack's worth of nodes, is skipped unparsed)."""
-
-    uid: str = betterproto.string_field(1)
-    deleting: bool = betterproto.bool_field(7)
 
 
 class CliqueFull(RuntimeError):
@@ -103,16 +95,11 @@ class _JoinView:
     binding: Versioned[pb.NodeBinding] | None
     member: Versioned[pb.Member] | None
     used_indices: list[int]
-    domain: Versioned[ComputeDomain] | None = None
 
 
 def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
     keys = store.keys
-    reads: list[Op] = [
-        Read(keys.node_binding(node.name)),
-        Read(keys.member(domain_uid, node.name)),
-        Read(keys.domain(domain_uid)),
-    ]
+    reads: list[Op] = [Read(keys.node_binding(node.name)), Read(keys.member(domain_uid, node.name))]
     if node.clique_id:
         reads.append(Read(keys.member_indices(domain_uid, node.clique_id), prefix=True))
     return reads
@@ -121,14 +108,13 @@ def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
 def _join_view(store: Store, reads: tuple[list[RawKV], ...]) -> _JoinView:
     binding = store.decode_kv(reads[0][0], pb.NodeBinding) if reads[0] else None
     member = store.decode_kv(reads[1][0], pb.Member) if reads[1] else None
-    domain = store.decode_kv(reads[2][0], ComputeDomain) if reads[2] else None
     used: list[int] = []
-    if len(reads) > 3:
-        for kv in reads[3]:
+    if len(reads) > 2:
+        for kv in reads[2]:
             index = index_of_claim_key(kv.key)
             if index is not None:
                 used.append(index)
-    return _JoinView(binding, member, used, domain)
+    return _JoinView(binding, member, used)
 
 
 def index_of_claim_key(key: str) -> int | None:
@@ -185,6 +171,15 @@ class _IndexedRecords:
         return encode_payload(pb.IndexClaim, self._claim_head + _int32_field(3, index) + self._claim_tail)
 
 
+async def _joinable_domain(store: Store, domain_uid: str, node: str) -> Versioned[DomainGate]:
+    domain = await store.get(store.keys.domain(domain_uid), DomainGate)
+    if domain is None:
+        raise DomainUnavailable(f"node {node} cannot join domain {domain_uid}: it does not exist")
+    if domain.value.deleting:
+        raise DomainUnavailable(f"node {node} cannot join domain {domain_uid}: it is being deleted")
+    return domain
+
+
 async def join_domain(
     store: Store,
     domain_uid: str,
@@ -208,6 +203,8 @@ async def join_domain(
     fabric = bool(node.clique_id)
     reads = _join_reads(store, domain_uid, node)
     view = _join_view(store, (await store.txn([], reads)).reads)
+    # Read once, not on every attempt: the record carries the status, a rack's worth of nodes.
+    domain = await _joinable_domain(store, domain_uid, node.name)
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
     new_member = pb.Member(
         domain_uid=domain_uid,
@@ -240,16 +237,14 @@ async def join_domain(
             view = _join_view(store, (await store.txn([], reads)).reads)
             continue
 
-        domain = view.domain
-        if domain is None:
-            raise DomainUnavailable(f"node {node.name} cannot join domain {domain_uid}: it does not exist")
-        if domain.value.deleting:
-            raise DomainUnavailable(f"node {node.name} cannot join domain {domain_uid}: it is being deleted")
         compares: list[Compare] = [
             Unchanged(binding_key, binding.mod_revision) if binding else Absent(binding_key),
             Unchanged(member_key, member.mod_revision) if member else Absent(member_key),
-            # In the same transaction: a deletion (or re-creation) meanwhile fails the join.
-            Unchanged(domain.key, domain.mod_revision),
+            # In the same transaction: the record's removal (or re-creation) meanwhile fails the join.
+            # Not its mod revision: the controller rewrites the status all through a formation, and
+            # every such write would fail a join. A deletion *request* racing the join lets it land
+            # on a deleting domain, which teardown then waits out like any member.
+            CreatedAt(domain.key, domain.create_revision),
         ]
         ops: list[Op]
         offered: list[int] = []
@@ -292,6 +287,8 @@ async def join_domain(
                 attempts=attempt,
             )
             return JoinResult(joined, True, attempt)
+        if not result.succeeded and attempt % 8 == 0:
+            domain = await _joinable_domain(store, domain_uid, node.name)  # gone meanwhile?
         # Back off (jittered, capped) so that joiners racing on the same records spread out;
         # after a longer pause the state read back is stale, so read it again.
         delay = backoff.next_delay()

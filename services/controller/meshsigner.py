@@ -14,7 +14,6 @@ from libs.imex import meshpki, slots
 from libs.state.election import Leadership
 from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
 from services.controller.actions import DeleteMeshCredentials, SecureMesh, SignMeshCertificate
-from services.controller.meshview import request_digest
 from services.controller.view import StoreView
 
 log = structlog.get_logger(__name__)
@@ -38,6 +37,8 @@ class MeshSigner:
         self.certificate_validity = timedelta(seconds=certificate_validity_s)
         self.authority_validity = timedelta(seconds=authority_validity_s)
         self.clock = clock
+        # A domain's CA never changes while the domain exists: read once per domain and term.
+        self._authorities: dict[str, tuple[str, int, meshpki.DomainAuthority]] = {}
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -93,21 +94,35 @@ class MeshSigner:
             )
         return ok
 
+    async def _authority(self, uid: str) -> tuple[str, int, meshpki.DomainAuthority] | None:
+        cached = self._authorities.get(uid)
+        if cached is not None:
+            return cached
+        ca = await self.store.get(self.keys.mesh_authority(uid), pb.MeshAuthority)
+        if ca is None:
+            return None
+        entry = (ca.key, ca.mod_revision, meshpki.DomainAuthority(ca.value.ca_cert_pem, ca.value.ca_key_pem))
+        self._authorities[uid] = entry
+        return entry
+
+    def forget(self, uid: str) -> None:
+        self._authorities.pop(uid, None)
+
     async def _sign(
         self, uid: str, action: SignMeshCertificate, leadership: Leadership, txn: FencedTxn
     ) -> bool:
         k = self.keys
         member = self.view.members.get(uid, {}).get(action.node)
-        request = await self.store.get(k.mesh_request(uid, action.node), pb.MeshCertificateRequest)
-        ca = await self.store.get(k.mesh_authority(uid), pb.MeshAuthority)
+        request = self.view.mesh.requests.get(uid, {}).get(action.node)
+        ca = await self._authority(uid)
         if member is None or request is None or ca is None or request.mod_revision != action.request_revision:
             return False  # something moved; the event that moved it queues the domain again
-        authority = meshpki.DomainAuthority(ca.value.ca_cert_pem, ca.value.ca_key_pem)
+        ca_key, ca_revision, authority = ca
         slot = slots.slot_name(uid, member.clique_id, member.index)
         try:
             cert_pem = meshpki.sign_node_certificate(
                 authority,
-                request.value.csr_pem,
+                request.csr_pem,
                 domain_uid=uid,
                 node=action.node,
                 dns_names=[slot],
@@ -123,19 +138,21 @@ class MeshSigner:
             domain_uid=uid,
             node_name=action.node,
             cert_pem=cert_pem,
-            ca_cert_pem=ca.value.ca_cert_pem,
+            ca_cert_pem=authority.cert_pem,
             not_after_unix_ms=int(not_after.timestamp() * 1000),
-            request_sha256=request_digest(request.value.csr_pem),
+            request_sha256=request.sha256,
         )
         ok, _ = await txn(
             [
-                Unchanged(request.key, request.mod_revision),
+                Unchanged(k.mesh_request(uid, action.node), request.mod_revision),
                 Unchanged(k.member(uid, action.node), action.member_revision),
-                Unchanged(ca.key, ca.mod_revision),
+                Unchanged(ca_key, ca_revision),
             ],
             [Put(k.mesh_certificate(uid, action.node), certificate)],
             leadership,
         )
+        if not ok:
+            self._authorities.pop(uid, None)  # perhaps the CA went with its domain: read it again
         if ok:
             log.info(
                 "mesh certificate issued",

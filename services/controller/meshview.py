@@ -27,6 +27,7 @@ class MeshRequestRecord:
     sha256: str  # of csr_pem: a certificate answers exactly one request
     requested_unix_ms: int
     mod_revision: int
+    csr_pem: bytes = b""  # kept (a few hundred bytes): signing then needs no store read
 
 
 def request_digest(csr_pem: bytes) -> str:
@@ -67,7 +68,9 @@ class MeshView:
         self, event: WatchEvent[pb.MeshCertificateRequest] | Resync[pb.MeshCertificateRequest]
     ) -> set[str]:
         def record(value: pb.MeshCertificateRequest, revision: int) -> MeshRequestRecord:
-            return MeshRequestRecord(request_digest(value.csr_pem), value.requested_unix_ms, revision)
+            return MeshRequestRecord(
+                request_digest(value.csr_pem), value.requested_unix_ms, revision, value.csr_pem
+            )
 
         return _apply(self.requests, self.keys.all_mesh_requests(), event, record)
 

@@ -378,6 +378,7 @@ class DomainReconciler:
                 leadership,
             )
             if ok:
+                self.mesh_signer.forget(uid)
                 log.info("domain torn down", cd_uid=uid)
             return ok
         if isinstance(action, SecureMesh | SignMeshCertificate | DeleteMeshCredentials):

@@ -234,11 +234,11 @@ async def test_a_join_needs_its_domain_and_not_a_deleting_one(store: Store) -> N
     assert members == [] and bindings == []
 
 
-async def test_a_deletion_between_the_joins_read_and_write_fails_the_join(
+async def test_a_domain_removed_between_the_joins_read_and_write_fails_the_join(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The domain is marked deleting after the join read it: the join's transaction compares the
-    domain record, so it does not land; read again, the domain is deleting and the join refused."""
+    """The domain is torn down and created again after the join read it: the join's transaction
+    compares the record's creation, so it does not land; read again, the domain is deleting."""
     real_txn = store.txn
     marked = False
 
@@ -246,6 +246,7 @@ async def test_a_deletion_between_the_joins_read_and_write_fails_the_join(
         nonlocal marked
         if compares and not marked:
             marked = True
+            await store.delete(store.keys.domain("d1"))
             await store.put(store.keys.domain("d1"), pb.ComputeDomain(uid="d1", deleting=True))
         return await real_txn(compares, success, failure)
 

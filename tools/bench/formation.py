@@ -83,6 +83,8 @@ class Scenario:
     host: dict[str, Any] = field(default_factory=dict)
     # Run the host under cProfile and write its stats here.
     profile: Path | None = None
+    # The domains' IMEX mesh: mutual TLS (certificates requested, signed, installed) or plaintext.
+    mesh_tls: bool = True
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -226,7 +228,7 @@ def run_scenario(scenario: Scenario) -> None:
     prefix = f"/bench-{uuid.uuid4().hex[:8]}/"
     try:
         with simenv.private_etcd(base) as etcd:
-            controller = simenv.start_controller(etcd.endpoint, prefix, base)
+            controller = simenv.start_controller(etcd.endpoint, prefix, base, mesh_tls=scenario.mesh_tls)
             host: simenv.HostProcess | None = None
             try:
                 block = simenv.free_address_block(scenario.racks)
@@ -289,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps-256", type=int, default=1, help="large-job formations to time")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     parser.add_argument(
+        "--mesh",
+        default="tls",
+        choices=("tls", "plaintext"),
+        help="the domains' IMEX mesh: mutual TLS (the default) or plaintext, to measure TLS's cost",
+    )
+    parser.add_argument(
         "--profile-dir", type=Path, help="profile the scale hosts (cProfile stats <dir>/host-<scenario>.prof)"
     )
     args = parser.parse_args(argv)
@@ -298,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reps and --reps-256 must be >= 1")
     result: dict[str, Any] = {
         "benchmark": "formation",
+        "mesh": args.mesh,
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),
         "targets": {"formation_18_p50_s": TARGET_18_P50_S, "formation_256_s": TARGET_256_S},
@@ -305,12 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile_dir.resolve() if args.profile_dir else None
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-    small = Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps)
+    small = Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps, mesh_tls=args.mesh == "tls")
     small.profile = profile / "host-rack.prof" if profile else None
     run_scenario(small)
     result["formation_18"] = summarize(small)
     if args.nodes_256:
-        large = Scenario("job", racks=args.racks_256, nodes=args.nodes_256, reps=args.reps_256)
+        large = Scenario(
+            "job", racks=args.racks_256, nodes=args.nodes_256, reps=args.reps_256, mesh_tls=args.mesh == "tls"
+        )
         large.profile = profile / "host-job.prof" if profile else None
         run_scenario(large)
         result["formation_256"] = summarize(large)

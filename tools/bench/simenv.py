@@ -108,15 +108,17 @@ class ControllerProcess:
         stop_process(self.proc)
 
 
-def start_controller(endpoint: str, prefix: str, workdir: Path, timeout_s: float = 60.0) -> ControllerProcess:
-    """A `cd-controller` (simulation mode) that has become leader."""
+def start_controller(
+    endpoint: str, prefix: str, workdir: Path, timeout_s: float = 60.0, mesh_tls: bool = True
+) -> ControllerProcess:
+    """A `cd-controller` (simulation mode) that has become leader; `mesh_tls`: its domains' mode."""
     port = free_port()
     log = workdir / "controller.log"
     argv = [
         sys.executable, "-m", "services.controller.main",
         f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}",
         "--identity=bench-controller", "--health-host=127.0.0.1", f"--health-port={port}",
-        "--log-format=json", "--log-level=warning",
+        "--log-format=json", "--log-level=warning", f"--imex-mesh-tls={str(mesh_tls).lower()}",
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
