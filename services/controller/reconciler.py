@@ -263,12 +263,18 @@ class DomainReconciler:
         encoded = encode_status(plan.status) if plan.status is not None else None
         # The computing this domain costs (no awaits in it): what the work queue paces by.
         self._compute_s[uid] = time.perf_counter() - started
+        rewritten = False
         for action in plan.actions:
             applied = await self._apply(uid, action, leadership)
             self.metrics.actions.labels(
                 action=type(action).__name__, result="applied" if applied else "skipped"
             ).inc()
-        if plan.status is not None and encoded is not None and obs.domain is not None:
+            rewritten |= applied and isinstance(action, SecureMesh)
+        if rewritten:
+            # The domain record moved on under the planned status: plan again at once rather than
+            # fail the status write on its revision (and wait out the conflict backoff).
+            self.queue.add(uid)
+        elif plan.status is not None and encoded is not None and obs.domain is not None:
             await self._write_status(
                 uid, obs.domain, obs.domain_revision, obs.status, plan.status, encoded, leadership
             )

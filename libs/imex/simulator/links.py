@@ -29,10 +29,13 @@ import time
 
 from libs.imex.simulator import protocol as proto
 from libs.imex.simulator.daemonlog import DaemonLog
-from libs.imex.simulator.meshtls import MeshTls, TlsChannel, TlsError
 from libs.imex.simulator.resolver import HostsResolver
 from libs.imex.simulator.settings import Settings
 from libs.imex.slots import nodes_map_digest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from libs.imex.simulator.meshtls import MeshTls, TlsChannel
 
 HEARTBEAT_TIMEOUT_FACTOR = 3.0  # a link silent for this many heartbeat intervals is dead
 LISTEN_BACKLOG = 128
@@ -130,9 +133,12 @@ class PeerMesh:
         self.own_id = own_id
         self.resolver = resolver
         # Raises ConfigError when a credential file is unusable: the daemon does not initialise.
-        self.mesh_tls = (
-            MeshTls(settings.mesh_tls, settings.security_target_override) if settings.mesh_tls else None
-        )
+        self.mesh_tls: MeshTls | None = None
+        if settings.mesh_tls is not None:
+            # Imported only with TLS on: loading OpenSSL costs every daemon's start-up otherwise.
+            from libs.imex.simulator.meshtls import MeshTls
+
+            self.mesh_tls = MeshTls(settings.mesh_tls, settings.security_target_override)
         self.map_digest = nodes_map_digest(names)
         self.state = proto.STATE_INITIALIZING
         self.instance = f"{os.getpid()}.{time.time_ns()}"
@@ -356,6 +362,8 @@ class PeerMesh:
 
     def _decrypt(self, conn: Conn, data: bytes) -> bytes:
         """Plaintext of ``data`` (b"" while the handshake runs); a TLS failure ends the connection."""
+        from libs.imex.simulator.meshtls import TlsError  # loaded already: conn.tls is one of its
+
         tls = conn.tls
         assert tls is not None
         try:
@@ -461,6 +469,8 @@ class PeerMesh:
             return
         link = self.links[conn.node_id]
         conn.phase = _TLS
+        from libs.imex.simulator.meshtls import TlsError
+
         conn.tls = self.mesh_tls.dial(link.name)
         try:
             conn.tls.start()
