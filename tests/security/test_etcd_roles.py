@@ -53,9 +53,9 @@ async def test_only_the_controller_reads_a_mesh_ca(secured: dict[str, EtcdConfig
         await controller.put(controller.keys.domain("u1"), pb.ComputeDomain(uid="u1"))
     for component in (roles.IMEX_AGENT, roles.NODE_AGENT, roles.ADVISOR):
         async with Store(secured[component]) as store:
-            with pytest.raises(Exception, match="(?i)permission denied"):
+            with pytest.raises(Exception, match=r"(?i)permission denied"):
                 await store.get(store.keys.mesh_authority("u1"), pb.MeshAuthority)
-            with pytest.raises(Exception, match="(?i)permission denied"):
+            with pytest.raises(Exception, match=r"(?i)permission denied"):
                 await store.list(store.keys.mesh_authorities(), pb.MeshAuthority)
             # Everything else of the prefix stays theirs.
             domains, _ = await store.list(store.keys.domains(), pb.ComputeDomain)
