@@ -196,7 +196,7 @@ async def test_rotation_by_sigusr1_keeps_the_job_running(cluster: SimCluster) ->
     ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = cluster.domain(3, DOMAIN)
     for index, node in enumerate(nodes):
-        write_credentials(node, index, ca, validity=timedelta(seconds=3))
+        write_credentials(node, index, ca, validity=timedelta(seconds=5))
         node.write_config([n.address for n in nodes])
     expires = expiry_of(nodes[0])
     await start(nodes)

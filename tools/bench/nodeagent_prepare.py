@@ -156,7 +156,11 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
             domain_uid = str(uuid.uuid4())
             await store.put(
                 store.keys.domain(domain_uid),
-                pb.ComputeDomain(uid=domain_uid, namespace="bench", name="bench"),
+                # No controller runs here: the mesh mode it would record (plaintext keeps the
+                # figure about the kubelet plugin; mesh TLS is measured by the formation benchmark).
+                pb.ComputeDomain(
+                    uid=domain_uid, namespace="bench", name="bench", mesh_mode=pb.MeshMode.PLAINTEXT
+                ),
             )
             uids = [str(uuid.uuid4()) for _ in range(args.calls + 1)]
             for uid in uids:
