@@ -17,12 +17,19 @@ Imported by the simulated daemon at start-up: only cheap imports here.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
+
+try:  # hashlib loads OpenSSL (3-4 ms of every daemon start); its fallback module is the same hash
+    from _sha256 import sha256 as _sha256  # CPython 3.11
+except ImportError:  # pragma: no cover - other interpreters and versions
+    try:
+        from _sha2 import sha256 as _sha256  # CPython 3.12+
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
+_hash: Callable[[bytes], str] = lambda data: _sha256(data).hexdigest()  # noqa: E731
 
 MAX_SLOTS = 18  # maxNodesPerImexDomain
 # A loopback address no simulated node uses and nothing listens on: a peer dialling an empty slot
@@ -33,7 +40,7 @@ _SUFFIX = "imex.invalid"
 
 def clique_tag(clique_id: str) -> str:
     """A DNS-label-safe digest of a clique id (clique ids contain dots and may be long)."""
-    return hashlib.sha256(clique_id.encode()).hexdigest()[:10]
+    return _hash(clique_id.encode())[:10]
 
 
 def slot_name(domain_uid: str, clique_id: str, index: int) -> str:
@@ -45,14 +52,21 @@ def slot_name(domain_uid: str, clique_id: str, index: int) -> str:
     return f"s{index}.{clique_tag(clique_id)}.{domain_uid.lower()}.{_SUFFIX}"
 
 
+# Rendered on every hosts check of every daemon: 18 digests each time showed in profiles. A plain
+# dict, not functools.lru_cache: functools costs the daemon's start-up 3 ms.
+_SLOT_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}
+_SLOT_NAMES_MAX = 1024
+
+
 def slot_names(domain_uid: str, clique_id: str) -> list[str]:
-    return list(_slot_names(domain_uid, clique_id))
-
-
-@functools.lru_cache(maxsize=1024)
-def _slot_names(domain_uid: str, clique_id: str) -> tuple[str, ...]:
-    # Rendered on every hosts check of every daemon: 18 digests each time showed in profiles.
-    return tuple(slot_name(domain_uid, clique_id, i) for i in range(MAX_SLOTS))
+    key = (domain_uid, clique_id)
+    names = _SLOT_NAMES.get(key)
+    if names is None:
+        names = tuple(slot_name(domain_uid, clique_id, i) for i in range(MAX_SLOTS))
+        if len(_SLOT_NAMES) >= _SLOT_NAMES_MAX:
+            _SLOT_NAMES.clear()
+        _SLOT_NAMES[key] = names
+    return list(names)
 
 
 def render_nodes_config_slots(domain_uid: str, clique_id: str) -> str:
@@ -86,7 +100,7 @@ def parse_hosts(text: str) -> dict[str, str]:
 
 def nodes_map_digest(names: Sequence[str]) -> str:
     """What two daemons compare to know they run on the same node map."""
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    return _hash("\n".join(names).encode())[:16]
 
 
 def _is_label(text: str) -> bool:

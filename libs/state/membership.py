@@ -159,6 +159,7 @@ class _IndexedRecords:
                 ip_address=member.ip_address,
                 joined_unix_ms=member.joined_unix_ms,
                 namespace=member.namespace,
+                mesh_mode=member.mesh_mode,
             )
         )
         self._claim_head = bytes(pb.IndexClaim(domain_uid=claim.domain_uid, clique_id=claim.clique_id))
@@ -172,7 +173,10 @@ class _IndexedRecords:
 
 
 async def _joinable_domain(store: Store, domain_uid: str, node: str) -> Versioned[DomainGate]:
-    domain = await store.get(store.keys.domain(domain_uid), DomainGate)
+    return _joinable(await store.get(store.keys.domain(domain_uid), DomainGate), domain_uid, node)
+
+
+def _joinable(domain: Versioned[DomainGate] | None, domain_uid: str, node: str) -> Versioned[DomainGate]:
     if domain is None:
         raise DomainUnavailable(f"node {node} cannot join domain {domain_uid}: it does not exist")
     if domain.value.deleting:
@@ -202,9 +206,11 @@ async def join_domain(
     binding_key = keys.node_binding(node.name)
     fabric = bool(node.clique_id)
     reads = _join_reads(store, domain_uid, node)
-    view = _join_view(store, (await store.txn([], reads)).reads)
-    # Read once, not on every attempt: the record carries the status, a rack's worth of nodes.
-    domain = await _joinable_domain(store, domain_uid, node.name)
+    # The domain is read once, with the first view, not on every attempt: the record carries the
+    # status, a rack's worth of nodes.
+    first = (await store.txn([], [*reads, Read(keys.domain(domain_uid))])).reads
+    view = _join_view(store, first[:-1])
+    domain = _joinable(store.decode_kv(first[-1][0], DomainGate) if first[-1] else None, domain_uid, node.name)
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
     new_member = pb.Member(
         domain_uid=domain_uid,
@@ -215,6 +221,7 @@ async def join_domain(
         ip_address=node.ip_address,
         joined_unix_ms=int(time.time() * 1000),
         namespace=namespace,
+        mesh_mode=domain.value.mesh_mode,
     )
     binding_put = Put(binding_key, pb.NodeBinding(node_name=node.name, domain_uid=domain_uid))
     records = _IndexedRecords(new_member, pb.IndexClaim(domain_uid, node.clique_id, 0, node.name))

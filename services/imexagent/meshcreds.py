@@ -7,8 +7,9 @@ member's slot name and address. Once the certificate is on disk the daemon may s
 thirds of its lifetime a new key and request are made; when the new certificate arrives the files
 are replaced and the daemon is told to reload (SIGUSR1): the same instance, so imports stay.
 
-A plaintext domain needs none of this: the mode is read from the domain record, where the
-controller fixes it once.
+A plaintext domain needs none of this. The controller fixes the mode once, on the domain record;
+a join copies it into the member record, so the agent usually knows it without reading the domain
+(a join that came before the decision leaves it UNDECIDED, and the domain record is read).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class MeshCredentials:
         io_timeout_s: float = 10.0,
         watch: PrefixWatcher = watch_prefix,
         clock: Callable[[], float] = time.time,
+        mode: pb.MeshMode = pb.MeshMode.UNDECIDED,
     ) -> None:
         self.store = store
         self.keys = store.keys
@@ -99,7 +101,8 @@ class MeshCredentials:
         self.io_timeout_s = io_timeout_s
         self._watch = watch
         self._clock = clock
-        self.mode = pb.MeshMode.UNDECIDED
+        # Known from the member record when the join saw it decided; else read from the domain.
+        self.mode = mode
         self.issued_for: Identity | None = None  # the identity the certificate on disk names
         self.renew_at = 0.0
         self.rotations = 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName
+from libs.imex.config import MeshTlsFiles
 from libs.imex.simulator.launch import simulator_daemon_argv
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
@@ -40,14 +42,30 @@ from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
 from services.imexagent.probe import NvidiaCtlProbe, ProbeResult, ReadinessProbe
+from services.imexagent.probepace import ProbePace
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes, recently_connected
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-_FRESH_S = 2.0  # probe at the fast interval this long after a start or a change
 _STATUS_RETRY_S = 1.0  # a status write that failed (store unreachable) is tried again after this
+
+
+def _start_in_dir(
+    directory: DomainDir, desired: DesiredDaemon, settings: ImexSettings, mesh: MeshTlsFiles | None, argv: list[str]
+) -> tuple[str, subprocess.Popen[bytes], OSError | None]:
+    """Write the config and hosts files, start the daemon, record its pidfile (blocking; one
+    trip to a worker thread for all three: under load each trip waits for the GIL).
+
+    Returns the hosts text written, the process, and the pidfile's error if only that failed."""
+    hosts = directory.prepare_start(desired, settings, mesh)
+    popen = proc.spawn_daemon(argv, directory.path, directory.log)
+    try:
+        proc.write_pidfile(directory.path, popen.pid)
+    except OSError as exc:
+        return hosts, popen, exc
+    return hosts, popen, None
 
 
 def _instance_of(pid: int) -> str:
@@ -127,7 +145,7 @@ class DomainDaemon:
         self._reported = _Reported()
         self._previous_loaded = False
         self._next_probe = 0.0
-        self._fresh_until = 0.0
+        self.pace = ProbePace(settings.poll_interval_starting_s, settings.poll_interval_ready_s)
         self._task: asyncio.Task[None] | None = None
         # nvidia-imex shows no instance: a process (pid and start time) is one instance.
         self._process_instance = ""
@@ -140,6 +158,7 @@ class DomainDaemon:
             self._mesh_changed,
             io_timeout_s=settings.io_timeout_s,
             watch=watch,
+            mode=desired.mesh_mode,
         )
 
     # ---- control ------------------------------------------------------------------------
@@ -152,7 +171,7 @@ class DomainDaemon:
             self.identity = self.desired.identity
             self.lifecycle.adopted(now)
             self._next_probe = now
-            self._fresh_until = now + _FRESH_S
+            self.pace.fresh(now)
             self.written_hosts = self.dir.read(self.dir.hosts)  # what the adopted daemon resolves with
             log.info(
                 "adopted IMEX daemon of a previous agent", cd_uid=self.uid, node=self.node, pid=adopted_pid
@@ -327,8 +346,9 @@ class DomainDaemon:
     async def _spawn(self) -> None:
         d = self.desired
         try:
-            hosts = await self._blocking(self.dir.prepare_start, d, self.settings, self.mesh.files())
-            popen = await self._blocking(proc.spawn_daemon, self._argv(), self.dir.path, self.dir.log)
+            hosts, popen, pidfile_error = await self._blocking(
+                _start_in_dir, self.dir, d, self.settings, self.mesh.files(), self._argv()
+            )
         except (OSError, TimeoutError, ValueError) as exc:
             reason = (
                 f"cannot start the IMEX daemon: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}"
@@ -350,13 +370,13 @@ class DomainDaemon:
         self.last_probe = None
         self._seen_connected.clear()  # a new instance: its links are new
         self._next_probe = now  # READY may come within a few ms
-        self._fresh_until = now + _FRESH_S
+        self.pace.fresh(now)
         if isinstance(self.probe, NvidiaCtlProbe):
             self.probe.node_id = d.index
-        try:
-            await self._blocking(proc.write_pidfile, self.dir.path, popen.pid)
-        except (OSError, TimeoutError) as exc:  # the next agent still finds it by its command line
-            log.warning("could not write the daemon pidfile", cd_uid=self.uid, node=self.node, error=str(exc))
+        if pidfile_error is not None:  # the next agent still finds it by its command line
+            log.warning(
+                "could not write the daemon pidfile", cd_uid=self.uid, node=self.node, error=str(pidfile_error)
+            )
         log.info(
             "IMEX daemon started",
             cd_uid=self.uid,
@@ -386,7 +406,7 @@ class DomainDaemon:
         self._hosts_for = addresses
         self.generation += 1
         self.reload.changed(self._now())
-        self._fresh_until = self._now() + _FRESH_S
+        self.pace.fresh(self._now())
         log.info("IMEX slot addresses rewritten", cd_uid=self.uid, node=self.node, generation=self.generation)
 
     def _send_sigusr1(self) -> None:
@@ -394,7 +414,7 @@ class DomainDaemon:
         if self.process.send(signal.SIGUSR1):
             self.sigusr1_sent += 1
             now = self._now()
-            self._fresh_until = now + _FRESH_S
+            self.pace.fresh(now)
             self._next_probe = min(self._next_probe, now + self.settings.poll_interval_starting_s)
             log.info(
                 "IMEX daemon told to re-resolve (SIGUSR1)",
@@ -432,17 +452,11 @@ class DomainDaemon:
                 "IMEX daemon state", cd_uid=self.uid, node=self.node, state=state.name, detail=result.detail
             )
         self._set_ready(self.lifecycle.ready)
-        fast, slow = s.poll_interval_starting_s, s.poll_interval_ready_s
-        if state == READY and self.lifecycle.not_ready_since is None:
-            interval = fast if now < self._fresh_until else slow
-        elif now < self._fresh_until:
-            interval = fast
-        else:
-            interval = min(slow, fast * 10)  # waiting may take long: a calmer pace
-        self._next_probe = now + interval
+        settled = state == READY and self.lifecycle.not_ready_since is None
+        self._next_probe = now + self.pace.interval(now, settled)
         due = self.lifecycle.not_ready_due_at()
         if due is not None:
-            self._next_probe = min(self._next_probe, max(due, now + fast))
+            self._next_probe = min(self._next_probe, max(due, now + s.poll_interval_starting_s))
 
     def _set_ready(self, ready: bool) -> None:
         if ready != self.ready.is_set():

@@ -35,8 +35,8 @@ class ImexSettings:
     log_file_max_size_mb: int = 64
     # What an empty slot resolves to: an address nothing listens on.
     placeholder_address: str = slots.PLACEHOLDER_ADDRESS
-    # Probing: fast while starting or just after a change, slow once READY (a READY daemon is
-    # still probed, for the peers it reports connected).
+    # Probing: from fast, growing, just after a start or a change (services/imexagent/probepace.py),
+    # slow once READY (a READY daemon is still probed, for the peers it reports connected).
     poll_interval_starting_s: float = 0.025
     poll_interval_ready_s: float = 1.0
     query_timeout_s: float = 1.0
@@ -85,6 +85,8 @@ class ImexSettings:
         for name in ("stop_grace_s", "reload_min_interval_s", "status_coalesce_s"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0")
+        if self.poll_interval_starting_s > self.poll_interval_ready_s:
+            problems.append("poll_interval_starting_s must be <= poll_interval_ready_s")
         if self.wait_for_quorum not in imexcfg.WAIT_FOR_QUORUM_VALUES:
             problems.append(f"wait_for_quorum must be one of {imexcfg.WAIT_FOR_QUORUM_VALUES}")
         if not self.placeholder_address or any(ch.isspace() for ch in self.placeholder_address):

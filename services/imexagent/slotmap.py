@@ -47,6 +47,8 @@ class DesiredDaemon:
     lost: bool
     # Mod revision of this node's member record: status writes are fenced on it.
     member_revision: int
+    # The domain's mesh mode as this node's join read it (UNDECIDED: read it from the domain).
+    mesh_mode: pb.MeshMode = pb.MeshMode.UNDECIDED
 
     @property
     def domain_uid(self) -> str:
@@ -122,6 +124,7 @@ def membership_of(
             slot_nodes=names,
             lost=member.state == pb.MemberState.LOST,
             member_revision=revision,
+            mesh_mode=pb.MeshMode(member.mesh_mode),
         ),
     )
 

@@ -137,11 +137,22 @@ class Rack:
 
     # ---- the store, as the node agent and the controller write it ------------------------
 
-    async def join(self, uid: str, node: Node, index: int, address: str | None = None) -> None:
+    async def join(
+        self,
+        uid: str,
+        node: Node,
+        index: int,
+        address: str | None = None,
+        *,
+        mesh_mode: pb.MeshMode = pb.MeshMode.UNDECIDED,
+        with_domain: bool = True,
+    ) -> None:
+        """Make `node` a member; `mesh_mode` is what its join saw on the domain (UNDECIDED: the
+        agent reads the domain record)."""
         keys = self.store.keys
         # The controller's mesh decision; these tests run plaintext domains (mutual TLS is
         # exercised with a real controller in tests/cdsim/test_mesh_tls.py).
-        if await self.store.get(keys.domain(uid), pb.ComputeDomain) is None:
+        if with_domain and await self.store.get(keys.domain(uid), pb.ComputeDomain) is None:
             domain = pb.ComputeDomain(uid=uid, namespace="default", name=uid, mesh_mode=pb.MeshMode.PLAINTEXT)
             await self.store.put(keys.domain(uid), domain)
         member = pb.Member(
@@ -152,6 +163,7 @@ class Rack:
             state=pb.MemberState.ACTIVE,
             ip_address=address or node.sim.address,
             namespace="default",
+            mesh_mode=mesh_mode,
         )
         await self.store.put(
             keys.node_binding(node.name), pb.NodeBinding(node_name=node.name, domain_uid=uid)

@@ -98,6 +98,19 @@ async def test_join_then_a_peer_join_rewrites_the_hosts_and_signals_the_same_dae
     assert after.restarts == 0
 
 
+async def test_a_member_recording_a_plaintext_mesh_starts_its_daemon_without_the_domain_record(
+    rack: Rack,
+) -> None:
+    """The join copied the decided mode into the member record: the agent needs nothing else
+    (no read of a domain record carrying a large domain's status on the formation's path)."""
+    a = rack.node(0)
+    rack.start(a)
+    await rack.join(UID, a, 0, mesh_mode=pb.MeshMode.PLAINTEXT, with_domain=False)
+    status = await rack.ready_status(UID, a, node_id=0)
+    assert status.pid > 0
+    assert await rack.store.get(rack.store.keys.domain(UID), pb.ComputeDomain) is None
+
+
 async def test_a_lost_member_keeps_its_daemon_and_its_slot(rack: Rack) -> None:
     a, b = rack.node(0), rack.node(1)
     rack.start(a)

@@ -234,6 +234,21 @@ async def test_a_join_needs_its_domain_and_not_a_deleting_one(store: Store) -> N
     assert members == [] and bindings == []
 
 
+async def test_a_join_records_the_domains_mesh_mode_in_the_member(store: Store) -> None:
+    """The IMEX agent learns the mode from the member record; UNDECIDED (the controller had not
+    decided yet) sends it to the domain record."""
+    await store.put(store.keys.domain("d2"), pb.ComputeDomain(uid="d2", mesh_mode=pb.MeshMode.PLAINTEXT))
+    plain = await join_domain(store, "d2", "ns", node("a"))
+    undecided = await join_domain(store, "d1", "ns", node("b"))
+    for uid, name, joined, mode in (
+        ("d2", "a", plain, pb.MeshMode.PLAINTEXT),
+        ("d1", "b", undecided, pb.MeshMode.UNDECIDED),
+    ):
+        stored = await store.get(store.keys.member(uid, name), pb.Member)
+        assert stored is not None and stored.value.mesh_mode == mode
+        assert joined.member.mesh_mode == mode
+
+
 async def test_a_domain_removed_between_the_joins_read_and_write_fails_the_join(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

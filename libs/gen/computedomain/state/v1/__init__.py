@@ -222,6 +222,11 @@ class Member(betterproto.Message):
     ip_address: str = betterproto.string_field(6)
     joined_unix_ms: int = betterproto.int64_field(7)
     namespace: str = betterproto.string_field(8)
+    mesh_mode: "MeshMode" = betterproto.enum_field(9)
+    """
+    The domain's mesh mode as the join read it (UNDECIDED if the controller had not decided it
+     yet): the IMEX agent starts a plaintext daemon without reading the domain record.
+    """
 
 
 @dataclass(eq=False, repr=False)
