@@ -9,14 +9,17 @@ at ``e`` seconds after it is seen at most ``max(fast, growth * e)`` later (never
 ``slow``), and the window costs about ``log(window / fast) / log(1 + growth)`` probes instead of
 ``window / fast``.
 
-Outside the window a settled READY daemon is probed at ``slow`` (for the peers it reports
-connected); a daemon that is still waiting (not READY, or READY with a not-ready spell being
-debounced) at ``min(slow, 10 * fast)``.
+Outside the window a settled daemon (READY and connected to every current member) is probed at
+``slow``; a daemon that is still waiting (not READY, a not-ready spell being debounced, or a
+member not connected yet: the domain's Ready waits for exactly that) at
+``min(slow, max(fast, 0.25 s))``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+_WAITING_S = 0.25
 
 
 @dataclass
@@ -44,4 +47,4 @@ class ProbePace:
         """Seconds from a probe at `now` to the next one."""
         if self.is_fresh(now):
             return min(max(self.fast, self.growth * (now - self.fresh_since)), self.slow)
-        return self.slow if settled_ready else min(self.slow, self.fast * 10)
+        return self.slow if settled_ready else min(self.slow, max(self.fast, _WAITING_S))

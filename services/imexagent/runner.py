@@ -452,11 +452,20 @@ class DomainDaemon:
                 "IMEX daemon state", cd_uid=self.uid, node=self.node, state=state.name, detail=result.detail
             )
         self._set_ready(self.lifecycle.ready)
-        settled = state == READY and self.lifecycle.not_ready_since is None
+        settled = (
+            state == READY
+            and self.lifecycle.not_ready_since is None
+            and self._connected_to_all(dict(result.connections))
+        )
         self._next_probe = now + self.pace.interval(now, settled)
         due = self.lifecycle.not_ready_due_at()
         if due is not None:
             self._next_probe = min(self._next_probe, max(due, now + s.poll_interval_starting_s))
+
+    def _connected_to_all(self, connections: dict[int, str]) -> bool:
+        d = self.desired
+        members = sum(1 for i, name in enumerate(d.slot_nodes) if name and i != d.index)
+        return len(connected_nodes(d, connections)) == members
 
     def _set_ready(self, ready: bool) -> None:
         if ready != self.ready.is_set():
