@@ -106,8 +106,10 @@ def _join_reads(store: Store, domain_uid: str, node: pb.Node) -> list[Op]:
 
 
 def _join_view(store: Store, reads: tuple[list[RawKV], ...]) -> _JoinView:
-    binding = store.decode_kv(reads[0][0], pb.NodeBinding) if reads[0] else None
-    member = store.decode_kv(reads[1][0], pb.Member) if reads[1] else None
+    # Strict: an undecodable binding or member is not absent; a join taking it so would only lose
+    # every race against the key that is there. It fails at once, naming the key.
+    binding = store.decode_kv(reads[0][0], pb.NodeBinding, strict=True) if reads[0] else None
+    member = store.decode_kv(reads[1][0], pb.Member, strict=True) if reads[1] else None
     used: list[int] = []
     if len(reads) > 2:
         for kv in reads[2]:
@@ -210,7 +212,9 @@ async def join_domain(
     # status, a rack's worth of nodes.
     first = (await store.txn([], [*reads, Read(keys.domain(domain_uid))])).reads
     view = _join_view(store, first[:-1])
-    domain = _joinable(store.decode_kv(first[-1][0], DomainGate) if first[-1] else None, domain_uid, node.name)
+    domain = _joinable(
+        store.decode_kv(first[-1][0], DomainGate, strict=True) if first[-1] else None, domain_uid, node.name
+    )
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
     new_member = pb.Member(
         domain_uid=domain_uid,

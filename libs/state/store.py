@@ -189,11 +189,14 @@ class Store:
             log.error("skipping undecodable value", key=key, reason=exc.reason)
             return None
 
-    async def get(self, key: str, cls: type[M]) -> Versioned[M] | None:
+    async def get(self, key: str, cls: type[M], *, strict: bool = False) -> Versioned[M] | None:
+        """The value at `key` (None if absent). An undecodable value reads as absent (logged), or
+        with `strict` raises `UndecodableValue` naming the key: a writer must not take it for
+        absent, its write would only fail against the key that is there."""
         result = await self.client.get(key.encode())
         if result is None:
             return None
-        value = self._decode(key, result.value, cls)
+        value = decode(result.value, cls, key) if strict else self._decode(key, result.value, cls)
         if value is None:
             return None
         return Versioned(key, value, result.mod_revision, result.create_revision, result.lease)
@@ -288,9 +291,10 @@ class Store:
                 )
         return TxnResult(bool(response.succeeded), int(response.header.revision), tuple(reads), chosen)
 
-    def decode_kv(self, kv: RawKV, cls: type[M]) -> Versioned[M] | None:
-        """Decode a value read in a transaction (None, logged, if undecodable)."""
-        value = self._decode(kv.key, kv.value, cls)
+    def decode_kv(self, kv: RawKV, cls: type[M], *, strict: bool = False) -> Versioned[M] | None:
+        """Decode a value read in a transaction (None, logged, if undecodable; with `strict`,
+        `UndecodableValue` naming the key)."""
+        value = decode(kv.value, cls, kv.key) if strict else self._decode(kv.key, kv.value, cls)
         return None if value is None else Versioned(kv.key, value, kv.mod_revision, kv.create_revision, kv.lease)
 
     async def create(self, key: str, value: betterproto.Message, lease: int = 0) -> bool:
@@ -317,10 +321,11 @@ class Store:
 
         `mutate` gets the current value (None if absent) and returns the new
         value, or None to leave the key as it is. Returns what was written.
+        An undecodable value fails at once with `UndecodableValue` naming the key.
         """
         backoff = Backoff(initial=0.002, cap=0.2)
         for _ in range(max_attempts):
-            current = await self.get(key, cls)
+            current = await self.get(key, cls, strict=True)
             new = mutate(current.value if current else None)
             if new is None:
                 return None

@@ -32,11 +32,16 @@ M = TypeVar("M", bound=betterproto.Message)
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent(Generic[M]):
-    kind: Literal["put", "delete"]
+    """One change under the prefix. ``undecodable``: a value was written that this build cannot
+    read (`reason` says why). Its `value` is None, so a view drops the key, as a listing does;
+    a consumer that must tell it from a deletion checks `kind`."""
+
+    kind: Literal["put", "delete", "undecodable"]
     key: str
-    # None for a delete.
+    # None for a delete and for an undecodable value.
     value: M | None
     revision: int
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +81,7 @@ class PrefixWatch(Generic[M]):
                 )
                 await asyncio.sleep(delay)
 
-    def _to_event(self, raw: aetcd.rtypes.Event) -> WatchEvent[M] | None:
+    def _to_event(self, raw: aetcd.rtypes.Event) -> WatchEvent[M]:
         key = raw.kv.key.decode()
         revision = int(raw.kv.mod_revision)
         if raw.kind == aetcd.rtypes.EventKind.DELETE:
@@ -84,8 +89,8 @@ class PrefixWatch(Generic[M]):
         try:
             value = decode(raw.kv.value, self.cls, key)
         except UndecodableValue as exc:
-            log.error("skipping undecodable value", key=key, reason=exc.reason)
-            return None
+            log.error("undecodable value written", key=key, reason=exc.reason)
+            return WatchEvent("undecodable", key, None, revision, exc.reason)
         return WatchEvent("put", key, value, revision)
 
     async def __aiter__(self) -> AsyncIterator[WatchEvent[M] | Resync[M]]:
@@ -122,8 +127,7 @@ class PrefixWatch(Generic[M]):
                     if int(raw.kv.mod_revision) < self.revision:
                         continue
                     self.revision = max(self.revision, int(raw.kv.mod_revision))
-                    if event is not None:
-                        yield event
+                    yield event
                 # The iterator ends only when the watch was cancelled under us: re-watch.
             except aetcd.exceptions.RevisionCompactedError as exc:
                 log.warning(

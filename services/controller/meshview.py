@@ -61,7 +61,7 @@ class MeshView:
         tail = _split(event.key, prefix, 1)
         if tail is None:
             return set()
-        (self.authorities.discard if event.kind == "delete" else self.authorities.add)(tail[0])
+        (self.authorities.discard if event.value is None else self.authorities.add)(tail[0])
         return {tail[0]}
 
     def apply_requests(
@@ -100,13 +100,12 @@ def _apply(
     if tail is None:
         return set()
     uid, node = tail
-    if event.kind == "delete":
+    if event.value is None:  # deleted, or undecodable: absent, as in a listing
         by_node = table.get(uid)
         if by_node is not None:
             by_node.pop(node, None)
             if not by_node:
                 del table[uid]
     else:
-        assert event.value is not None
         table.setdefault(uid, {})[node] = record(event.value, event.revision)
     return {uid}

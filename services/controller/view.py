@@ -116,10 +116,9 @@ class StoreView:
         uid = self._domain_uid(event.key)
         if uid is None:
             return set()
-        if event.kind == "delete":
+        if event.value is None:  # deleted, or undecodable: absent, as in a listing
             self.domains.pop(uid, None)
         else:
-            assert event.value is not None
             self.put_domain(uid, event.value, event.revision)
         return {uid}
 
@@ -159,10 +158,9 @@ class StoreView:
         if parsed is None:
             return set()
         uid, node = parsed
-        if event.kind == "delete":
+        if event.value is None:  # deleted, or undecodable: absent, as in a listing
             self._set_member(uid, node, None)
         else:
-            assert event.value is not None
             self._set_member(uid, node, MemberRecord.from_pb(event.value, event.revision))
         return {uid}
 
@@ -187,14 +185,13 @@ class StoreView:
         if parsed is None:
             return set()
         uid, node = parsed
-        if event.kind == "delete":
+        if event.value is None:  # deleted, or undecodable: absent, as in a listing
             by_node = self.daemons.get(uid)
             if by_node is not None:
                 by_node.pop(node, None)
                 if not by_node:
                     del self.daemons[uid]
         else:
-            assert event.value is not None
             self.daemons.setdefault(uid, {})[node] = DaemonRecord.from_pb(event.value, event.revision)
         return {uid}
 
@@ -222,11 +219,10 @@ class StoreView:
         name = self._node_name(event.key)
         if name is None:
             return set()
-        if event.kind == "delete":
+        if event.value is None:  # deleted, or undecodable: absent, as in a listing
             if self.nodes.pop(name, None) is None:
                 return set()
         else:
-            assert event.value is not None
             record = NodeRecord.from_pb(event.value)
             if self.nodes.get(name) == record:
                 return set()
@@ -281,7 +277,6 @@ class StoreView:
         parsed = self._preparation_key(event.key)
         if parsed is None:
             return set()
-        if event.kind == "delete":
+        if event.value is None:  # deleted, or undecodable: absent, as in a listing
             return self._set_preparation(*parsed, None)
-        assert event.value is not None
         return self._set_preparation(*parsed, event.value.domain_uid)

@@ -40,6 +40,7 @@ from libs.cdi.specdir import ClaimSpecDir
 from libs.fsio.atomic import TEMP_SUFFIX
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
+from libs.state.codec import UndecodableValue
 from libs.state.membership import (
     CliqueFull,
     DomainUnavailable,
@@ -345,7 +346,7 @@ class DeviceState:
             result = await join_domain(self.store, domain_uid, namespace, node)
         except NodeBusy as exc:
             raise RetryableError(f"node busy: {exc}") from None
-        except (CliqueFull, IndexConflict, DomainUnavailable) as exc:
+        except (CliqueFull, IndexConflict, DomainUnavailable, UndecodableValue) as exc:
             raise RetryableError(str(exc)) from None
         return result.joined_now, result.member.index
 

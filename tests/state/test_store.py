@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.codec import encode, kind_of
+from libs.state.codec import UndecodableValue, encode, kind_of
 from libs.state.config import EtcdConfig
 from libs.state.lease import KeptLease
 from libs.state.store import FirstAbsent, Put, Store
@@ -69,6 +70,44 @@ async def test_undecodable_value_is_skipped_with_its_key(store: Store) -> None:
     assert single is None
     skipped = [e for e in logs if e["event"] == "skipping undecodable value"]
     assert skipped and all(e["key"] == k.node("bad") for e in skipped)
+
+
+async def test_an_undecodable_value_reaches_a_watch_as_its_own_event(store: Store) -> None:
+    """Neither skipped nor taken for a put: the watcher sees `undecodable` with the key and why,
+    then the repaired value as a put."""
+    k = store.keys
+    it = watch_prefix(store, k.nodes(), pb.Node).__aiter__()
+    try:
+        assert isinstance(await it.__anext__(), Resync)
+        await store.put(k.node("n1"), pb.Node(name="n1"))
+        await store.put_raw(k.node("n1"), b"\x00\xffnot a protobuf envelope")
+        await store.put(k.node("n1"), pb.Node(name="n1", ip_address="127.0.1.9"))
+        events = [await asyncio.wait_for(it.__anext__(), timeout=10) for _ in range(3)]
+    finally:
+        await it.aclose()
+    assert all(isinstance(e, WatchEvent) for e in events)
+    kinds = [(e.kind, e.key, e.value is None) for e in events if isinstance(e, WatchEvent)]
+    assert kinds == [("put", k.node("n1"), False), ("undecodable", k.node("n1"), True), ("put", k.node("n1"), False)]
+    bad = events[1]
+    assert isinstance(bad, WatchEvent) and "expected 'computedomain.state.v1.Node'" in bad.reason
+
+
+async def test_a_read_modify_write_of_an_undecodable_value_fails_at_once_naming_the_key(store: Store) -> None:
+    key = store.keys.daemon("d1", "n1")
+    await store.put_raw(key, b"\x00\xffnot a protobuf envelope")
+    calls = 0
+
+    def bump(current: pb.DaemonStatus | None) -> pb.DaemonStatus:
+        nonlocal calls
+        calls += 1
+        return pb.DaemonStatus(restarts=1)
+
+    with pytest.raises(UndecodableValue, match=f"undecodable value at {key}"):
+        await store.update(key, pb.DaemonStatus, bump)
+    assert calls == 0, "the mutation must not run on a value taken for absent"
+    with pytest.raises(UndecodableValue, match=key):
+        await store.get(key, pb.DaemonStatus, strict=True)
+    assert await store.get(key, pb.DaemonStatus) is None  # a lenient read still skips it
 
 
 async def _collect(it, out: list, stop_after: int) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 
+from libs.state.codec import decode
 from libs.state.store import M, Store, Versioned
 
 
@@ -34,12 +35,12 @@ class StoreSnapshot(Store):
     def __len__(self) -> int:
         return len(self._kvs)
 
-    async def get(self, key: str, cls: type[M]) -> Versioned[M] | None:
+    async def get(self, key: str, cls: type[M], *, strict: bool = False) -> Versioned[M] | None:
         at = bisect.bisect_left(self._keys, key)
         if at == len(self._keys) or self._keys[at] != key:
             return None
         _, data, mod, create, lease = self._kvs[at]
-        value = self._decode(key, data, cls)
+        value = decode(data, cls, key) if strict else self._decode(key, data, cls)
         return None if value is None else Versioned(key, value, mod, create, lease)
 
     async def list(self, prefix: str, cls: type[M]) -> tuple[list[Versioned[M]], int]:
