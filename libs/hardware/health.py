@@ -10,11 +10,14 @@ import structlog
 from libs.hardware.errors import HardwareError
 from libs.hardware.interface import HardwareSnapshot, HealthEvent
 from libs.hardware.model import GpuInfo
+from libs.hardware.offloop import OffLoopCalls
 
 log = structlog.get_logger(__name__)
 
 MAX_ERROR_BACKOFF_FACTOR = 8
 """While queries fail, the poll interval doubles up to this many times the normal interval."""
+DEFAULT_QUERY_TIMEOUT_S = 10.0
+"""How long one hardware snapshot may take before it counts as a failed (stalled) query."""
 
 
 def _gpu_changes(old: GpuInfo, new: GpuInfo) -> list[str]:
@@ -60,19 +63,24 @@ async def poll_health_events(
     read: Callable[[], HardwareSnapshot],
     interval: float,
     since: HardwareSnapshot | None = None,
+    calls: OffLoopCalls | None = None,
 ) -> AsyncGenerator[HealthEvent, None]:
     """Poll ``read`` every ``interval`` seconds and yield an event for each change.
 
-    A failing ``read`` is reported once per failure streak (then polled with capped backoff); the
-    first good read after it always yields an event (changes relative to the last good snapshot).
+    ``read`` runs off the event loop through `calls` (default: a deadline of
+    ``DEFAULT_QUERY_TIMEOUT_S``), so a hung driver is a failing read (`HardwareStalled`), not a
+    stopped loop. A failing ``read`` is reported once per failure streak (then polled with capped
+    backoff); the first good read after it always yields an event (changes relative to the last
+    good snapshot).
     """
-    last = since if since is not None else read()
+    calls = calls or OffLoopCalls(DEFAULT_QUERY_TIMEOUT_S)
+    last = since if since is not None else await calls.call(read, "snapshot")
     failing = False
     delay = interval
     while True:
         await asyncio.sleep(delay)
         try:
-            current = read()
+            current = await calls.call(read, "snapshot")
         except HardwareError as exc:
             delay = min(delay * 2, interval * MAX_ERROR_BACKOFF_FACTOR)
             if not failing:

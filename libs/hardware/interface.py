@@ -15,6 +15,10 @@ from typing import Literal, Protocol, runtime_checkable
 from libs.hardware.clique import CliqueResult, derive_clique_id
 from libs.hardware.model import GpuHealth, GpuInfo
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from libs.hardware.offloop import OffLoopCalls
+
 ImexBackendName = Literal["nvidia", "simulated"]
 """Which IMEX daemon goes with this hardware: real ``nvidia-imex`` or the TCP simulator."""
 
@@ -82,7 +86,10 @@ class NodeHardware(Protocol):
         ...
 
     def health_events(
-        self, since: HardwareSnapshot | None = None, interval: float | None = None
+        self,
+        since: HardwareSnapshot | None = None,
+        interval: float | None = None,
+        calls: OffLoopCalls | None = None,
     ) -> AsyncGenerator[HealthEvent, None]:
         """Changes of GPU fabric state, clique or health relative to ``since``.
 
@@ -90,6 +97,7 @@ class NodeHardware(Protocol):
         acted on to miss nothing in between.
 
         Runs until cancelled; a failed query is reported once as an event with ``error`` set.
+        Queries run off the event loop through ``calls`` (a stalled one is a failed query).
         """
         ...
 

@@ -26,6 +26,7 @@ from libs.hardware.imex_channels import (
 )
 from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendName
 from libs.hardware.model import ZERO_CLUSTER_UUID, FabricInfo, FabricState, GpuHealth, GpuInfo
+from libs.hardware.offloop import OffLoopCalls
 
 log = structlog.get_logger(__name__)
 
@@ -194,9 +195,12 @@ class NvmlNodeHardware:
             raise HardwareError(f"cannot create IMEX channel {channel}: {exc}") from exc
 
     def health_events(
-        self, since: HardwareSnapshot | None = None, interval: float | None = None
+        self,
+        since: HardwareSnapshot | None = None,
+        interval: float | None = None,
+        calls: OffLoopCalls | None = None,
     ) -> AsyncGenerator[HealthEvent, None]:
-        return poll_health_events(self.snapshot, interval or self.poll_interval, since)
+        return poll_health_events(self.snapshot, interval or self.poll_interval, since, calls)
 
     def close(self) -> None:
         if self._initialized:

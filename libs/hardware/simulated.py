@@ -30,6 +30,7 @@ from libs.hardware.imex_channels import (
 )
 from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendName
 from libs.hardware.model import FabricState, GpuHealth, GpuInfo
+from libs.hardware.offloop import OffLoopCalls
 
 FAULTS_FILE_NAME = "hardware-faults.json"
 DEFAULT_SIM_POLL_INTERVAL = 0.25
@@ -200,9 +201,12 @@ class SimulatedNodeHardware:
         return path
 
     def health_events(
-        self, since: HardwareSnapshot | None = None, interval: float | None = None
+        self,
+        since: HardwareSnapshot | None = None,
+        interval: float | None = None,
+        calls: OffLoopCalls | None = None,
     ) -> AsyncGenerator[HealthEvent, None]:
-        return poll_health_events(self.snapshot, interval or self.poll_interval, since)
+        return poll_health_events(self.snapshot, interval or self.poll_interval, since, calls)
 
     def close(self) -> None:
         pass

@@ -25,7 +25,16 @@ class Health:
 
     problems: dict[str, str] = field(default_factory=dict)
     ready_gates: dict[str, bool] = field(default_factory=dict)
+    # Shown on /healthz without failing it: trouble a restart would not cure (a hung driver),
+    # where a liveness restart would only cost more (an IMEX agent's container takes its daemons).
+    warnings: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+
+    def set_warning(self, name: str, message: str) -> None:
+        self.warnings[name] = message
+
+    def clear_warning(self, name: str) -> None:
+        self.warnings.pop(name, None)
 
     def set_problem(self, name: str, message: str) -> None:
         self.problems[name] = message
@@ -62,6 +71,7 @@ class Health:
             "healthy": self.healthy,
             "ready": self.ready,
             "problems": dict(self.problems),
+            "warnings": dict(self.warnings),
             "gates": dict(self.ready_gates),
             "uptime_s": round(time.monotonic() - self.started_at, 3),
         }

@@ -26,7 +26,10 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import CliqueStatus, FabricState, GpuHealth, HardwareError, HardwareSnapshot, NodeHardware
 from libs.hardware.clique import parse_clique_id
+from libs.hardware.health import DEFAULT_QUERY_TIMEOUT_S
+from libs.hardware.offloop import OffLoopCalls
 from libs.runtime.backoff import Backoff
+from libs.runtime.health import Health
 from libs.state.lease import KeptLease
 from libs.state.store import Store, with_retries
 
@@ -57,6 +60,8 @@ class InventorySettings:
     unsettled_retry_s: float = 1.0
     # Hardware health poll interval; None = the backend's default.
     health_poll_interval_s: float | None = None
+    # A hardware query (NVML) taking longer than this is reported as stalled in the record.
+    hardware_query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.lease_ttl_s < 1:
@@ -165,6 +170,9 @@ class NodeInventory:
         self.settings = settings
         self.address = node_address(hardware, settings.node_ip)
         self.lease = KeptLease(store, settings.lease_ttl_s, on_acquired=self._on_lease_acquired)
+        self._calls = OffLoopCalls(settings.hardware_query_timeout_s, name=f"hardware-{node_name}")
+        # Where a failing or stalled hardware query is shown (set by the agent that serves health).
+        self.health: Health | None = None
         self._snapshot: HardwareSnapshot | None = None
         self._hardware_error = ""
         self._driver_version = ""
@@ -206,7 +214,7 @@ class NodeInventory:
             yield self._node
 
     async def run(self) -> None:
-        self._refresh_hardware()
+        await self._refresh_hardware()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lease.run(), name=f"node-lease-{self.node_name}")
             tasks.create_task(self._follow_hardware(), name=f"node-hardware-{self.node_name}")
@@ -228,18 +236,23 @@ class NodeInventory:
             self._hardware_error,
         )
 
-    def _refresh_hardware(self) -> None:
-        """Read the hardware once; keeps the last good snapshot when the read fails."""
+    async def _refresh_hardware(self, timeout_s: float | None = None) -> None:
+        """Read the hardware once, off the event loop; keeps the last good snapshot when the read
+        fails or stalls (a hung NVML shows in the record, the lease is kept meanwhile)."""
         try:
-            snapshot = self.hardware.snapshot()
-            self._driver_version = self.hardware.driver_version()
+            snapshot = await self._calls.call(self.hardware.snapshot, "snapshot", timeout_s)
+            self._driver_version = await self._calls.call(self.hardware.driver_version, "driver_version", timeout_s)
         except HardwareError as exc:
             if self._hardware_error != str(exc):
                 log.warning("hardware query failed", node=self.node_name, error=str(exc))
             self._hardware_error = str(exc)
+            if self.health is not None:
+                self.health.set_warning("hardware", f"hardware query failed: {exc}")
         else:
             self._snapshot = snapshot
             self._hardware_error = ""
+            if self.health is not None:
+                self.health.clear_warning("hardware")
         self._node = self._build()
 
     def _publish_change(self) -> None:
@@ -248,7 +261,8 @@ class NodeInventory:
         event.set()
 
     async def _on_lease_acquired(self, lease_id: int) -> None:
-        self._refresh_hardware()
+        # The lease is refreshed only after this returns: a stalled query must not outlast it.
+        await self._refresh_hardware(timeout_s=self.settings.lease_ttl_s / 4)
         await self._write(lease_id, force=True)
         self._registered.set()
         log.info(
@@ -280,7 +294,7 @@ class NodeInventory:
 
     async def _rewrite_if_changed(self) -> None:
         before = _without_timestamp(self._node)
-        self._refresh_hardware()
+        await self._refresh_hardware()
         if _without_timestamp(self._node) == before:
             return
         lease_id = self.lease.lease_id
@@ -306,7 +320,7 @@ class NodeInventory:
                 continue
             backoff.reset()
             events = self.hardware.health_events(
-                since=self._snapshot, interval=self.settings.health_poll_interval_s
+                since=self._snapshot, interval=self.settings.health_poll_interval_s, calls=self._calls
             )
             try:
                 async for event in events:

@@ -56,6 +56,7 @@ class ImexAgent:
 
     async def run(self, health: Health) -> None:
         """Run both tasks (each restarted on failure) until cancelled."""
+        self.inventory.health = health
         async with asyncio.TaskGroup() as group:
             for name, run in self.tasks():
                 group.create_task(keep_running(name, run, health), name=f"{name}-{self.inventory.node_name}")

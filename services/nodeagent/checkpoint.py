@@ -318,8 +318,12 @@ class Checkpoint:
     def save(self) -> None:
         """Persist atomically (temp file, fsync, rename, fsync dir)."""
         self.prune_tombstones()
+        self.write(self.encode())
+
+    def write(self, data: bytes) -> None:
+        """Write encoded content atomically and durably (blocking: fsync)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, self.encode(), mode=0o600)
+        write_atomic(self.path, data, mode=0o600)
 
     def encode(self) -> bytes:
         """The file content. The checksum covers the canonical JSON of all other fields; it is

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import aetcd.exceptions
 import structlog
@@ -59,6 +61,10 @@ from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+# A file operation that takes longer (a hung disk) fails the call as retryable.
+FILE_IO_TIMEOUT_S = 10.0
 
 CHANNEL_DEVICE = "channel-0"
 DEFAULT_PREPARE_BUDGET_S = 45.0
@@ -156,6 +162,8 @@ class DeviceState:
         self.checkpoint_fsync = checkpoint_fsync
         self._clock = clock
         self._domain_locks = KeyedLocks()
+        # Fsynced checkpoint saves, one at a time in call order (started lazily, one thread).
+        self._checkpoint_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._channel_major: int | None = None
         self._ensured_channels: set[int] = set()
 
@@ -242,7 +250,7 @@ class DeviceState:
                 raise PermanentError(str(exc)) from None
             joined_now, index = False, None
             if not membership_held:
-                self._save_checkpoint()
+                await self._save_checkpoint()
                 put = asyncio.ensure_future(self.store.put(record_key, record))
                 try:
                     joined_now, index = await self._join(config.domain_id, ref.namespace, node)
@@ -274,19 +282,18 @@ class DeviceState:
         # taken as completed, one without its spec as started.
         put = asyncio.ensure_future(self.store.put(record_key, completed))
         try:
-            await asyncio.sleep(0)  # let the request leave before the synchronous file writes
-            self.cdi.write(ref.uid, channels=channels, major=major)
+            await self._file_io(None, functools.partial(self.cdi.write, ref.uid, channels=channels, major=major))
             entry = self.checkpoint.mark_prepare_completed(
                 ref.uid,
                 [cdi_id],
                 request_names=tuple(dict.fromkeys(r.request for r in results)),
                 claim_version=claim.version,
             )
-            self._save_checkpoint()
+            await self._save_checkpoint()
         except BaseException as exc:
             await self._revert_completed_record(put, record_key, record)
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
-                self.cdi.remove(ref.uid)
+                await self._file_io(None, self.cdi.remove, ref.uid)
                 raise PermanentError(str(exc)) from None
             if isinstance(exc, OSError):
                 raise RetryableError(
@@ -399,16 +406,25 @@ class DeviceState:
             )
         ]
 
-    def _save_checkpoint(self) -> None:
+    async def _save_checkpoint(self) -> None:
+        """Persist the checkpoint as it is now. A rename alone (the default) is a memory write
+        and stays on the loop; an fsynced save goes to the checkpoint's own writer thread, one
+        save at a time in call order, so the file always ends at the latest state."""
+        self.checkpoint.prune_tombstones()
+        data = self.checkpoint.encode()
         try:
             if self.checkpoint_fsync:
-                self.checkpoint.save()
+                await self._file_io(self._checkpoint_writer, self.checkpoint.write, data)
             else:
-                self.checkpoint.prune_tombstones()
-                replace_file(self.checkpoint.path, self.checkpoint.encode(), mode=0o600)
-        except OSError as exc:
-            raise RetryableError(f"cannot write the checkpoint: {exc}") from exc
+                replace_file(self.checkpoint.path, data, mode=0o600)
+        except (OSError, TimeoutError) as exc:
+            raise RetryableError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
+
+    async def _file_io(self, executor: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking file operation (fsync, unlink of a durable file) off the event loop."""
+        async with asyncio.timeout(FILE_IO_TIMEOUT_S):
+            return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
     # ---- unprepare -------------------------------------------------------------------------
 
@@ -425,7 +441,7 @@ class DeviceState:
 
     async def _unprepare(self, claim_uid: str, namespace: str) -> None:
         try:
-            self.cdi.remove(claim_uid)
+            await self._file_io(None, self.cdi.remove, claim_uid)
         except ValueError:  # not a valid UID: we never wrote anything for it
             return
         entry = self.checkpoint.get(claim_uid)
@@ -436,7 +452,7 @@ class DeviceState:
             else:
                 # Unknown claim: success, and a tombstone in case its prepare is still on the way.
                 self.checkpoint.remove(claim_uid)
-                self._save_checkpoint()
+                await self._save_checkpoint()
             return
         record_key = self.store.keys.preparation(entry.node, claim_uid)
         async with self._domain_locks.hold(entry.domain_uid):
@@ -450,7 +466,7 @@ class DeviceState:
                 await asyncio.sleep(0)
                 try:
                     self.checkpoint.remove(claim_uid)
-                    self._save_checkpoint()
+                    await self._save_checkpoint()
                 finally:
                     await delete
             else:
@@ -459,7 +475,7 @@ class DeviceState:
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
                 self.checkpoint.remove(claim_uid)
-                self._save_checkpoint()
+                await self._save_checkpoint()
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
 
     # ---- start-up reconcile ----------------------------------------------------------------
@@ -546,7 +562,7 @@ class DeviceState:
                 self.checkpoint.mark_prepare_completed(
                     prep.claim_uid, prep.cdi_device_ids, request_names=request_names
                 )
-        self._save_checkpoint()
+        await self._save_checkpoint()
 
 
 def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:

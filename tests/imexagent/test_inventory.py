@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
+from libs.runtime.health import Health
 from libs.state.store import Store
 from services.imexagent.inventory import (
     InventorySettings,
@@ -235,3 +238,59 @@ def test_node_address_needs_configuration_on_real_hardware(tmp_path: Path) -> No
 
     with pytest.raises(ValueError, match="--node-ip"):
         node_address(RealLike(), "")  # type: ignore[arg-type]
+
+
+class HangingHardware(SimulatedNodeHardware):
+    """Simulated hardware whose snapshot blocks, as an NVML call stuck in the driver would."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def snapshot(self) -> HardwareSnapshot:
+        if self.hang.is_set():
+            self.release.wait(30)
+        return super().snapshot()
+
+
+async def test_a_hung_hardware_query_is_reported_and_stops_neither_the_loop_nor_the_lease(
+    store: Store, tmp_path: Path
+) -> None:
+    cluster = ClusterDescription(racks=2, seed=uuid.uuid4().hex)
+    prepare_node_dirs(cluster, "rack1-tray3", tmp_path)
+    hardware = HangingHardware(cluster, "rack1-tray3", tmp_path / "rack1-tray3", poll_interval=0.05)
+    settings = replace(SETTINGS, hardware_query_timeout_s=0.5)
+    inventory = NodeInventory(store, "rack1-tray3", hardware, settings)
+    health = Health()
+    inventory.health = health
+    key = store.keys.node("rack1-tray3")
+    async with running(inventory):
+        await inventory.wait_registered(5.0)
+        lease = inventory.lease.lease_id
+        hardware.hang.set()
+
+        async def stall_reported() -> bool:
+            node = await read_node(store, "rack1-tray3")
+            return node is not None and "hung driver" in node.fabric_message and "hardware" in health.warnings
+
+        await wait_for(stall_reported, timeout_s=5.0, what="the stall in the record and on /healthz")
+        assert health.healthy, "a hung driver is a warning, not a liveness failure"
+        # Three lease TTLs into the stall: the record never went away, the loop kept its pace.
+        lags: list[float] = []
+        deadline = time.monotonic() + 3 * TTL_S
+        while time.monotonic() < deadline:
+            before = time.monotonic()
+            await asyncio.sleep(0.05)
+            lags.append(time.monotonic() - before - 0.05)
+            item = await store.get(key, pb.Node)
+            assert item is not None and item.lease == lease, "the node record must stay on its lease"
+        assert max(lags) < 0.25, f"event loop stalled {max(lags):.2f}s"
+        hardware.release.set()
+        hardware.hang.clear()
+
+        async def recovered() -> bool:
+            node = await read_node(store, "rack1-tray3")
+            return node is not None and node.fabric_message == "" and "hardware" not in health.warnings
+
+        await wait_for(recovered, timeout_s=5.0, what="recovery once the query returns")
