@@ -235,3 +235,18 @@ async def running_controller(
 
 async def _leading(reconciler: DomainReconciler) -> bool:
     return reconciler.leading
+
+
+async def caught_up(store: Store, reconciler: DomainReconciler, timeout_s: float = 10.0) -> int:
+    """Wait until the controller applied every store change made so far (the store's revision
+    now; the caller's last write must be one the controller watches) and no reconcile is waiting
+    or running: whatever it would do about those changes, it has done. Returns the revision.
+
+    What a negative test waits for instead of a fixed sleep."""
+    revision = await store.revision()
+
+    async def probe() -> bool:
+        return reconciler.view_revision >= revision and reconciler.metrics.queue_depth._value.get() == 0
+
+    await eventually(probe, f"the controller to apply revision {revision} and drain its queue", timeout_s)
+    return revision

@@ -17,6 +17,7 @@ from services.controller.actions import ReleaseMember
 from services.controller.reconciler import FenceLost
 from tests.controller.harness import (
     AgentDouble,
+    caught_up,
     create_domain,
     domain_status,
     eventually,
@@ -78,11 +79,13 @@ async def test_domain_goes_from_waiting_to_ready_as_daemons_come_up(
             ("node3", 2, pb.Readiness.READY),
         ]
         # Once converged, nothing more is written: status writes happen only on change.
-        await asyncio.sleep(0.3)
+        await caught_up(store, controller)
         writes = controller.metrics.status_writes._value.get()
+        reconciles = controller.metrics.reconciles._value.get()
         for a in nodes:
             await a.report_daemon("d1", pb.DaemonState.READY)  # same state again: events, no change
-        await asyncio.sleep(0.3)
+        await caught_up(store, controller)
+        assert controller.metrics.reconciles._value.get() > reconciles, "the events were looked at"
         assert controller.metrics.status_writes._value.get() == writes
         assert await check_store_invariants(store) == []
         for a in nodes:
@@ -247,7 +250,7 @@ async def test_lost_node_coming_back_without_claims_is_released(
 
 async def test_teardown_leaves_no_record(store: Store, etcd_config: EtcdConfig) -> None:
     uid = f"td-{uuid.uuid4().hex}"
-    async with running_controller(etcd_config):
+    async with running_controller(etcd_config) as controller:
         await create_domain(store, uid)
         nodes = await agents(store, 3)
         for a in nodes:
@@ -259,8 +262,10 @@ async def test_teardown_leaves_no_record(store: Store, etcd_config: EtcdConfig) 
         _, _, message = await wait_reason(store, uid, "NOT_READY", "Terminating")
         assert "3 member" in message
         # While pods still run the domain stays (terminating) and keeps its members.
-        await asyncio.sleep(0.3)
+        await caught_up(store, controller)
         assert await store.get(store.keys.domain(uid), pb.ComputeDomain) is not None
+        members, _ = await store.list(store.keys.members(uid), pb.Member)
+        assert len(members) == 3
         for a in nodes:
             await a.unprepare_all()
 

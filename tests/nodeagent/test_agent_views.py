@@ -134,12 +134,25 @@ async def daemon_view(store: Store) -> AsyncIterator[DaemonView]:
     await stop(task)
 
 
+async def seen_by(view: DaemonView, state: pb.DaemonState, node_id: int | None = None) -> None:
+    """Wait until the view holds a record in `state` (a waiter woken by it has looked at it too)."""
+    for _ in range(500):
+        current = view.status
+        if view._synced and current is not None and current.state == state:
+            if node_id is None or current.node_id == node_id:
+                for _ in range(3):
+                    await asyncio.sleep(0)  # the waiter's turn to look at the record
+                return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the daemon view never held a {pb.DaemonState(state).name} record")
+
+
 async def test_wait_ready_returns_when_the_record_says_ready(store: Store, daemon_view: DaemonView) -> None:
     uid = new_uid()
     key = store.keys.daemon(uid, "rack0-tray1")
     await store.put(key, status(uid, "rack0-tray1", pb.DaemonState.STARTING))
     waiting = asyncio.create_task(daemon_view.wait_ready(uid, 10))
-    await asyncio.sleep(0.2)
+    await seen_by(daemon_view, pb.DaemonState.STARTING)
     assert not waiting.done()
     # Another node's daemon of the same domain (a name extending ours) does not count.
     await store.put(store.keys.daemon(uid, "rack0-tray10"), status(uid, "rack0-tray10", pb.DaemonState.READY))
@@ -197,7 +210,7 @@ async def test_a_ready_daemon_of_another_index_does_not_count(store: Store, daem
     await store.put(key, old)
     assert await daemon_view.wait_ready(uid, 5, node_id=0)
     waiting = asyncio.create_task(daemon_view.wait_ready(uid, 10, node_id=1))
-    await asyncio.sleep(0.2)
+    await seen_by(daemon_view, pb.DaemonState.READY, node_id=0)
     assert not waiting.done()
     new = status(uid, "rack0-tray1", pb.DaemonState.READY)
     new.node_id = 1
