@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 import structlog
 
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as state_pb
 from libs.state.store import Store
 
 log = structlog.get_logger(__name__)
 
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
-DRIVER_NAME = "compute-domain.nvidia.com"
 
 
 class TemplateDomainSource(Protocol):

@@ -39,13 +39,13 @@ from typing import Any
 
 import structlog
 
+from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
 
 log = structlog.get_logger(__name__)
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT_FILENAME = "checkpoint.json"
-DRIVER_NAME = "compute-domain.nvidia.com"
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_TOMBSTONE_TTL_S = 300.0
 

@@ -18,14 +18,14 @@ from typing import Any, Protocol
 import aiohttp
 import structlog
 
+from libs.contract.channelconfig import ConfigError, parse_parameters_json
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import TRANSIENT_ERRORS, Store
-from services.nodeagent.channelconfig import parse_parameters_json
 from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
 
 log = structlog.get_logger(__name__)
 
-DRIVER_NAME = "compute-domain.nvidia.com"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,24 +126,30 @@ class StoreClaimSource:
             raise ClaimGone(f"claim {ref.namespace}/{ref.name} ({ref.uid}) does not exist")
         claim = got.value
         _check_identity(ref, claim.namespace, claim.name, claim.uid, "the store")
-        return ResolvedClaim(
-            ref=ref,
-            version=str(got.mod_revision),
-            results=tuple(DeviceResult(r.request, r.driver, r.pool, r.device) for r in claim.results),
-            configs=tuple(
-                OpaqueParameters(
-                    driver=c.driver,
-                    requests=tuple(c.requests),
-                    parameters=(
-                        parse_parameters_json(c.parameters_json)
-                        if c.driver == DRIVER_NAME
-                        else c.parameters_json
-                    ),
-                    source=c.source,
-                )
-                for c in claim.config
-            ),
-        )
+        try:
+            return _resolved_from_store(ref, got.mod_revision, claim)
+        except ConfigError as exc:
+            raise PermanentError(str(exc)) from None
+
+
+def _resolved_from_store(ref: ClaimRef, revision: int, claim: pb.Claim) -> ResolvedClaim:
+    """A store claim record as the agent reads claims; `ConfigError` for bad opaque parameters."""
+    return ResolvedClaim(
+        ref=ref,
+        version=str(revision),
+        results=tuple(DeviceResult(r.request, r.driver, r.pool, r.device) for r in claim.results),
+        configs=tuple(
+            OpaqueParameters(
+                driver=c.driver,
+                requests=tuple(c.requests),
+                parameters=(
+                    parse_parameters_json(c.parameters_json) if c.driver == DRIVER_NAME else c.parameters_json
+                ),
+                source=c.source,
+            )
+            for c in claim.config
+        ),
+    )
 
 
 # ---- Kubernetes: the ResourceClaim -------------------------------------------------------

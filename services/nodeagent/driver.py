@@ -17,9 +17,10 @@ from typing import Protocol
 import structlog
 from grpclib.server import Server
 
+from libs.contract.names import DRIVER_NAME
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
-from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef
+from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.errors import ClaimError, PermanentError
 from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics

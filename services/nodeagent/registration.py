@@ -12,9 +12,9 @@ from pathlib import Path
 import structlog
 from grpclib.server import Server
 
+from libs.contract.names import DRIVER_NAME
 from libs.gen import pluginregistration as reg
 from libs.runtime.health import Health
-from services.nodeagent.claimsource import DRIVER_NAME
 from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
 
 log = structlog.get_logger(__name__)

@@ -24,14 +24,13 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
 from services.imexagent.inventory import clique_settled
 
 log = structlog.get_logger(__name__)
 
-DRIVER_NAME = "compute-domain.nvidia.com"
-CHANNEL_DEVICE = "channel-0"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 FIELD_MANAGER = "compute-domain-node-agent"
 _MAX_NAME = 253  # a ResourceSlice name is a DNS subdomain

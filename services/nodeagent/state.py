@@ -39,6 +39,8 @@ import structlog
 
 from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
+from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
+from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
 from libs.fsio.atomic import TEMP_SUFFIX
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
@@ -52,9 +54,8 @@ from libs.state.membership import (
     leave_domain,
 )
 from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
-from services.nodeagent.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
-from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef, ClaimSource, ResolvedClaim
+from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
 from services.nodeagent.domainheader import DomainHeader, get_domain_header
 from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
 from services.nodeagent.keyedlocks import KeyedLocks
@@ -66,7 +67,6 @@ T = TypeVar("T")
 # A file operation that takes longer (a hung disk) fails the call as retryable.
 FILE_IO_TIMEOUT_S = 10.0
 
-CHANNEL_DEVICE = "channel-0"
 DEFAULT_PREPARE_BUDGET_S = 45.0
 # More missing channel devices than this are created off the event loop.
 _INLINE_CHANNEL_CREATES = 8
@@ -332,15 +332,19 @@ class DeviceState:
         return await get_domain_header(self.store, domain_uid)
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
+        """The claim's one channel config; `PermanentError` naming what is wrong with it."""
         decoded: ChannelConfig | None = None
-        for request in requests:
-            opaque = claim.config_for(DRIVER_NAME, request)
-            if opaque is None:
-                raise ConfigError(f"no opaque config for request {request!r} of claim {claim.ref.name}")
-            config = decode_channel_config(opaque.parameters)
-            if decoded is not None and config != decoded:
-                raise ConfigError("the claim's requests name different ComputeDomain channel configs")
-            decoded = config
+        try:
+            for request in requests:
+                opaque = claim.config_for(DRIVER_NAME, request)
+                if opaque is None:
+                    raise ConfigError(f"no opaque config for request {request!r} of claim {claim.ref.name}")
+                config = decode_channel_config(opaque.parameters)
+                if decoded is not None and config != decoded:
+                    raise ConfigError("the claim's requests name different ComputeDomain channel configs")
+                decoded = config
+        except ConfigError as exc:
+            raise PermanentError(str(exc)) from None
         assert decoded is not None
         return decoded
 

@@ -19,7 +19,7 @@ from libs.state.store import Put, Store
 from tools.bench import simenv
 from tools.cdsim import kubelet, procscan
 from tools.cdsim.jobbook import Job
-from tools.cdsim.jobs import build_claim, build_domain, channel_config_json, plan_claims
+from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 from tools.scalesim.agent import AgentOptions
 from tools.scalesim.host import ScaleHost, spread_nodes
 
@@ -81,13 +81,12 @@ async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemon
             assert await store.get(store.keys.node(node), pb.Node) is not None
 
         job = _job(nodes)
-        parameters = channel_config_json(job.domain_uid, all_channels=False)
         await store.txn(
             [],
             [
                 Put(store.keys.domain(job.domain_uid), plaintext(build_domain(job, job.created_unix_ms))),
                 *(
-                    Put(store.keys.claim(c.uid), build_claim(c, parameters, job.created_unix_ms))
+                    Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, "Single", job.created_unix_ms))
                     for c in job.claims
                 ),
             ],

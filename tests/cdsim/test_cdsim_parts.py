@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from libs.contract.channelconfig import parse_parameters_json
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
 from services.imexagent.settings import ImexAgentSettings
-from services.nodeagent.channelconfig import parse_parameters_json
 from services.nodeagent.settings import AgentSettings
 from tools.cdsim import jobs
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
@@ -85,8 +85,7 @@ def test_one_agent_per_node_and_two_controllers(tmp_path: Path) -> None:
 
 def test_claim_carries_exactly_what_the_node_agent_decodes() -> None:
     record = ClaimRecord(uid="c-1", name="job-worker-0-channel", namespace="team-a", node="rack0-tray1")
-    parameters = jobs.channel_config_json("d-uid", all_channels=True)
-    claim = jobs.build_claim(record, parameters, 1000)
+    claim = jobs.build_claim(record, "d-uid", "All", 1000)
     assert [(r.request, r.driver, r.pool, r.device) for r in claim.results] == [
         ("channel", "compute-domain.nvidia.com", "rack0-tray1", "channel-0")
     ]

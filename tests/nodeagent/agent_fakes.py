@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from libs.cdi.specdir import ClaimSpecDir
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
-from services.nodeagent.claimsource import DRIVER_NAME, ClaimRef, StoreClaimSource
+from services.nodeagent.claimsource import ClaimRef, StoreClaimSource
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.state import DeviceState
 

@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from libs.gen.computedomain.state import v1 as pb
-from libs.state.store import Store
-from services.nodeagent.channelconfig import (
+from libs.contract.channelconfig import (
     ChannelConfig,
     ConfigError,
     decode_channel_config,
     parse_parameters_json,
 )
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.store import Store
 from services.nodeagent.claimsource import (
     ClaimRef,
     KubeClaimSource,
@@ -144,7 +144,7 @@ def test_decode_rejects_with_the_field_named(change: dict[str, Any], message: st
     with pytest.raises(ConfigError) as info:
         decode_channel_config(params)
     assert message in str(info.value)
-    assert isinstance(info.value, PermanentError)
+    assert str(info.value).startswith("invalid opaque config for compute-domain.nvidia.com: ")
 
 
 def test_missing_fields_and_wrong_shapes() -> None:

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from services.nodeagent.resourceslice import (
     CLIQUE_LABEL,
-    DRIVER_NAME,
     ResourceSlicePublisher,
     ResourceSliceSettings,
     build_resource_slice,

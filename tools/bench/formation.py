@@ -47,7 +47,7 @@ from libs.state.watch import Resync, watch_prefix
 from tools.bench import simenv
 from tools.cdsim import kubelet, procscan
 from tools.cdsim.jobbook import Job
-from tools.cdsim.jobs import build_claim, build_domain, channel_config_json, plan_claims
+from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 
 TARGET_18_P50_S = 1.0
 TARGET_256_S = 10.0
@@ -95,9 +95,8 @@ def percentile(values: list[float], q: float) -> float:
 
 async def _write_job(store: Store, job: Job) -> None:
     now = int(time.time() * 1000)
-    parameters = channel_config_json(job.domain_uid, all_channels=False)
     ops: list[Put] = [Put(store.keys.domain(job.domain_uid), build_domain(job, now))]
-    ops += [Put(store.keys.claim(c.uid), build_claim(c, parameters, now)) for c in job.claims]
+    ops += [Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in job.claims]
     for start in range(0, len(ops), _TXN_OPS):
         await store.txn([], ops[start : start + _TXN_OPS])
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from grpclib.client import Channel
 
+from libs.contract.names import DRIVER_NAME
+from libs.contract.storeclaims import store_claim
 from libs.gen.computedomain.state import v1 as pb
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.hardware.cluster import ClusterDescription
@@ -39,7 +41,6 @@ from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = "compute-domain.nvidia.com"
 NODE = "rack0-tray0"
 TARGET_P99_MS = 5.0
 # Claims kept prepared besides the anchor while the benchmark runs.
@@ -65,20 +66,7 @@ def summary(latencies_s: list[float]) -> dict[str, float]:
 
 
 def claim_record(uid: str, domain_uid: str) -> pb.Claim:
-    params = {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "ComputeDomainChannelConfig",
-        "domainID": domain_uid,
-        "allocationMode": "Single",
-    }
-    return pb.Claim(
-        uid=uid,
-        namespace="bench",
-        name=f"claim-{uid[:8]}",
-        node_name=NODE,
-        results=[pb.AllocationResult(request="channel", driver=DRIVER, pool=NODE, device="channel-0")],
-        config=[pb.OpaqueConfig(requests=["channel"], driver=DRIVER, parameters_json=json.dumps(params))],
-    )
+    return store_claim(uid=uid, namespace="bench", name=f"claim-{uid[:8]}", node=NODE, domain_uid=domain_uid)
 
 
 Processes = dict[str, tuple[subprocess.Popen[bytes], Path]]  # name -> (process, its log)
@@ -150,7 +138,7 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
         log_path = base / f"{name.replace(' ', '-').lower()}.log"
         processes[name] = (start_agent(argv, log_path), log_path)
     try:
-        socket_path = kubelet_dir / "plugins" / DRIVER / "dra.sock"
+        socket_path = kubelet_dir / "plugins" / DRIVER_NAME / "dra.sock"
         await wait_socket(socket_path, processes)
         async with Store(etcd) as store:
             domain_uid = str(uuid.uuid4())

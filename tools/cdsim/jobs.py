@@ -12,13 +12,13 @@ Delete: NodeUnprepareResources for every claim -> delete the claims -> mark the 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TextIO
 
+from libs.contract.storeclaims import store_claim, store_domain
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.cancellation import cancel_until_done
@@ -28,16 +28,12 @@ from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.cdsim import advisor, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook, JobList
-from tools.cdsim.layout import DRIVER_NAME, StateLayout
+from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.progress import Progress
 from tools.cdsim.runstate import RunState
 from tools.cdsim.timeline import SubmitTimeline
 
-CHANNEL_REQUEST = "channel"
-CHANNEL_DEVICE = "channel-0"
-CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
-CONFIG_KIND = "ComputeDomainChannelConfig"
 # etcd refuses transactions with more operations than this (its --max-txn-ops default).
 _MAX_TXN_OPS = 128
 
@@ -75,54 +71,26 @@ class DeleteOptions:
     timeout_s: float = 60.0
 
 
-def channel_config_json(domain_uid: str, all_channels: bool) -> str:
-    """The opaque parameters a claim of this domain carries (strictly decoded by the agent)."""
-    return json.dumps(
-        {
-            "apiVersion": CONFIG_API_VERSION,
-            "kind": CONFIG_KIND,
-            "domainID": domain_uid,
-            "allocationMode": "All" if all_channels else "Single",
-        }
-    )
-
-
 def build_domain(job: Job, now_ms: int) -> pb.ComputeDomain:
-    mode = pb.AllocationMode.ALL if job.allocation_mode == "All" else pb.AllocationMode.SINGLE
-    return pb.ComputeDomain(
+    return store_domain(
         uid=job.domain_uid,
         namespace=job.namespace,
         name=job.name,
-        spec=pb.ComputeDomainSpec(
-            num_nodes=job.num_nodes,
-            channel=pb.ChannelSpec(resource_claim_template_name=f"{job.name}-channel", allocation_mode=mode),
-        ),
-        status=pb.ComputeDomainStatus(status=pb.Readiness.NOT_READY),
+        num_nodes=job.num_nodes,
+        allocation_mode=job.allocation_mode,
         created_unix_ms=now_ms,
-        source="simulation",
     )
 
 
-def build_claim(record: ClaimRecord, parameters_json: str, now_ms: int) -> pb.Claim:
+def build_claim(record: ClaimRecord, domain_uid: str, allocation_mode: str, now_ms: int) -> pb.Claim:
     """The claim as the scheduler would have allocated it: channel-0 of the node's pool."""
-    return pb.Claim(
+    return store_claim(
         uid=record.uid,
         namespace=record.namespace,
         name=record.name,
-        results=[
-            pb.AllocationResult(
-                request=CHANNEL_REQUEST, driver=DRIVER_NAME, pool=record.node, device=CHANNEL_DEVICE
-            )
-        ],
-        config=[
-            pb.OpaqueConfig(
-                requests=[CHANNEL_REQUEST],
-                driver=DRIVER_NAME,
-                parameters_json=parameters_json,
-                source="FromClaim",
-            )
-        ],
-        node_name=record.node,
+        node=record.node,
+        domain_uid=domain_uid,
+        allocation_mode=allocation_mode,
         created_unix_ms=now_ms,
     )
 
@@ -179,8 +147,7 @@ async def _create_records(store: Store, job: Job) -> None:
 async def create_claims(store: Store, job: Job, claims: Sequence[ClaimRecord]) -> None:
     """The job's claims as the scheduler would have allocated them, in as few transactions as can be."""
     now = _now_ms()
-    parameters = channel_config_json(job.domain_uid, job.allocation_mode == "All")
-    puts = [Put(store.keys.claim(c.uid), build_claim(c, parameters, now)) for c in claims]
+    puts = [Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in claims]
     for start in range(0, len(puts), _MAX_TXN_OPS):
         await store.txn([], puts[start : start + _MAX_TXN_OPS])
 

@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.contract.names import DRIVER_NAME
 from libs.invariants.checker import NodeLocalPaths
 
-DRIVER_NAME = "compute-domain.nvidia.com"
 STATE_DIR_ENV = "CDSIM_STATE_DIR"
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107

@@ -89,8 +89,9 @@ async def _create_records(store: Store, job: Job) -> None:
     keys = store.keys
     if not await store.create(keys.domain(job.domain_uid), jobs.build_domain(job, now)):
         raise CommandError(f"domain {job.domain_uid} exists already")
-    parameters = jobs.channel_config_json(job.domain_uid, job.allocation_mode == "All")
-    puts = [Put(keys.claim(c.uid), jobs.build_claim(c, parameters, now)) for c in job.claims]
+    puts = [
+        Put(keys.claim(c.uid), jobs.build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in job.claims
+    ]
     for start in range(0, len(puts), MAX_TXN_OPS):
         await store.txn([], puts[start : start + MAX_TXN_OPS])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libs.contract.names import DRIVER_NAME
 from libs.runtime.settings import positive, setting
 
 
@@ -17,7 +18,7 @@ class ShimSettings:
     sim_nodes_dir: str = setting(
         "", "with --sim-cluster: base of the per-node directories (kubelet dir <base>/<node>/kubelet)"
     )
-    driver: str = setting("compute-domain.nvidia.com", "DRA driver whose claims the shim prepares")
+    driver: str = setting(DRIVER_NAME, "DRA driver whose claims the shim prepares")
     lease_duration_s: int = setting(40, "node Lease duration, seconds", validate=positive)
     lease_renew_interval_s: float = setting(10.0, "how often the node Lease is renewed", validate=positive)
     status_report_interval_s: float = setting(

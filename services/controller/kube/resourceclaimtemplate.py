@@ -17,20 +17,17 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.controller.kube.computedomain import API_VERSION, FINALIZER, LABEL_KEY
+from libs.contract.channelconfig import channel_config
+from libs.contract.names import CHANNEL_DEVICE_CLASS, CHANNEL_REQUEST, DRIVER_NAME
+from services.controller.kube.computedomain import FINALIZER, LABEL_KEY
 
 log = structlog.get_logger(__name__)
 
-DRIVER = "compute-domain.nvidia.com"
-CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
-CHANNEL_REQUEST = "channel"
-CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
 RCT_API_VERSION = "resource.k8s.io/v1"
 
 
 def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> dict[str, Any]:
-    if allocation_mode not in ("Single", "All"):
-        raise ValueError(f"invalid allocation mode {allocation_mode!r}: must be Single or All")
+    parameters = channel_config(cd_uid, allocation_mode)  # ValueError for a bad mode
     return {
         "apiVersion": RCT_API_VERSION,
         "kind": "ResourceClaimTemplate",
@@ -53,13 +50,8 @@ def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> d
                         {
                             "requests": [CHANNEL_REQUEST],
                             "opaque": {
-                                "driver": DRIVER,
-                                "parameters": {
-                                    "apiVersion": API_VERSION,
-                                    "kind": CHANNEL_CONFIG_KIND,
-                                    "domainID": cd_uid,
-                                    "allocationMode": allocation_mode,
-                                },
+                                "driver": DRIVER_NAME,
+                                "parameters": parameters,
                             },
                         }
                     ],

@@ -1,4 +1,4 @@
-"""Strict decoding of the opaque ``ComputeDomainChannelConfig`` parameters (pure).
+"""The opaque ``ComputeDomainChannelConfig`` parameters: built, and decoded strictly (pure).
 
 The workload ResourceClaimTemplate carries, for driver ``compute-domain.nvidia.com``::
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from libs.cdi.spec import ALLOCATION_ALL, ALLOCATION_SINGLE
-from services.nodeagent.errors import PermanentError
+from libs.contract.names import CHANNEL_CONFIG_API_VERSION as API_VERSION
+from libs.contract.names import CHANNEL_CONFIG_KIND as KIND
+from libs.contract.names import DRIVER_NAME
 
-API_VERSION = "resource.nvidia.com/v1beta1"
-KIND = "ComputeDomainChannelConfig"
 ALLOCATION_MODES = (ALLOCATION_SINGLE, ALLOCATION_ALL)
 
 _FIELDS = ("apiVersion", "kind", "domainID", "allocationMode")
@@ -31,11 +31,24 @@ class ChannelConfig:
     allocation_mode: str
 
 
-class ConfigError(PermanentError):
+class ConfigError(ValueError):
     """The opaque parameters are not a valid ComputeDomainChannelConfig."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"invalid opaque config for compute-domain.nvidia.com: {detail}")
+        super().__init__(f"invalid opaque config for {DRIVER_NAME}: {detail}")
+
+
+def channel_config(domain_id: str, allocation_mode: str = ALLOCATION_SINGLE) -> dict[str, str]:
+    """The parameters object a workload's claim carries for the domain (what the controller puts
+    in the ResourceClaimTemplate); `decode_channel_config` reads it back."""
+    if allocation_mode not in ALLOCATION_MODES:
+        raise ValueError(f"invalid allocation mode {allocation_mode!r}: must be Single or All")
+    return {"apiVersion": API_VERSION, "kind": KIND, "domainID": domain_id, "allocationMode": allocation_mode}
+
+
+def channel_config_json(domain_id: str, allocation_mode: str = ALLOCATION_SINGLE) -> str:
+    """`channel_config` as compact JSON (the apiserver compares opaque parameters byte for byte)."""
+    return json.dumps(channel_config(domain_id, allocation_mode), separators=(",", ":"))
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
