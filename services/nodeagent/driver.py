@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from grpclib.server import Server
@@ -117,78 +117,48 @@ class ClaimDispatcher:
             )
 
 
-class DraV1(dra_v1.DraPluginBase):
-    def __init__(self, dispatcher: ClaimDispatcher) -> None:
-        self.dispatcher = dispatcher
+def _dra_service(api: Any) -> type:
+    """The kubelet DRA service of one API version (``v1`` or ``v1beta1``: the same messages in
+    two packages), answering from the one dispatcher."""
 
-    async def node_prepare_resources(
-        self, node_prepare_resources_request: dra_v1.NodePrepareResourcesRequest
-    ) -> dra_v1.NodePrepareResourcesResponse:
-        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims]
-        outcomes = await self.dispatcher.prepare_claims(refs)
-        return dra_v1.NodePrepareResourcesResponse(
-            claims={
-                uid: dra_v1.NodePrepareResourceResponse(
-                    devices=[
-                        dra_v1.Device(
-                            request_names=list(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in devices
-                    ],
-                    error=error,
-                )
-                for uid, (devices, error) in outcomes.items()
-            }
-        )
+    class DraService(api.DraPluginBase):
+        def __init__(self, dispatcher: ClaimDispatcher) -> None:
+            self.dispatcher = dispatcher
 
-    async def node_unprepare_resources(
-        self, node_unprepare_resources_request: dra_v1.NodeUnprepareResourcesRequest
-    ) -> dra_v1.NodeUnprepareResourcesResponse:
-        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_unprepare_resources_request.claims]
-        errors = await self.dispatcher.unprepare_claims(refs)
-        return dra_v1.NodeUnprepareResourcesResponse(
-            claims={uid: dra_v1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
-        )
+        async def node_prepare_resources(self, node_prepare_resources_request: Any) -> Any:
+            refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims]
+            outcomes = await self.dispatcher.prepare_claims(refs)
+            return api.NodePrepareResourcesResponse(
+                claims={
+                    uid: api.NodePrepareResourceResponse(
+                        devices=[
+                            api.Device(
+                                request_names=list(d.request_names),
+                                pool_name=d.pool_name,
+                                device_name=d.device_name,
+                                cdi_device_ids=list(d.cdi_device_ids),
+                            )
+                            for d in devices
+                        ],
+                        error=error,
+                    )
+                    for uid, (devices, error) in outcomes.items()
+                }
+            )
+
+        async def node_unprepare_resources(self, node_unprepare_resources_request: Any) -> Any:
+            refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_unprepare_resources_request.claims]
+            errors = await self.dispatcher.unprepare_claims(refs)
+            return api.NodeUnprepareResourcesResponse(
+                claims={uid: api.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
+            )
+
+    DraService.__name__ = DraService.__qualname__ = f"Dra{api.__name__.rpartition('.')[2].capitalize()}"
+    return DraService
 
 
-class DraV1Beta1(dra_v1beta1.DraPluginBase):
-    def __init__(self, dispatcher: ClaimDispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    async def node_prepare_resources(
-        self, node_prepare_resources_request: dra_v1beta1.NodePrepareResourcesRequest
-    ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_prepare_resources_request.claims]
-        outcomes = await self.dispatcher.prepare_claims(refs)
-        return dra_v1beta1.NodePrepareResourcesResponse(
-            claims={
-                uid: dra_v1beta1.NodePrepareResourceResponse(
-                    devices=[
-                        dra_v1beta1.Device(
-                            request_names=list(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in devices
-                    ],
-                    error=error,
-                )
-                for uid, (devices, error) in outcomes.items()
-            }
-        )
-
-    async def node_unprepare_resources(
-        self, node_unprepare_resources_request: dra_v1beta1.NodeUnprepareResourcesRequest
-    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in node_unprepare_resources_request.claims]
-        errors = await self.dispatcher.unprepare_claims(refs)
-        return dra_v1beta1.NodeUnprepareResourcesResponse(
-            claims={uid: dra_v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
-        )
+DraV1 = _dra_service(dra_v1)
+DraV1Beta1 = _dra_service(dra_v1beta1)
 
 
 class DraServer:
