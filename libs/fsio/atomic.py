@@ -33,11 +33,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically and durably.
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and (with ``durable``) durably.
 
     The file gets exactly ``mode`` (the umask does not apply). On any error the temp file is
-    removed and the previous content of ``path``, if any, is left untouched.
+    removed and the previous content of ``path``, if any, is left untouched. Without ``durable``
+    nothing is fsynced: readers see the old or the new content, also after the writer is killed,
+    but what a power loss leaves is not defined (for state that lives one boot only).
     """
     directory = path.parent
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=_temp_prefix(path.name), suffix=TEMP_SUFFIX)
@@ -48,7 +50,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp_name, path)
@@ -56,7 +59,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def remove_durable(path: Path) -> bool:

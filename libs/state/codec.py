@@ -12,6 +12,7 @@ from typing import TypeVar
 import betterproto
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.protowire import varint
 
 SCHEMA_VERSION = 1
 _PACKAGE = "computedomain.state.v1"
@@ -49,7 +50,7 @@ def encode_payload(cls: type[betterproto.Message], payload: bytes) -> bytes:
         (
             _VERSION_FIELD,
             b"\x12",
-            _varint(len(kind)),
+            varint(len(kind)),
             kind,
             b"\x1a" if payload else b"",
             _length(payload),
@@ -58,20 +59,11 @@ def encode_payload(cls: type[betterproto.Message], payload: bytes) -> bytes:
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _length(payload: bytes) -> bytes:
-    return _varint(len(payload)) if payload else b""  # proto3 omits an empty bytes field
+    return varint(len(payload)) if payload else b""  # proto3 omits an empty bytes field
 
 
-_VERSION_FIELD = b"\x08" + _varint(SCHEMA_VERSION)
+_VERSION_FIELD = b"\x08" + varint(SCHEMA_VERSION)
 _KIND_BYTES: dict[type[betterproto.Message], bytes] = {}
 
 

@@ -26,6 +26,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
 from libs.state.codec import encode_payload
 from libs.state.domaingate import DomainGate
+from libs.state.protowire import varint_field
 from libs.state.store import (
     Absent,
     Compare,
@@ -129,18 +130,6 @@ def index_of_claim_key(key: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def _int32_field(number: int, value: int) -> bytes:
-    """A non-negative int32 field as protobuf writes it (proto3 omits 0)."""
-    if value == 0:
-        return b""
-    out = bytearray([number << 3])
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 class _IndexedRecords:
     """The Member and IndexClaim a joiner writes, pre-serialised around their `index` field.
 
@@ -168,10 +157,10 @@ class _IndexedRecords:
         self._claim_tail = bytes(pb.IndexClaim(node_name=claim.node_name))
 
     def member_value(self, index: int) -> bytes:
-        return encode_payload(pb.Member, self._member_head + _int32_field(4, index) + self._member_tail)
+        return encode_payload(pb.Member, self._member_head + varint_field(4, index) + self._member_tail)
 
     def claim_value(self, index: int) -> bytes:
-        return encode_payload(pb.IndexClaim, self._claim_head + _int32_field(3, index) + self._claim_tail)
+        return encode_payload(pb.IndexClaim, self._claim_head + varint_field(3, index) + self._claim_tail)
 
 
 async def _joinable_domain(store: Store, domain_uid: str, node: str) -> Versioned[DomainGate]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.protowire import bytes_field, varint_field
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,33 +99,12 @@ class StatusValue:
 # fields in number order, defaults omitted; tested byte for byte).
 
 
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64  # negative int32/int64: ten-byte two's complement, as protobuf does
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _string(field: int, value: str) -> bytes:
-    if not value:
-        return b""
-    data = value.encode()
-    return _varint(field << 3 | 2) + _varint(len(data)) + data
+    return bytes_field(field, value.encode()) if value else b""
 
 
-def _integer(field: int, value: int) -> bytes:
-    return _varint(field << 3) + _varint(value) if value else b""
-
-
-def _message(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+_integer = varint_field
+_message = bytes_field
 
 
 def encode_status(status: StatusValue) -> bytes:

@@ -25,13 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import aetcd.exceptions
@@ -41,7 +38,7 @@ from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
 from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
-from libs.fsio.atomic import TEMP_SUFFIX
+from libs.fsio.atomic import write_atomic
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.state.codec import UndecodableValue
@@ -420,7 +417,8 @@ class DeviceState:
             if self.checkpoint_fsync:
                 await self._file_io(self._checkpoint_writer, self.checkpoint.write, data)
             else:
-                replace_file(self.checkpoint.path, data, mode=0o600)
+                self.checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.checkpoint.path, data, 0o600, durable=False)
         except (OSError, TimeoutError) as exc:
             raise RetryableError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
@@ -585,25 +583,3 @@ def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | N
         raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
 
 
-def replace_file(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` atomically (temp file in the same directory, rename), without fsync.
-
-    Readers see the old or the new content, also after the writer is killed; what a power
-    loss leaves is not defined (callers use it only for boot-scoped state). Temp names follow
-    ``libs.fsio.atomic`` so that its stale-temp cleanup recognises them.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise

@@ -522,12 +522,12 @@ async def test_failed_local_write_does_not_leave_a_completed_record(store: Store
 
 
 def test_checkpoint_replacement_leaves_no_temp_files(tmp_path: Path) -> None:
-    from libs.fsio.atomic import remove_stale_temps
-    from services.nodeagent.state import replace_file
+    from libs.fsio.atomic import remove_stale_temps, write_atomic
 
     target = tmp_path / "plugins" / "checkpoint.json"
-    replace_file(target, b"one", mode=0o600)
-    replace_file(target, b"two", mode=0o600)
+    target.parent.mkdir()
+    write_atomic(target, b"one", 0o600, durable=False)
+    write_atomic(target, b"two", 0o600, durable=False)
     assert target.read_bytes() == b"two" and oct(target.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in target.parent.iterdir()] == ["checkpoint.json"]
     assert remove_stale_temps(target.parent) == []
