@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from libs.runtime.settings import positive, setting
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class EtcdConfig:
         return self.ca_file is not None
 
     @classmethod
-    def from_settings(cls, settings: EtcdSettingsFields) -> EtcdConfig:
+    def from_settings(cls, settings: EtcdSettings) -> EtcdConfig:
         """From a service's `etcd_*` settings (flags / CD_* variables; "" means not set)."""
         return cls(
             endpoint=settings.etcd_endpoint,
@@ -65,29 +66,16 @@ class EtcdConfig:
         )
 
 
-class EtcdSettingsFields(Protocol):
-    """The etcd settings every service declares (its flags and CD_* variables)."""
+@dataclass(frozen=True)
+class EtcdSettings:
+    """The etcd settings every service has (flags ``--etcd-*``, variables ``CD_*ETCD_*``): the
+    services' settings classes extend it, and `EtcdConfig.from_settings` reads it."""
 
-    @property
-    def etcd_endpoint(self) -> str: ...
-
-    @property
-    def etcd_prefix(self) -> str: ...
-
-    @property
-    def etcd_ca_file(self) -> str: ...
-
-    @property
-    def etcd_cert_file(self) -> str: ...
-
-    @property
-    def etcd_key_file(self) -> str: ...
-
-    @property
-    def etcd_username(self) -> str: ...
-
-    @property
-    def etcd_password(self) -> str: ...
-
-    @property
-    def etcd_timeout_s(self) -> float: ...
+    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd endpoint host:port")
+    etcd_prefix: str = setting("/cd/v1/", "key prefix of this deployment in etcd")
+    etcd_ca_file: str = setting("", "CA bundle; enables TLS to etcd")
+    etcd_cert_file: str = setting("", "client certificate for etcd (with --etcd-key-file)")
+    etcd_key_file: str = setting("", "client key for etcd")
+    etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
+    etcd_password: str = setting("", "etcd password", secret=True)
+    etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)

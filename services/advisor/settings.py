@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from libs.runtime.settings import non_negative, positive, setting
-from libs.state.config import EtcdConfig
+from libs.state.config import EtcdConfig, EtcdSettings
 
 
 def _default_identity() -> str:
@@ -15,15 +15,7 @@ def _default_identity() -> str:
 
 
 @dataclass(frozen=True)
-class AdvisorSettings:
-    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd endpoint host:port")
-    etcd_prefix: str = setting("/cd/v1/", "key prefix of this deployment in etcd")
-    etcd_ca_file: str = setting("", "CA bundle; enables TLS to etcd")
-    etcd_cert_file: str = setting("", "client certificate for etcd (with --etcd-key-file)")
-    etcd_key_file: str = setting("", "client key for etcd")
-    etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
-    etcd_password: str = setting("", "etcd password", secret=True)
-    etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)
+class AdvisorSettings(EtcdSettings):
     grpc_host: str = setting("0.0.0.0", "address of the PlacementAdvisor gRPC server ('' = no TCP listener)")
     grpc_port: int = setting(50061, "port of the gRPC server (0 = any free port)", validate=non_negative)
     grpc_unix_socket: str = setting("", "also serve gRPC on this unix socket path")

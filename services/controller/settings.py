@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from libs.runtime.settings import fraction, non_negative, positive, setting
-from libs.state.config import EtcdConfig
+from libs.state.config import EtcdConfig, EtcdSettings
 
 
 def _default_identity() -> str:
@@ -15,15 +15,7 @@ def _default_identity() -> str:
 
 
 @dataclass(frozen=True)
-class ControllerSettings:
-    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd endpoint host:port")
-    etcd_prefix: str = setting("/cd/v1/", "key prefix of this deployment in etcd")
-    etcd_ca_file: str = setting("", "CA bundle; enables TLS to etcd")
-    etcd_cert_file: str = setting("", "client certificate for etcd (with --etcd-key-file)")
-    etcd_key_file: str = setting("", "client key for etcd")
-    etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
-    etcd_password: str = setting("", "etcd password", secret=True)
-    etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)
+class ControllerSettings(EtcdSettings):
     leader_lease_ttl_s: int = setting(
         5, "leader lease TTL, seconds: a standby takes over within it", validate=positive
     )

@@ -11,7 +11,7 @@ from libs.hardware.factory import HARDWARE_KINDS
 from libs.imex import config as imexcfg
 from libs.imex import slots
 from libs.runtime.settings import positive, setting
-from libs.state.config import EtcdConfig
+from libs.state.config import EtcdConfig, EtcdSettings
 from services.imexagent.lifecycle import LifecyclePolicy
 
 BackendChoice = Literal["auto", "nvidia", "simulated"]
@@ -120,20 +120,11 @@ def _address(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class ImexAgentSettings:
+class ImexAgentSettings(EtcdSettings):
     node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
     node_ip: str = setting(
         "", "Address IMEX peers reach this node at; required with real hardware (simulation: the node's own)."
     )
-    # ---- state store
-    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd host:port.")
-    etcd_prefix: str = setting("/cd/v1/", "Key prefix of this deployment in etcd.")
-    etcd_ca_file: str = setting("", "CA bundle for etcd TLS (enables TLS).")
-    etcd_cert_file: str = setting("", "Client certificate for etcd TLS.")
-    etcd_key_file: str = setting("", "Client key for etcd TLS.")
-    etcd_username: str = setting("", "etcd user (RBAC).")
-    etcd_password: str = setting("", "etcd password (RBAC).", secret=True)
-    etcd_timeout_s: float = setting(5.0, "Deadline of each etcd call, seconds.", validate=positive)
     # ---- hardware
     hardware: str = setting("nvml", "Hardware backend.", choices=HARDWARE_KINDS)
     sim_cluster: str = setting("", "Simulated cluster description file (--hardware simulated).")

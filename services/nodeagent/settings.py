@@ -13,7 +13,7 @@ from typing import Any
 
 from libs.hardware.factory import HARDWARE_KINDS
 from libs.runtime.settings import non_negative, positive, setting
-from libs.state.config import EtcdConfig
+from libs.state.config import EtcdConfig, EtcdSettings
 
 
 def _required(value: Any) -> str | None:
@@ -25,19 +25,10 @@ def _port(value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(EtcdSettings):
     node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
     kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (plugin and registration sockets).")
     cdi_root: str = setting("/var/run/cdi", "CDI spec directory.")
-    # ---- state store
-    etcd_endpoint: str = setting("127.0.0.1:2379", "etcd host:port.")
-    etcd_prefix: str = setting("/cd/v1/", "Key prefix of this deployment in etcd.")
-    etcd_ca_file: str = setting("", "CA bundle for etcd TLS (enables TLS).")
-    etcd_cert_file: str = setting("", "Client certificate for etcd TLS.")
-    etcd_key_file: str = setting("", "Client key for etcd TLS.")
-    etcd_username: str = setting("", "etcd user (RBAC).")
-    etcd_password: str = setting("", "etcd password (RBAC).", secret=True)
-    etcd_timeout_s: float = setting(5.0, "Deadline of each etcd call, seconds.", validate=positive)
     # ---- hardware
     hardware: str = setting("nvml", "Hardware backend.", choices=HARDWARE_KINDS)
     sim_cluster: str = setting("", "Simulated cluster description file (--hardware simulated).")

@@ -221,3 +221,14 @@ async def test_no_plugin_socket_is_a_call_error(kubelet_dir: Path) -> None:
     with pytest.raises(plugin.CALL_ERRORS) as caught:
         await plugin.register(kubelet_dir, DRIVER)
     assert "not available" in plugin.describe_call_error(caught.value)
+
+
+def test_grpclibs_lost_connection_error_is_a_connection_error() -> None:
+    """grpclib's AttributeError for a peer gone mid-call is retried like a lost connection;
+    any other AttributeError is a bug and goes through."""
+    with pytest.raises(ConnectionResetError, match="lost during the call"):
+        with plugin.connection_errors():
+            raise AttributeError("'Connection' object has no attribute '_transport'")
+    with pytest.raises(AttributeError, match="spelling"):
+        with plugin.connection_errors():
+            raise AttributeError("spelling")

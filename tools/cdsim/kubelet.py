@@ -19,6 +19,7 @@ import grpclib.exceptions
 
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.runtime.backoff import Backoff
+from tools.kubeletshim.plugin import connection_errors
 
 # One call may legitimately take the agent's whole prepare budget (waiting for IMEX READY, 45 s).
 CALL_TIMEOUT_S = 60.0
@@ -73,7 +74,8 @@ async def _prepare_once(call: ClaimCall) -> tuple[list[str], str]:
         request = dra.NodePrepareResourcesRequest(
             claims=[dra.Claim(namespace=call.namespace, uid=call.uid, name=call.name)]
         )
-        response = await stub.node_prepare_resources(request, timeout=CALL_TIMEOUT_S)
+        with connection_errors():
+            response = await stub.node_prepare_resources(request, timeout=CALL_TIMEOUT_S)
     finally:
         channel.close()
     result = response.claims.get(call.uid)
@@ -92,7 +94,8 @@ async def _unprepare_once(call: ClaimCall) -> str:
         request = dra.NodeUnprepareResourcesRequest(
             claims=[dra.Claim(namespace=call.namespace, uid=call.uid, name=call.name)]
         )
-        response = await stub.node_unprepare_resources(request, timeout=CALL_TIMEOUT_S)
+        with connection_errors():
+            response = await stub.node_unprepare_resources(request, timeout=CALL_TIMEOUT_S)
     finally:
         channel.close()
     result = response.claims.get(call.uid)

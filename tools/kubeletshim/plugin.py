@@ -8,7 +8,8 @@ the plugin restarted) makes the shim register again before the next attempt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,19 @@ async def register(kubelet_dir: Path, driver: str) -> PluginInfo:
     return PluginInfo(info.name, Path(info.endpoint), tuple(info.supported_versions))
 
 
+@contextlib.contextmanager
+def connection_errors() -> Iterator[None]:
+    """grpclib raises ``AttributeError: 'Connection' object has no attribute '_transport'`` when the
+    peer goes away mid-call (vmagamedov/grpclib#110, #185): to a caller, as to kubelet, that is a
+    lost connection, retried like any other."""
+    try:
+        yield
+    except AttributeError as exc:
+        if "_transport" not in str(exc):
+            raise
+        raise ConnectionResetError("the connection to the plugin was lost during the call") from exc
+
+
 def _claims(refs: Sequence[ClaimRef]) -> list[dra.Claim]:
     return [dra.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
 
@@ -97,9 +111,10 @@ async def prepare(endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float) ->
     """NodePrepareResources; per claim uid the error ("" = prepared). Raises CALL_ERRORS."""
     channel = grpclib.client.Channel(path=str(endpoint))
     try:
-        response = await dra.DraPluginStub(channel).node_prepare_resources(
-            dra.NodePrepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
-        )
+        with connection_errors():
+            response = await dra.DraPluginStub(channel).node_prepare_resources(
+                dra.NodePrepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
+            )
     finally:
         channel.close()
     errors: dict[str, str] = {}
@@ -118,9 +133,10 @@ async def unprepare(endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float) 
     """NodeUnprepareResources; per claim uid the error ("" = unprepared). Raises CALL_ERRORS."""
     channel = grpclib.client.Channel(path=str(endpoint))
     try:
-        response = await dra.DraPluginStub(channel).node_unprepare_resources(
-            dra.NodeUnprepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
-        )
+        with connection_errors():
+            response = await dra.DraPluginStub(channel).node_unprepare_resources(
+                dra.NodeUnprepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
+            )
     finally:
         channel.close()
     errors: dict[str, str] = {}
