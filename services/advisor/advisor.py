@@ -55,11 +55,17 @@ class NodeUnavailable(RuntimeError):
     """An explicitly named node cannot be reserved (unknown to the store, or unhealthy)."""
 
 
+class HolderOverCap(RuntimeError):
+    """The reservation would take its holder past --max-reserved-nodes-per-holder."""
+
+
 @dataclass(frozen=True)
 class AdvisorConfig:
     default_ttl_s: int = 60
-    max_ttl_s: int = 3600
+    max_ttl_s: int = 600
     holder: str = "placement-advisor"
+    # Nodes one client (holder) may hold reserved at a time; 0 = no cap.
+    max_nodes_per_holder: int = 0
     reserve_attempts: int = 8
     # How long nodes another writer took stay hidden while our watch catches up.
     hint_seconds: float = 2.0
@@ -130,6 +136,18 @@ class Advisor:
         self.rng = rng or random.Random()
 
     # ---- validation ------------------------------------------------------------------------
+
+    def _check_holder_cap(self, holder: str, more: int, capped: bool) -> None:
+        cap = self.config.max_nodes_per_holder
+        if not capped or not cap:
+            return
+        held = sum(len(r.node_names) for r in self.inventory.reservations.values() if r.holder == holder)
+        if held + more > cap:
+            self.metrics.reservations.labels("over-cap").inc()
+            raise HolderOverCap(
+                f"holder {holder!r} holds {held} reserved node(s); {more} more would pass its cap of {cap} "
+                "(--max-reserved-nodes-per-holder)"
+            )
 
     def _check_ttl(self, ttl_s: int, field_name: str) -> None:
         if ttl_s < 0 or ttl_s > self.config.max_ttl_s:
@@ -350,13 +368,16 @@ class Advisor:
 
     # ---- placing with a reservation -----------------------------------------------------------
 
-    async def place(self, req: PlacementRequest) -> Decision:
-        """Decide; with reserve=true (and not dry_run) also hold the nodes in the store."""
+    async def place(self, req: PlacementRequest, capped: bool = False) -> Decision:
+        """Decide; with reserve=true (and not dry_run) also hold the nodes in the store. `capped`:
+        the holder's reserved nodes count against --max-reserved-nodes-per-holder (a client's,
+        not the extender's for scheduled pods)."""
         if not req.reserve or req.dry_run:
             return self.decide(req)
         store = self._require_store()
         ttl = req.reservation_ttl_s or self.config.default_ttl_s
         holder = req.holder or self.config.holder
+        self._check_holder_cap(holder, req.num_nodes, capped)
         backoff = Backoff(initial=0.002, cap=0.1, jitter=0.5)
         for attempt in range(1, self.config.reserve_attempts + 1):
             decision = self.decide(req)
@@ -417,7 +438,13 @@ class Advisor:
         return written
 
     async def reserve_nodes(
-        self, nodes: Sequence[str], domain_uid: str, ttl_s: int, holder: str, reservation_id: str = ""
+        self,
+        nodes: Sequence[str],
+        domain_uid: str,
+        ttl_s: int,
+        holder: str,
+        reservation_id: str = "",
+        capped: bool = False,
     ) -> ReservationInfo:
         """Reserve explicit nodes. InvalidRequest, NodeUnavailable, ReservationConflict or ReservationExists."""
         inv = self.inventory
@@ -435,6 +462,7 @@ class Advisor:
             raise InvalidRequest("reservation_id", "must not contain '/'")
         if "/" in domain_uid:
             raise InvalidRequest("domain_uid", "must not contain '/'")
+        self._check_holder_cap(holder or self.config.holder, len(nodes), capped)
         unusable = [n for n in nodes if not inv.nodes[n].usable]
         if unusable:
             raise NodeUnavailable(f"node(s) not healthy: {', '.join(unusable[:8])}")

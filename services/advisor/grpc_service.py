@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import grpclib.server
 import structlog
@@ -24,9 +25,11 @@ from services.advisor.advisor import (
     Advisor,
     Alternative,
     CapacityReport,
+    HolderOverCap,
     NodeUnavailable,
     ReservationContention,
 )
+from services.advisor.auth import charged_holder
 from services.advisor.model import (
     Decision,
     InvalidRequest,
@@ -179,6 +182,8 @@ def grpc_errors(method: str) -> Iterator[None]:
         raise GRPCError(Status.ALREADY_EXISTS, str(exc)) from None
     except NodeUnavailable as exc:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
+    except HolderOverCap as exc:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, str(exc)) from None
     except _UNAVAILABLE as exc:
         raise GRPCError(Status.UNAVAILABLE, f"store unavailable: {exc or type(exc).__name__}") from None
     except asyncio.CancelledError:
@@ -189,6 +194,12 @@ def grpc_errors(method: str) -> Iterator[None]:
 
 
 _SERVICE = "/computedomain.placement.v1.PlacementAdvisor"
+
+
+def _charged(request: PlacementRequest) -> PlacementRequest:
+    """A request over gRPC reserves for its authenticated client, whatever holder it names."""
+    holder = charged_holder(request.holder)
+    return request if holder == request.holder else replace(request, holder=holder)
 
 
 class PlacementService(pp.PlacementAdvisorBase):
@@ -207,7 +218,7 @@ class PlacementService(pp.PlacementAdvisorBase):
 
     async def _decide_wire(self, data: bytes, method: str) -> bytes:
         with grpc_errors(method):
-            decision = await self.advisor.place(decode_place_request(data))
+            decision = await self.advisor.place(_charged(decode_place_request(data)), capped=True)
             return encode_place_response(decision)
 
     async def _place_wire(self, stream: grpclib.server.Stream[bytes, bytes]) -> None:
@@ -228,7 +239,7 @@ class PlacementService(pp.PlacementAdvisorBase):
     async def place(self, place_request: pp.PlaceRequest) -> pp.PlaceResponse:
         self._require_ready()
         with grpc_errors("Place"):
-            decision = await self.advisor.place(to_request(place_request))
+            decision = await self.advisor.place(_charged(to_request(place_request)), capped=True)
             return to_response(decision)
 
     async def place_stream(
@@ -237,7 +248,7 @@ class PlacementService(pp.PlacementAdvisorBase):
         self._require_ready()
         async for request in place_request_iterator:
             with grpc_errors("PlaceStream"):
-                decision = await self.advisor.place(to_request(request))
+                decision = await self.advisor.place(_charged(to_request(request)), capped=True)
             yield to_response(decision)
 
     async def reserve(self, reserve_request: pp.ReserveRequest) -> pp.ReserveResponse:
@@ -247,8 +258,9 @@ class PlacementService(pp.PlacementAdvisorBase):
                 list(reserve_request.node_names),
                 reserve_request.domain_uid,
                 reserve_request.ttl_seconds,
-                reserve_request.holder,
+                charged_holder(reserve_request.holder),
                 reserve_request.reservation_id,
+                capped=True,
             )
             return pp.ReserveResponse(reservation=to_reservation(info))
 

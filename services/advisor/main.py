@@ -26,6 +26,7 @@ from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
 from libs.state.store import Store, with_retries
 from services.advisor.advisor import Advisor, AdvisorConfig
+from services.advisor.auth import server_tls_context, track_client_identity
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_sources import (
     CachedTemplateSource,
@@ -66,6 +67,7 @@ class AdvisorService:
                 default_ttl_s=settings.default_reservation_ttl_s,
                 max_ttl_s=settings.max_reservation_ttl_s,
                 holder=settings.holder,
+                max_nodes_per_holder=settings.max_reserved_nodes_per_holder,
             ),
             self.metrics,
         )
@@ -124,12 +126,20 @@ class AdvisorService:
             tasks.append(asyncio.create_task(self._update_gauges(), name="gauges"))
 
             service = PlacementService(self.advisor)
+            tls = s.tls_cert_file != ""
             if s.grpc_host:
                 server = CorkedServer([service])
-                await server.start(s.grpc_host, s.grpc_port)
+                track_client_identity(server)
+                await server.start(
+                    s.grpc_host,
+                    s.grpc_port,
+                    ssl=server_tls_context(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file, http2=True)
+                    if tls
+                    else None,
+                )
                 grpc_servers.append(server)
                 self.grpc_port = _bound_port(server._server)
-                log.info("gRPC listening", host=s.grpc_host, port=self.grpc_port)
+                log.info("gRPC listening", host=s.grpc_host, port=self.grpc_port, mutual_tls=tls)
             if s.grpc_unix_socket:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(s.grpc_unix_socket)
@@ -153,7 +163,16 @@ class AdvisorService:
                 )
                 extender_runner = web.AppRunner(app, access_log=None)
                 await extender_runner.setup()
-                site = web.TCPSite(extender_runner, s.extender_host, s.extender_port)
+                site = web.TCPSite(
+                    extender_runner,
+                    s.extender_host,
+                    s.extender_port,
+                    ssl_context=server_tls_context(
+                        s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file, http2=False
+                    )
+                    if tls
+                    else None,
+                )
                 await site.start()
                 self.extender_port = _bound_port(site._server)
                 log.info(
@@ -161,6 +180,7 @@ class AdvisorService:
                     host=s.extender_host,
                     port=self.extender_port,
                     prefix=s.extender_prefix,
+                    mutual_tls=tls,
                 )
 
             self.started.set()

@@ -37,7 +37,18 @@ class AdvisorSettings(EtcdSettings):
     kubeconfig: str = setting("", "kubeconfig file (template-source=kubernetes; empty = in-cluster config)")
     resource_api_version: str = setting("v1", "version of resource.k8s.io to read templates from")
     default_reservation_ttl_s: int = setting(60, "TTL of a reservation that names none", validate=positive)
-    max_reservation_ttl_s: int = setting(3600, "largest TTL a client may ask for", validate=positive)
+    max_reservation_ttl_s: int = setting(600, "largest TTL a client may ask for", validate=positive)
+    max_reserved_nodes_per_holder: int = setting(
+        1024,
+        "nodes one gRPC client may hold reserved at a time (the extender's own reservations for "
+        "scheduled pods are not capped; 0 = no cap)",
+        validate=non_negative,
+    )
+    tls_cert_file: str = setting("", "server certificate: with the key and client CA, mutual TLS on gRPC and extender")
+    tls_key_file: str = setting("", "server key (with --tls-cert-file)")
+    tls_client_ca_file: str = setting(
+        "", "CA of the client certificates the gRPC API and the extender require (mutual TLS)"
+    )
     healthy_only: bool = setting(True, "offer only healthy nodes (false: DEGRADED nodes too)")
     health_host: str = setting("0.0.0.0", "address of the /healthz, /readyz, /metrics server")
     health_port: int = setting(8082, "port of the health server (0 = any free port)", validate=non_negative)
@@ -49,6 +60,13 @@ class AdvisorSettings(EtcdSettings):
     )
     log_format: str = setting("auto", "log format", choices=("json", "console", "auto"))
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        tls = (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        if any(tls) and not all(tls):
+            raise ValueError(
+                "mutual TLS needs all of --tls-cert-file, --tls-key-file and --tls-client-ca-file"
+            )
 
     @property
     def holder(self) -> str:

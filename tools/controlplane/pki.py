@@ -229,6 +229,12 @@ def generate_pki(directory: Path, service_ip: str) -> ControlPlanePKI:
     )
 
 
+def new_ca(directory: Path, stem: str, common_name: str) -> CertKeyPair:
+    """A fresh self-signed CA written to `directory` (for a component's own client PKI)."""
+    cert, key = _self_signed_ca(common_name)
+    return _save_pair(directory, stem, cert, key)
+
+
 def issue_from_ca(
     ca: CertKeyPair,
     directory: Path,
