@@ -70,7 +70,11 @@ class ControllerService:
                     from services.controller.kube.adapter import KubeAdapter
 
                     adapter = await KubeAdapter.create(
-                        self.store, self.reconciler, self.settings.kubeconfig, self.settings.sweep_interval_s
+                        self.store,
+                        self.reconciler,
+                        self.settings.kubeconfig,
+                        self.settings.sweep_interval_s,
+                        identity=leadership.holder,
                     )
                     tg.create_task(adapter.run(leadership))
         finally:

@@ -41,6 +41,12 @@ class ControllerMetrics:
             ["action", "result"],
             registry=r,
         )
+        self.undecodable_values = prom.Counter(
+            "cd_controller_undecodable_values_total",
+            "Store values this build could not read, as the watch delivered them (the view drops the key)",
+            ["resource"],
+            registry=r,
+        )
         self.status_writes = prom.Counter(
             "cd_controller_status_writes_total", "Domain status changes written to the store", registry=r
         )

@@ -185,6 +185,9 @@ class DomainReconciler:
                     self.synced.set()
             else:
                 counter.inc()
+                if event.kind == "undecodable":
+                    # The view drops the key (as a listing would); an operator should know.
+                    self.metrics.undecodable_values.labels(resource=resource).inc()
             if self._leadership is not None:
                 for uid in affected:
                     self.queue.add(uid)

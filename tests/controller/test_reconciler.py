@@ -367,3 +367,19 @@ async def test_orphan_release_is_refused_when_the_domain_exists_after_all(
         assert await store.get(store.keys.member("d1", a.name), pb.Member) is not None
         assert await store.get(store.keys.node_binding(a.name), pb.NodeBinding) is not None
         await a.stop()
+
+
+async def test_an_undecodable_domain_value_is_counted_and_dropped_from_the_view(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "good")
+        bad = f"bad-{uuid.uuid4().hex}"
+        await store.put_raw(store.keys.domain(bad), b"\x00\xffnot a protobuf envelope")
+        await caught_up(store, controller)
+        sample = controller.metrics.registry.get_sample_value(
+            "cd_controller_undecodable_values_total", {"resource": "domains"}
+        )
+        assert sample == 1.0
+        assert bad not in controller.view.domains and "good" in controller.view.domains
+        await store.delete(store.keys.domain(bad))

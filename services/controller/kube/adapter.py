@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
@@ -118,9 +119,17 @@ class KubeAdapter:
 
     @classmethod
     async def create(
-        cls, store: Store, reconciler: DomainReconciler, kubeconfig: str, sweep_interval_s: float
+        cls,
+        store: Store,
+        reconciler: DomainReconciler,
+        kubeconfig: str,
+        sweep_interval_s: float,
+        identity: str = "",
     ) -> KubeAdapter:
-        return cls(store, reconciler, await load_api_client(kubeconfig), sweep_interval_s)
+        api = await load_api_client(kubeconfig)
+        # The apiserver's audit log then says which replica made a request.
+        api.user_agent = f"cd-controller/{identity}" if identity else "cd-controller"
+        return cls(store, reconciler, api, sweep_interval_s, instance=identity)
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -370,14 +379,17 @@ class KubeAdapter:
         if not cr_status_differs(current, desired):
             return
         meta = cr["metadata"]
-        updated = await self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            meta["namespace"],
-            PLURAL,
-            meta["name"],
-            status_patch(desired),
-            _request_timeout=_CALL_TIMEOUT_S,
+        updated = await self._on_conflict_reread(
+            cr,
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                _at_version(cr, status_patch(desired)),
+                _request_timeout=_CALL_TIMEOUT_S,
+            ),
         )
         if isinstance(updated, dict) and _newer_or_same(updated, self.crs.get(uid)):
             self.crs[uid] = updated
@@ -393,14 +405,39 @@ class KubeAdapter:
 
     async def _patch_cr(self, cr: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
         meta = cr["metadata"]
-        updated = await self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch, _request_timeout=_CALL_TIMEOUT_S
+        updated = await self._on_conflict_reread(
+            cr,
+            self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                _at_version(cr, patch),
+                _request_timeout=_CALL_TIMEOUT_S,
+            ),
         )
         if not isinstance(updated, dict):
             raise _Retry(f"unexpected patch response for {meta['namespace']}/{meta['name']}")
         if _newer_or_same(updated, self.crs.get(meta["uid"])):
             self.crs[meta["uid"]] = updated
         return updated
+
+    async def _on_conflict_reread(self, cr: dict[str, Any], write: Awaitable[Any]) -> Any:
+        """Await a write made at `cr`'s resourceVersion; if the CR moved on meanwhile (409), read
+        it again for the retry instead of waiting for the watch to bring it."""
+        try:
+            return await write
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        meta = cr["metadata"]
+        fresh = await self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], _request_timeout=_CALL_TIMEOUT_S
+        )
+        if isinstance(fresh, dict) and _newer_or_same(fresh, self.crs.get(meta["uid"])):
+            self.crs[meta["uid"]] = fresh
+        raise _Retry(f"computedomain {meta['namespace']}/{meta['name']} changed meanwhile; deciding again")
 
     async def _finish_deletion(self, uid: str, cr: dict[str, Any], leadership: Leadership) -> None:
         if not has_finalizer(cr):
@@ -430,6 +467,14 @@ class KubeAdapter:
             if exc.status != 404:
                 raise
         log.info("computedomain released", cd_uid=uid, cd=meta["name"], namespace=meta["namespace"])
+
+
+def _at_version(cr: dict[str, Any], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`patch` applied only to the version of the CR this controller decided on: a JSON patch's
+    test of the resourceVersion fails it (409) if anyone wrote the CR since."""
+    version = cr["metadata"].get("resourceVersion")
+    guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}] if version else []
+    return [*guard, *patch]
 
 
 class _Retry(RuntimeError):

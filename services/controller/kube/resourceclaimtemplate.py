@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, ResourceV1Api, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.contract.channelconfig import channel_config
@@ -134,9 +134,10 @@ async def remove_template(api: ApiClient, namespace: str, name: str, cd_uid: str
         if cd_uid is not None and (current.metadata.labels or {}).get(LABEL_KEY) != cd_uid:
             return False
         finalizers = [f for f in (current.metadata.finalizers or []) if f != FINALIZER]
+        version = current.metadata.resource_version
         if finalizers != (current.metadata.finalizers or []):
             # A JSON patch: finalizers merge (never shrink) under a strategic merge patch.
-            await resource.patch_namespaced_resource_claim_template(
+            patched = await resource.patch_namespaced_resource_claim_template(
                 name,
                 namespace,
                 [
@@ -149,8 +150,13 @@ async def remove_template(api: ApiClient, namespace: str, name: str, cd_uid: str
                 ],
                 _request_timeout=_CALL_TIMEOUT_S,
             )
+            version = patched.metadata.resource_version
+        # Only the object read above, as it is now: not a template re-created under the same name.
         await resource.delete_namespaced_resource_claim_template(
-            name, namespace, _request_timeout=_CALL_TIMEOUT_S
+            name,
+            namespace,
+            body=V1DeleteOptions(preconditions=V1Preconditions(uid=current.metadata.uid, resource_version=version)),
+            _request_timeout=_CALL_TIMEOUT_S,
         )
         log.info("resource claim template removed", cd_uid=cd_uid, namespace=namespace, rct=name)
         return True
