@@ -10,6 +10,7 @@ import pytest
 
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tests.skips import unexpected
 from tools.etcd.server import EtcdServer, etcd_binary
 
 
@@ -51,3 +52,27 @@ async def store(etcd_config: EtcdConfig) -> AsyncIterator[Store]:
     await s.connect()
     yield s
     await s.close()
+
+
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append((report.nodeid, reason))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skip outside tests/skips.py fails the run: a skipped test proves nothing."""
+    bad = unexpected(_SKIPPED)
+    if not bad or session.config.getoption("collectonly"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", f"{len(bad)} skip(s) not in tests/skips.py", red=True)
+        for nodeid, why in bad:
+            reporter.write_line(f"SKIPPED {nodeid}: {why}")
+    if exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

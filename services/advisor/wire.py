@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from libs.state.protowire import varint
 from services.advisor.model import (
     Decision,
     InvalidRequest,
@@ -208,19 +209,6 @@ def decode_place_request(data: bytes, field_prefix: str = "") -> PlacementReques
 # ---- encoding ------------------------------------------------------------------------------
 
 
-def _put_varint(out: list[bytes], value: int) -> None:
-    value &= _U64  # negative ints as 64-bit two's complement, as protobuf does
-    if value < 0x80:
-        out.append(bytes((value,)))
-        return
-    buf = bytearray()
-    while value >= 0x80:
-        buf.append((value & 0x7F) | 0x80)
-        value >>= 7
-    buf.append(value)
-    out.append(bytes(buf))
-
-
 _FIELD_CACHE: dict[tuple[int, str], bytes] = {}
 _FIELD_CACHE_LIMIT = 200_000
 
@@ -232,7 +220,7 @@ def _text_field(tag: int, text: str) -> bytes:
     if cached is None:
         raw = text.encode()
         parts = [bytes((tag,))]
-        _put_varint(parts, len(raw))
+        parts.append(varint(len(raw)))
         parts.append(raw)
         cached = b"".join(parts)
         if len(_FIELD_CACHE) >= _FIELD_CACHE_LIMIT:
@@ -244,7 +232,7 @@ def _text_field(tag: int, text: str) -> bytes:
 def _put_text(out: list[bytes], tag: int, text: str) -> None:
     raw = text.encode()
     out.append(bytes((tag,)))
-    _put_varint(out, len(raw))
+    out.append(varint(len(raw)))
     out.append(raw)
 
 
@@ -258,7 +246,7 @@ def encode_place_response(decision: Decision) -> bytes:
             [_text_field(0x12, name) for name in segment.node_names]
         )
         out.append(b"\x12")
-        _put_varint(out, len(body))
+        out.append(varint(len(body)))
         out.append(body)
     for tag, number in (
         (0x19, decision.score),
@@ -271,7 +259,7 @@ def encode_place_response(decision: Decision) -> bytes:
     reason = REASON_OUT[decision.reason]
     if reason:
         out.append(b"\x30")
-        _put_varint(out, reason)
+        out.append(varint(reason))
     if decision.message:
         _put_text(out, 0x3A, decision.message)
     reservation = decision.reservation
@@ -280,13 +268,13 @@ def encode_place_response(decision: Decision) -> bytes:
             _put_text(out, 0x42, reservation.id)
         if reservation.expires_unix_ms:
             out.append(b"\x48")
-            _put_varint(out, reservation.expires_unix_ms)
+            out.append(varint(reservation.expires_unix_ms))
     out.append(b"\x50")
-    _put_varint(out, POLICY_OUT[decision.policy])
+    out.append(varint(POLICY_OUT[decision.policy]))
     if decision.largest_free_block_before:
         out.append(b"\x58")
-        _put_varint(out, decision.largest_free_block_before)
+        out.append(varint(decision.largest_free_block_before))
     if decision.largest_free_block_after:
         out.append(b"\x60")
-        _put_varint(out, decision.largest_free_block_after)
+        out.append(varint(decision.largest_free_block_after))
     return b"".join(out)

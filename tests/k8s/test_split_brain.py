@@ -144,7 +144,9 @@ def wait_until(check: object, timeout_s: float, what: str) -> None:
 
 def audit_writes(path: Path, agent: str, since: float) -> list[dict[str, object]]:
     """Mutating requests of user agent `agent` received after `since` (unix seconds)."""
-    out = []
+    out: list[dict[str, object]] = []
+    if not path.exists():
+        return out
     for line in path.read_text().splitlines():
         entry = json.loads(line)
         if not str(entry.get("userAgent", "")).startswith(agent) or entry.get("verb") not in WRITES:
