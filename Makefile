@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
 	@echo "make test   - set up, lint, run the whole test suite"
-	@echo "make setup  - .venv, pinned Python deps, etcd and the CDI schema/checker (and the test control plane) built once into the cache"
+	@echo "make setup  - .venv, pinned Python deps, etcd, the CDI schema/checker and the Go placement client (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
 	@echo "make lint   - ruff + mypy + generated-code check"
@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt tools/setup.sh
 setup: $(STAMP)
 	@bash tools/etcd/build.sh >/dev/null
 	@bash tools/cdi/build.sh >/dev/null
+	@bash integrations/placement-go/build.sh >/dev/null
 
 # The Kubernetes control plane for tests (kube-apiserver, scheduler, controller-manager, kubectl),
 # built once from the official Go modules into the per-user cache (~13 min cold on 2 cores).

@@ -1,7 +1,8 @@
 """`cd-placement-advisor`: the PlacementAdvisor gRPC service and the kube-scheduler extender.
 
-One process: the store-fed inventory, gRPC on TCP (and/or a unix socket), the
-extender over HTTP, and the /healthz, /readyz, /metrics side server. Ready once
+One process: the store-fed inventory, gRPC on TCP (and/or a unix socket) with the standard
+health and reflection services beside the API, the extender over HTTP, and the /healthz,
+/readyz, /metrics side server. Ready once
 the inventory has listed the store. SIGTERM/SIGINT stop the listeners, let
 in-flight calls finish (bounded), then stop the watches.
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from grpclib.health.check import ServiceStatus
 from grpclib.server import Server
 
 from libs.runtime.cancellation import cancel_until_done
@@ -40,6 +42,7 @@ from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.settings import AdvisorSettings
+from services.advisor.standard_services import standard_services
 from services.advisor.transport import CorkedServer
 
 log = structlog.get_logger(__name__)
@@ -58,6 +61,8 @@ class AdvisorService:
         self.settings = settings
         self.metrics = metrics or AdvisorMetrics()
         self.health = Health()
+        self.grpc_serving = ServiceStatus()  # grpc.health.v1: SERVING once the inventory is synced
+        self.grpc_serving.set(False)
         self.store = Store(settings.etcd_config())
         self.inventory = Inventory(healthy_only=settings.healthy_only)
         self.advisor = Advisor(
@@ -94,6 +99,7 @@ class AdvisorService:
 
     def _on_synced(self) -> None:
         self.health.set_ready("inventory-synced", True)
+        self.grpc_serving.set(True)
         # The synced inventory (10,000 node records and their index) hardly changes from now on.
         # Moving it out of the collector's view keeps full collections, which would otherwise walk
         # all of it, from pausing decisions for tens of milliseconds.
@@ -125,10 +131,10 @@ class AdvisorService:
             tasks.extend(feeds)
             tasks.append(asyncio.create_task(self._update_gauges(), name="gauges"))
 
-            service = PlacementService(self.advisor)
+            services = standard_services([PlacementService(self.advisor)], self.grpc_serving)
             tls = s.tls_cert_file != ""
             if s.grpc_host:
-                server = CorkedServer([service])
+                server = CorkedServer(services)
                 track_client_identity(server)
                 await server.start(
                     s.grpc_host,
@@ -143,7 +149,7 @@ class AdvisorService:
             if s.grpc_unix_socket:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(s.grpc_unix_socket)
-                unix_server = CorkedServer([service])
+                unix_server = CorkedServer(services)
                 await unix_server.start(path=s.grpc_unix_socket)
                 os.chmod(s.grpc_unix_socket, 0o660)
                 grpc_servers.append(unix_server)

@@ -18,7 +18,8 @@ from grpclib.server import Server
 
 
 class WireCodec(CodecBase):
-    """The server's codec: raw bytes for handlers typed `bytes`, betterproto for the rest."""
+    """The server's codec: raw bytes for handlers typed `bytes`, protobuf messages otherwise
+    (betterproto's, and google.protobuf's for the standard health and reflection services)."""
 
     __content_subtype__ = "proto"
 
@@ -27,12 +28,12 @@ class WireCodec(CodecBase):
             return bytes(message)
         if not isinstance(message, message_type):
             raise TypeError(f"message must be of type {message_type!r}, not {type(message)!r}")
-        return bytes(message)
+        return bytes(message.SerializeToString())
 
     def decode(self, data: bytes, message_type: Any) -> Any:
         if message_type is bytes:
             return data
-        return message_type().parse(data)
+        return message_type.FromString(data)
 
 
 class CorkedTransport:
