@@ -6,8 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
+PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-k8s setup-browser test lint protos demo e2e bench chaos clean help
+.PHONY: setup setup-k8s setup-browser test lint protos api-release demo e2e bench chaos clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -15,7 +16,7 @@ help:
 	@echo "make setup  - .venv, pinned Python deps, etcd, the CDI schema/checker and the Go placement client (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
-	@echo "make lint   - ruff + mypy + generated-code check"
+	@echo "make lint   - ruff + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 
 $(STAMP): pyproject.toml constraints.txt tools/setup.sh
@@ -26,6 +27,7 @@ setup: $(STAMP)
 	@bash tools/etcd/build.sh >/dev/null
 	@bash tools/cdi/build.sh >/dev/null
 	@bash integrations/placement-go/build.sh >/dev/null
+	@bash tools/buf/build.sh >/dev/null
 
 # The Kubernetes control plane for tests (kube-apiserver, scheduler, controller-manager, kubectl),
 # built once from the official Go modules into the per-user cache (~13 min cold on 2 cores).
@@ -40,12 +42,18 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy libs services tools
 	$(PY) -m tools.protogen --check
+	@buf="$$(bash tools/buf/build.sh)"; cd protos && "$$buf" lint && \
+		"$$buf" breaking --path $(PLACEMENT_API) --against released/placement-v1.binpb && echo "buf lint and buf breaking: clean"
+
+# Record the placement API as released: `buf breaking` in make lint compares against this image.
+api-release: setup
+	@buf="$$(bash tools/buf/build.sh)"; cd protos && "$$buf" build --path $(PLACEMENT_API) -o released/placement-v1.binpb
 
 protos: setup
 	$(PY) -m tools.protogen
 
 test: setup setup-k8s setup-browser lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 demo: setup
 	PYTHON=$(PY) bash tools/demo.sh

@@ -16,28 +16,31 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpclib._typing import IServable
 from grpclib.health.check import ServiceStatus
 from grpclib.health.service import OVERALL, Health
+from grpclib.health.v1 import health_pb2
 from grpclib.reflection.service import ServerReflection
+from grpclib.reflection.v1 import reflection_pb2
 
 from libs.gen.descriptors import FILE_DESCRIPTOR_SET
 
 
-def register_descriptors(pool: descriptor_pool.DescriptorPool | None = None) -> None:
-    """Add our protos' file descriptors to `pool` (default: protobuf's default pool). Idempotent.
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """A descriptor pool of our protos and the standard services' own files.
 
-    Files already in the pool (the well-known types, or ours from an earlier call) are left alone.
+    A pool of its own, not protobuf's default one: a process that also loads generated modules of
+    the same protos (grpcio stubs of the kubelet API, say) must not meet duplicate symbols.
     """
-    pool = pool or descriptor_pool.Default()
-    files = descriptor_pb2.FileDescriptorSet.FromString(FILE_DESCRIPTOR_SET)
-    for file in files.file:
-        try:
-            pool.FindFileByName(file.name)
-        except KeyError:
-            pool.Add(file)
+    pool = descriptor_pool.DescriptorPool()
+    for module in (health_pb2, reflection_pb2):
+        proto = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(proto)
+        pool.Add(proto)
+    for file in descriptor_pb2.FileDescriptorSet.FromString(FILE_DESCRIPTOR_SET).file:
+        pool.Add(file)
+    return pool
 
 
 def standard_services(served: Sequence[IServable], ready: ServiceStatus) -> list[IServable]:
     """`served` plus Health (each served service, and the whole server, follow `ready`) and
     server reflection over all of them."""
-    register_descriptors()
     health = Health({OVERALL: [ready], **{service: [ready] for service in served}})
-    return ServerReflection.extend([*served, health])
+    return ServerReflection.extend([*served, health], pool=reflection_pool())
