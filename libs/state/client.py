@@ -30,10 +30,11 @@ import aetcd
 import aetcd.exceptions
 import grpc
 import structlog
-from aetcd import rpc, watcher
+from aetcd import rpc
 
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
+from libs.state.etcdwatcher import STALE_TOKEN_MARKERS, PairedWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -53,20 +54,10 @@ CHANNEL_OPTIONS: dict[str, Any] = {
 AUTH_ATTEMPTS = 3
 _AUTH_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-# etcd's answers to a request whose token it does not accept (any more): the token is
-# unknown (etcd restarted, or the token expired), it predates a change of the auth
-# store, or it is missing. Authenticating again cures each of them.
-_STALE_TOKEN_MARKERS = (
-    "invalid auth token",
-    "revision of auth store is old",
-    "user name is empty",
-)
-
-
 def is_stale_token_error(error: BaseException) -> bool:
     """Whether etcd refused a request (or a watch) for its auth token."""
     return isinstance(error, aetcd.exceptions.ClientError) and any(
-        m in str(error) for m in _STALE_TOKEN_MARKERS
+        m in str(error) for m in STALE_TOKEN_MARKERS
     )
 
 
@@ -77,39 +68,6 @@ def client_error(error: grpc.aio.AioRpcError) -> Exception:
     except aetcd.exceptions.ClientError as mapped:
         return mapped
     return aetcd.exceptions.ClientError(error.details())
-
-
-def _watch_refused(reason: str) -> aetcd.exceptions.ClientError:
-    if any(m in reason for m in _STALE_TOKEN_MARKERS):
-        return aetcd.exceptions.UnauthenticatedError(reason)
-    return aetcd.exceptions.ClientError(f"etcd cancelled the watch: {reason or 'no reason given'}")
-
-
-class _Watcher(watcher.Watcher):
-    """aetcd's watcher, which also honours watches etcd cancels.
-
-    etcd refuses a watch create (bad token, no permission, future revision) with a
-    response that is both `created` and `canceled`, and may cancel a live watch;
-    aetcd ignores `canceled` and registers a watch that never delivers anything.
-    Here the pending create fails instead, and a cancelled live watch gets an error.
-    Compaction keeps aetcd's own handling (RevisionCompactedError).
-    """
-
-    async def _handle_response(self, response: Any) -> None:
-        if not response.canceled or response.compact_revision != 0:
-            await super()._handle_response(response)
-            return
-        error = _watch_refused(response.cancel_reason)
-        async with self._lock:
-            if response.created:
-                if self._new_callback is not None:
-                    self._new_callback.error = error
-                    self._new_callback_ready.notify_all()
-                return
-            # A cancel we asked for has already been removed from the callbacks.
-            callback = self._callbacks.pop(response.watch_id, None)
-        if callback is not None:
-            await self._process_callback(callback, error)
 
 
 class TlsCapableClient(aetcd.Client):
@@ -194,7 +152,7 @@ class TlsCapableClient(aetcd.Client):
             self.clusterstub = rpc.ClusterStub(channel)
             self.leasestub = rpc.LeaseStub(channel)
             self.maintenancestub = rpc.MaintenanceStub(channel)
-            self._watcher = _Watcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
+            self._watcher = PairedWatcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
             self._connected.set()
 
     async def close(self) -> None:
