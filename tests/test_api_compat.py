@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tools.cachedtool import cached_tool
+
 REPO = Path(__file__).resolve().parents[1]
 API = "computedomain/placement/v1"
 
 
 @pytest.fixture(scope="module")
 def buf() -> Path:
-    build = subprocess.run(
-        ["bash", str(REPO / "tools/buf/build.sh")], capture_output=True, text=True, timeout=900
-    )
-    assert build.returncode == 0, f"tools/buf/build.sh failed (make setup):\n{build.stderr}"
-    return Path(build.stdout.strip().splitlines()[-1])
+    return cached_tool("tools/buf/build.sh", "--cached-only")
 
 
 def run_buf(buf: Path, protos: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.cachedtool import BuildError, cached_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 GEN_ROOT = ROOT / "libs" / "gen"
@@ -75,12 +77,10 @@ def generate_into(out_dir: Path) -> None:
 
 def go_plugins() -> Path:
     """The folder of the Go plugins, built into the cache on first use."""
-    build = subprocess.run(
-        ["bash", str(GO_ROOT / "build.sh"), "--plugins-only"], capture_output=True, text=True, check=False
-    )
-    if build.returncode != 0:
-        raise SystemExit(f"integrations/placement-go/build.sh failed:\n{build.stderr}")
-    return Path(build.stdout.strip().splitlines()[-1])
+    try:
+        return cached_tool("integrations/placement-go/build.sh", "--plugins-only")
+    except BuildError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def generate_go_into(out_dir: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from services.advisor.standard_services import standard_services
 from services.advisor.transport import CorkedServer
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
+from tools.cachedtool import cached_tool
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=18, seed="go-client")
@@ -51,15 +51,7 @@ EXPECTED_CHECKS = {
 
 @pytest.fixture(scope="module")
 def placement_check() -> Path:
-    """placement-check, built into the cache by integrations/placement-go/build.sh if needed."""
-    build = subprocess.run(
-        ["bash", str(REPO / "integrations/placement-go/build.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, f"integrations/placement-go/build.sh failed (make setup):\n{build.stderr}"
-    return Path(build.stdout.strip().splitlines()[-1]) / "placement-check"
+    return cached_tool("integrations/placement-go/build.sh", "--cached-only") / "placement-check"
 
 
 async def test_a_go_client_uses_every_call_health_and_reflection(

@@ -23,9 +23,10 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from tools.cachedtool import BuildError, cached_tool
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-BUILD_SCRIPT = REPO_ROOT / "tools" / "cdi" / "build.sh"
 
 # Fields the Go loader accepts beyond the schema's declared properties, keyed by definition
 # ("Spec" is the spec itself: its top-level containerEdits is in the Go Spec type but missing
@@ -36,16 +37,10 @@ LOADER_EXTRA_FIELDS = {"Spec": {"containerEdits"}, "DeviceNode": {"fileMode"}}
 @functools.cache
 def cdi_tools_dir() -> Path:
     """The cache folder of tools/cdi/build.sh; fails (never skips) when `make setup` has not made it."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--cached-only"], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"the CDI schema and cdi-check are not in the cache: run `make setup` "
-            f"(tools/cdi/build.sh):\n{proc.stderr.strip()}",
-            pytrace=False,
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    try:
+        return cached_tool("tools/cdi/build.sh", "--cached-only")
+    except BuildError as exc:
+        pytest.fail(f"the CDI schema and cdi-check are not in the cache: {exc}", pytrace=False)
 
 
 def schema_dir() -> Path:

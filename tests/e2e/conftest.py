@@ -20,7 +20,8 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1Objec
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
-from tools.controlplane.binaries import Binaries, BuildError, ensure_binaries
+from tools.cachedtool import BuildError
+from tools.controlplane.binaries import Binaries, ensure_binaries
 
 _binaries: Binaries | None = None
 _build_error: str | None = None

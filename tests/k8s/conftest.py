@@ -18,7 +18,8 @@ import pytest
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient
 
-from tools.controlplane.binaries import Binaries, BuildError, ensure_binaries
+from tools.cachedtool import BuildError
+from tools.controlplane.binaries import Binaries, ensure_binaries
 from tools.controlplane.cluster import ControlPlane
 
 _FIXTURES = ("control_plane", "control_plane_binaries")

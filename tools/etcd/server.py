@@ -19,9 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.cachedtool import BuildError, cached_tool
 from tools.netports import free_port
-
-BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 
 
 class EtcdError(RuntimeError):
@@ -33,10 +32,10 @@ def etcd_binary() -> Path:
     override = os.environ.get("CD_ETCD_BINARY")
     if override:
         return Path(override)
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise EtcdError(f"building etcd failed (tools/etcd/build.sh):\n{result.stderr[-4000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    try:
+        return cached_tool("tools/etcd/build.sh")
+    except BuildError as exc:
+        raise EtcdError(str(exc)) from None
 
 
 @dataclass
