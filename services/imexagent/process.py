@@ -17,6 +17,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -94,10 +95,20 @@ def tail_lines(path: Path, count: int) -> list[str]:
     return lines[-count:] if count > 0 else []
 
 
-class DaemonProcess:
-    """A daemon process watched through a pidfd: our child, or one adopted from a previous agent."""
+class StartedProcess(Protocol):
+    """A process this agent started (`subprocess.Popen`, or a daemon of the simulator's fork
+    server): `wait` reaps it once it exited and sets `returncode` (None if it cannot be known)."""
 
-    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None, on_exit: Callable[[], None]) -> None:
+    pid: int
+    returncode: int | None
+
+    def wait(self) -> int | None: ...
+
+
+class DaemonProcess:
+    """A daemon process watched through a pidfd: started here, or adopted from a previous agent."""
+
+    def __init__(self, pid: int, popen: StartedProcess | None, on_exit: Callable[[], None]) -> None:
         self.pid = pid
         self.popen = popen
         self.returncode: int | None = None

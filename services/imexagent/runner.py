@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
@@ -33,7 +33,7 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName
 from libs.imex.config import MeshTlsFiles
-from libs.imex.simulator.launch import simulator_daemon_argv
+from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import watch_prefix
@@ -52,15 +52,23 @@ T = TypeVar("T")
 _STATUS_RETRY_S = 1.0  # a status write that failed (store unreachable) is tried again after this
 
 
+Launcher = Callable[[list[str], Path, Path], proc.StartedProcess]
+
+
 def _start_in_dir(
-    directory: DomainDir, desired: DesiredDaemon, settings: ImexSettings, mesh: MeshTlsFiles | None, argv: list[str]
-) -> tuple[str, subprocess.Popen[bytes], OSError | None]:
+    directory: DomainDir,
+    desired: DesiredDaemon,
+    settings: ImexSettings,
+    mesh: MeshTlsFiles | None,
+    argv: list[str],
+    launch: Launcher,
+) -> tuple[str, proc.StartedProcess, OSError | None]:
     """Write the config and hosts files, start the daemon, record its pidfile (blocking; one
     trip to a worker thread for all three: under load each trip waits for the GIL).
 
     Returns the hosts text written, the process, and the pidfile's error if only that failed."""
     hosts = directory.prepare_start(desired, settings, mesh)
-    popen = proc.spawn_daemon(argv, directory.path, directory.log)
+    popen = launch(argv, directory.path, directory.log)
     try:
         proc.write_pidfile(directory.path, popen.pid)
     except OSError as exc:
@@ -299,6 +307,13 @@ class DomainDaemon:
         async with asyncio.timeout(self.settings.io_timeout_s):
             return await asyncio.to_thread(fn, *args)
 
+    def _launcher(self) -> Launcher:
+        """The simulated daemon starts from the simulator's fork server (no interpreter start-up
+        per daemon, which nvidia-imex does not pay either); anything else is exec'd."""
+        if self.backend == "simulated" and not self.settings.daemon_command:
+            return fork_server().spawn
+        return proc.spawn_daemon
+
     def _argv(self) -> list[str]:
         config = str(self.dir.config)
         if self.settings.daemon_command:
@@ -347,7 +362,7 @@ class DomainDaemon:
         d = self.desired
         try:
             hosts, popen, pidfile_error = await self._blocking(
-                _start_in_dir, self.dir, d, self.settings, self.mesh.files(), self._argv()
+                _start_in_dir, self.dir, d, self.settings, self.mesh.files(), self._argv(), self._launcher()
             )
         except (OSError, TimeoutError, ValueError) as exc:
             reason = (
