@@ -22,6 +22,7 @@ from tools.cdsim.jobbook import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 from tools.scalesim.agent import AgentOptions
 from tools.scalesim.host import ScaleHost, spread_nodes
+from tools.scalesim.main import parse_args, shard_of
 
 
 @pytest.fixture
@@ -42,6 +43,19 @@ def test_spread_nodes_fills_racks_evenly_from_tray_0() -> None:
     assert "rack0-tray0" in nodes and "rack14-tray16" in nodes and "rack14-tray17" not in nodes
     with pytest.raises(ValueError):
         spread_nodes(cluster, 271)
+
+
+def test_shards_split_the_nodes_into_contiguous_parts() -> None:
+    nodes = spread_nodes(ClusterDescription(racks=15), 256)
+    parts = [shard_of(nodes, i, 2) for i in range(2)]
+    assert parts[0] + parts[1] == nodes  # every node once, racks in order
+    assert [len(p) for p in parts] == [128, 128]
+    assert [len(p) for p in (shard_of(nodes[:5], i, 3) for i in range(3))] == [2, 2, 1]
+    args = parse_args(["--state-dir=x", "--etcd-endpoint=e", "--shard=1/2"])
+    assert args.shard == (1, 2)
+    for bad in ("2/2", "1", "a/b", "-1/2"):
+        with pytest.raises(SystemExit):
+            parse_args(["--state-dir=x", "--etcd-endpoint=e", f"--shard={bad}"])
 
 
 def _job(nodes: list[str]) -> Job:

@@ -85,6 +85,9 @@ class Scenario:
     profile: Path | None = None
     # The domains' IMEX mesh: mutual TLS (certificates requested, signed, installed) or plaintext.
     mesh_tls: bool = True
+    # Scale host processes the nodes are spread over (a node's two programs are one process
+    # each on a real node; one host process for hundreds of nodes would measure one core).
+    host_processes: int = 1
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -228,7 +231,7 @@ def run_scenario(scenario: Scenario) -> None:
     try:
         with simenv.private_etcd(base) as etcd:
             controller = simenv.start_controller(etcd.endpoint, prefix, base, mesh_tls=scenario.mesh_tls)
-            host: simenv.HostProcess | None = None
+            host: simenv.HostGroup | None = None
             try:
                 block = simenv.free_address_block(scenario.racks)
                 host = simenv.start_host(
@@ -239,16 +242,18 @@ def run_scenario(scenario: Scenario) -> None:
                     nodes=scenario.nodes,
                     address_block=block,
                     extra_args=(f"--profile={scenario.profile}",) if scenario.profile else (),
+                    processes=scenario.host_processes,
                 )
                 asyncio.run(_drive(scenario, etcd.endpoint, prefix, host.sockets, base))
-                rss, peak = simenv.process_rss_mb(host.proc.pid)
+                memory = [simenv.process_rss_mb(pid) for pid in host.pids]
                 status = host.status()
                 scenario.host = {
                     "agents": len(host.sockets),
-                    "start_s": host.report["start_s"],
-                    "rss_mb": round(rss, 1),
-                    "peak_rss_mb": round(peak, 1),
-                    "store_pool": host.report["store_pool"],
+                    "processes": len(host.pids),
+                    "start_s": max(host.report("start_s")),
+                    "rss_mb": round(sum(rss for rss, _ in memory), 1),
+                    "peak_rss_mb": round(sum(peak for _, peak in memory), 1),
+                    "store_pool": sum(host.report("store_pool")),
                     "max_loop_lag_s": status["max_loop_lag_s"],
                     "lease_losses": status["lease_losses"],
                 }
@@ -288,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes-256", type=int, default=256, help="nodes of the large job (0 = skip)")
     parser.add_argument("--racks-256", type=int, default=15, help="racks the large job spans")
     parser.add_argument("--reps-256", type=int, default=1, help="large-job formations to time")
+    parser.add_argument(
+        "--host-processes-256",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="scale host processes for the large job (default: one per CPU)",
+    )
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     parser.add_argument(
         "--mesh",
@@ -319,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     result["formation_18"] = summarize(small)
     if args.nodes_256:
         large = Scenario(
-            "job", racks=args.racks_256, nodes=args.nodes_256, reps=args.reps_256, mesh_tls=args.mesh == "tls"
+            "job",
+            racks=args.racks_256,
+            nodes=args.nodes_256,
+            reps=args.reps_256,
+            mesh_tls=args.mesh == "tls",
+            host_processes=args.host_processes_256,
         )
         large.profile = profile / "host-job.prof" if profile else None
         run_scenario(large)

@@ -52,7 +52,7 @@ def run(racks: int, hold_s: float) -> dict[str, Any]:
         with simenv.private_etcd(base) as etcd:
             assert etcd.process is not None
             controller = simenv.start_controller(etcd.endpoint, prefix, base)
-            host: simenv.HostProcess | None = None
+            host: simenv.HostGroup | None = None
             try:
                 ctl_before, _ = simenv.process_rss_mb(controller.proc.pid)
                 began = time.monotonic()
@@ -68,11 +68,11 @@ def run(racks: int, hold_s: float) -> dict[str, Any]:
                 )
                 registered_s = time.monotonic() - began
                 records, leases = asyncio.run(count_records(etcd.endpoint, prefix))
-                cpu_before = cpu_seconds(host.proc.pid)
+                cpu_before = cpu_seconds(host.pids[0])
                 time.sleep(hold_s)
-                held_cpu = cpu_seconds(host.proc.pid) - cpu_before
+                held_cpu = cpu_seconds(host.pids[0]) - cpu_before
                 status = host.status()
-                host_rss, host_peak = simenv.process_rss_mb(host.proc.pid)
+                host_rss, host_peak = simenv.process_rss_mb(host.pids[0])
                 etcd_rss, _ = simenv.process_rss_mb(etcd.process.pid)
                 ctl_rss, ctl_peak = simenv.process_rss_mb(controller.proc.pid)
                 records_after, _ = asyncio.run(count_records(etcd.endpoint, prefix))
@@ -85,7 +85,7 @@ def run(racks: int, hold_s: float) -> dict[str, Any]:
                     "leases": leases,
                     "lease_ttl_s": status.get("lease_ttl_s"),
                     "register_all_s": round(registered_s, 2),
-                    "host_start_s": host.report["start_s"],
+                    "host_start_s": host.report("start_s")[0],
                     "host_rss_mb": round(host_rss, 1),
                     "host_peak_rss_mb": round(host_peak, 1),
                     "host_rss_kb_per_node": round(host_rss * 1024 / max(nodes, 1), 1),

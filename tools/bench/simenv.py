@@ -160,6 +160,39 @@ class HostProcess:
         stop_process(self.proc, grace_s=60.0)
 
 
+@dataclass
+class HostGroup:
+    """The scale hosts of one run (one per shard of the nodes), seen as one."""
+
+    hosts: list[HostProcess]
+
+    @property
+    def sockets(self) -> dict[str, str]:
+        return {node: sock for host in self.hosts for node, sock in host.sockets.items()}
+
+    @property
+    def pids(self) -> list[int]:
+        return [host.proc.pid for host in self.hosts]
+
+    def report(self, key: str) -> list[Any]:
+        """`key` of every host's ready report."""
+        return [host.report[key] for host in self.hosts]
+
+    def status(self) -> dict[str, Any]:
+        """The latest reports combined: the worst loop lag, the sum of lease losses."""
+        reports = [host.status() for host in self.hosts]
+        return {
+            "max_loop_lag_s": max(r["max_loop_lag_s"] for r in reports),
+            "lease_losses": sum(r["lease_losses"] for r in reports),
+        }
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            host.proc.send_signal(signal.SIGTERM)
+        for host in self.hosts:
+            host.stop()
+
+
 def start_host(
     endpoint: str,
     prefix: str,
@@ -171,30 +204,45 @@ def start_host(
     inventory_only: bool = False,
     extra_args: tuple[str, ...] = (),
     timeout_s: float = 600.0,
-) -> HostProcess:
-    """A `tools.scalesim` process whose agents all serve (its ready file has been written)."""
-    ready = workdir / "host-ready.json"
-    log = workdir / "host.log"
-    argv = [
-        sys.executable, "-m", "tools.scalesim",
-        f"--racks={racks}", f"--nodes={nodes}", f"--address-block={address_block}",
-        f"--seed=bench-{workdir.name}", f"--state-dir={workdir / 'n'}",
-        f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}", f"--ready-file={ready}",
-        f"--start-timeout-s={timeout_s}",
-        *(["--inventory-only"] if inventory_only else []),
-        *extra_args,
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout_s + 30
-    while time.monotonic() < deadline:
-        if ready.exists():
-            return HostProcess(proc, log, ready, json.loads(ready.read_text()))
-        if proc.poll() is not None:
-            raise RuntimeError(f"scale host exited {proc.returncode}: {log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    stop_process(proc)
-    raise RuntimeError(f"scale host not serving within {timeout_s:.0f}s: {log.read_text()[-3000:]}")
+    processes: int = 1,
+) -> HostGroup:
+    """`processes` `tools.scalesim` processes (each hosting a contiguous part of the nodes, so
+    that they use as many cores), returned once every agent serves (all ready files written)."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    starting: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+    try:
+        for shard in range(processes):
+            suffix = "" if processes == 1 else f"-{shard}"
+            ready, log = workdir / f"host-ready{suffix}.json", workdir / f"host{suffix}.log"
+            argv = [
+                sys.executable, "-m", "tools.scalesim",
+                f"--racks={racks}", f"--nodes={nodes}", f"--shard={shard}/{processes}",
+                f"--address-block={address_block}",
+                f"--seed=bench-{workdir.name}", f"--state-dir={workdir / 'n'}",
+                f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}", f"--ready-file={ready}",
+                f"--start-timeout-s={timeout_s}",
+                *(["--inventory-only"] if inventory_only else []),
+                *extra_args,
+            ]  # fmt: skip
+            with log.open("wb") as out:
+                proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
+            starting.append((proc, log, ready))
+        hosts: list[HostProcess] = []
+        deadline = time.monotonic() + timeout_s + 30
+        for proc, log, ready in starting:
+            while not ready.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"scale host exited {proc.returncode}: {log.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"scale host not serving within {timeout_s:.0f}s: {log.read_text()[-3000:]}")
+                time.sleep(0.1)
+            hosts.append(HostProcess(proc, log, ready, json.loads(ready.read_text())))
+    except BaseException:
+        for proc, _, _ in starting:
+            stop_process(proc)
+        raise
+    return HostGroup(hosts)
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:

@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--address-block", type=int, default=60, help="second octet of rack 0's loopback addresses"
     )
     parser.add_argument("--nodes", type=int, default=0, help="how many nodes to host (0 = every node)")
+    parser.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=(0, 1),
+        help="I/N: host only the I-th of N contiguous parts of those nodes (N host processes use N cores)",
+    )
     parser.add_argument("--state-dir", type=Path, required=True, help="where the nodes' directories go")
     parser.add_argument("--etcd-endpoint", required=True)
     parser.add_argument("--etcd-prefix", default="/cd/v1/")
@@ -88,6 +94,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` with 0 <= I < N."""
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shard must be I/N (e.g. 0/2), got {text!r}") from None
+    if not sep or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"shard must be I/N with 0 <= I < N, got {text!r}")
+    return i, n
+
+
+def shard_of(nodes: list[str], index: int, count: int) -> list[str]:
+    """The `index`-th of `count` contiguous, near-equal parts of `nodes` (racks stay together
+    where the sizes allow: the nodes are in rack order)."""
+    base, extra = divmod(len(nodes), count)
+    start = index * base + min(index, extra)
+    return nodes[start : start + base + (1 if index < extra else 0)]
+
+
 # The hosted agents share one event loop: every per-node periodic task runs `nodes` times, and
 # every delay of the loop delays all of them. These keep the totals bounded; below ~40 nodes the
 # agent's own settings apply unchanged.
@@ -123,7 +149,9 @@ async def serve(args: argparse.Namespace) -> int:
     cluster = ClusterDescription(
         racks=args.racks, trays_per_rack=args.trays_per_rack, seed=args.seed, address_block=args.address_block
     )
-    nodes = spread_nodes(cluster, args.nodes or cluster.node_count)
+    nodes = shard_of(spread_nodes(cluster, args.nodes or cluster.node_count), *args.shard)
+    if not nodes:
+        raise ValueError(f"shard {args.shard[0]}/{args.shard[1]} holds no node")
     options = AgentOptions(
         inventory_only=args.inventory_only,
         lease_ttl_s=args.lease_ttl_s or scale_lease_ttl(len(nodes)),
