@@ -189,7 +189,11 @@ async def test_cr_gets_finalizer_store_record_and_exact_rct(
 
         template = await wait_for(rct, "the workload ResourceClaimTemplate")
         expected = build_rct(uid, namespace, "job-channel", "All")
-        assert template["metadata"]["labels"] == {LABEL: uid}
+        # The target label is what NVIDIA's controller selects its workload templates by (rollback).
+        assert template["metadata"]["labels"] == {
+            LABEL: uid,
+            "resource.nvidia.com/computeDomainTarget": "Workload",
+        }
         assert template["metadata"]["finalizers"] == [LABEL]
         # What we sent is there unchanged (the API server only adds its defaults around it).
         assert contains(template["spec"], expected["spec"]), template["spec"]

@@ -45,7 +45,11 @@ def test_rct_has_the_exact_upstream_shape() -> None:
         "metadata": {
             "name": "job-channel",
             "namespace": "team-a",
-            "labels": {"resource.nvidia.com/computeDomain": UID},
+            # The target label is how NVIDIA's controller finds its workload templates (rollback).
+            "labels": {
+                "resource.nvidia.com/computeDomain": UID,
+                "resource.nvidia.com/computeDomainTarget": "Workload",
+            },
             "finalizers": ["resource.nvidia.com/computeDomain"],
         },
         "spec": {

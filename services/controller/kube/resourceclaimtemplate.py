@@ -2,7 +2,9 @@
 
 Shape (as NVIDIA's driver makes it): in the CD's namespace, named by
 `spec.channel.resourceClaimTemplate.name`, labelled and finalized
-`resource.nvidia.com/computeDomain`, one request `channel` for exactly one
+`resource.nvidia.com/computeDomain`, labelled `resource.nvidia.com/computeDomainTarget: Workload`
+(NVIDIA's controller selects its workload templates by that label, so after a rollback to its
+driver it finds ours), one request `channel` for exactly one
 device of the default channel DeviceClass, and opaque config for our driver
 carrying `ComputeDomainChannelConfig` (CD uid, allocation mode).
 """
@@ -24,6 +26,9 @@ from services.controller.kube.computedomain import FINALIZER, LABEL_KEY
 log = structlog.get_logger(__name__)
 
 RCT_API_VERSION = "resource.k8s.io/v1"
+# NVIDIA's controller lists workload templates by these (its daemon templates say "Daemon").
+TARGET_LABEL_KEY = "resource.nvidia.com/computeDomainTarget"
+TARGET_WORKLOAD = "Workload"
 
 
 def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> dict[str, Any]:
@@ -34,7 +39,7 @@ def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> d
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {LABEL_KEY: cd_uid},
+            "labels": {LABEL_KEY: cd_uid, TARGET_LABEL_KEY: TARGET_WORKLOAD},
             "finalizers": [FINALIZER],
         },
         "spec": {
