@@ -42,6 +42,7 @@ from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
+from libs.state.domainreadiness import DomainReadiness
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.bench import simenv
@@ -105,10 +106,11 @@ async def _write_job(store: Store, job: Job) -> None:
 
 
 async def _wait_ready(store: Store, domain_uid: str, ready: asyncio.Future[float]) -> None:
-    """Resolve `ready` with the perf_counter time the domain is first seen Ready."""
-    async for event in watch_prefix(store, store.keys.domain(domain_uid), pb.ComputeDomain):
+    """Resolve `ready` with the perf_counter time the domain is first seen Ready (reading only
+    the readiness: this process shares the machine with what it measures)."""
+    async for event in watch_prefix(store, store.keys.domain(domain_uid), DomainReadiness):
         values = [i.value for i in event.items] if isinstance(event, Resync) else [event.value]
-        if any(v is not None and v.status.status == pb.Readiness.READY for v in values):
+        if any(v is not None and v.ready for v in values):
             if not ready.done():
                 ready.set_result(time.perf_counter())
             return

@@ -65,16 +65,17 @@ class DaemonStatus:
         """Build from the fields of a STATUS reply. Raises ValueError if one is malformed."""
         pid = _int(fields, "pid", "0")
         node_id = _int(fields, "node_id", "-1")
+        per_node = _per_node(fields)
         return cls(
             state=fields.get("state", proto.STATE_UNAVAILABLE),
             pid=pid,
             instance=fields.get("instance", ""),
             node_id=node_id,
             nodes=_split(fields.get("nodes", "")),
-            addresses=_per_node(fields, "addr."),
-            connections=_per_node(fields, "conn."),
-            reasons={i: why for i, why in _per_node(fields, "why.").items() if why},
-            peer_instances={i: inst for i, inst in _per_node(fields, "inst.").items() if inst},
+            addresses=per_node["addr"],
+            connections=per_node["conn"],
+            reasons={i: why for i, why in per_node["why"].items() if why},
+            peer_instances={i: inst for i, inst in per_node["inst"].items() if inst},
             address=fields.get("addr", ""),
             domain_id=fields.get("domain", ""),
             version=fields.get("version", ""),
@@ -235,11 +236,16 @@ def _int(fields: Mapping[str, str], key: str, default: str) -> int:
         raise ValueError(f"bad {key} {raw!r} in reply") from None
 
 
-def _per_node(fields: Mapping[str, str], prefix: str) -> dict[int, str]:
-    out: dict[int, str] = {}
+_PER_NODE_PREFIXES = ("addr", "conn", "why", "inst")
+
+
+def _per_node(fields: Mapping[str, str]) -> dict[str, dict[int, str]]:
+    """``<prefix>.<node ID>`` fields by prefix, then node ID (one pass: a probe's hot path)."""
+    out: dict[str, dict[int, str]] = {prefix: {} for prefix in _PER_NODE_PREFIXES}
     for key, value in fields.items():
-        if key.startswith(prefix) and key[len(prefix) :].isdigit():
-            out[int(key[len(prefix) :])] = value
+        prefix, dot, index = key.partition(".")
+        if dot and index.isdigit() and prefix in out:
+            out[prefix][int(index)] = value
     return out
 
 
