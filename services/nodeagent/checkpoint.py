@@ -13,6 +13,12 @@ torn or hand-edited file is detected. A corrupt file is moved aside (``checkpoin
 boot are discarded: after a reboot the CDI files (tmpfs), the IMEX daemons and kubelet's own view
 are gone, and kubelet prepares again.
 
+NVIDIA's compute-domain plugin keeps its checkpoint at the same path. Found there on our first
+start, it is migrated (``services/nodeagent/nvidiacheckpoint.py`` reads it): its bytes are kept
+as ``checkpoint.json.nvidia-<stamp>``, its claims become entries with ``migratedFrom`` set, and our
+file replaces it. One we cannot read is moved aside unchanged as ``checkpoint.json.nvidia-
+refused-<stamp>``, and nothing is migrated.
+
 Tombstones keep unprepared claims refused for a short while (default 5 min), so a prepare that
 was already in flight when its unprepare ran cannot resurrect the claim (upstream #1162). A
 tombstone may carry the claim's version (Kubernetes resourceVersion, or the store revision in
@@ -41,6 +47,12 @@ import structlog
 
 from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
+from services.nodeagent.nvidiacheckpoint import (
+    NvidiaCheckpointError,
+    looks_like_nvidia_checkpoint,
+    map_claims,
+    parse_nvidia_checkpoint,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +84,9 @@ class ClaimEntry:
     request_names: tuple[str, ...]
     started_at: float
     completed_at: float | None
+    # Set for a claim taken over from NVIDIA's checkpoint (e.g. "nvidia-v2"): it has no store
+    # record and made no membership of ours, so it never stands for the node's membership.
+    migrated_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,8 +145,12 @@ class Checkpoint:
         *,
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
         clock: Callable[[], float] = time.time,
+        node: str = "",
     ) -> Checkpoint:
-        """Read the checkpoint at ``path``. A corrupt file is moved aside, never raised about."""
+        """Read the checkpoint at ``path``. A corrupt file is moved aside, never raised about.
+
+        A file in NVIDIA's format (the first start after NVIDIA's plugin) is migrated: see
+        :meth:`_take_over_nvidia`; ``node`` is this node's name, recorded in migrated entries."""
         boot_id = read_boot_id(boot_id_path)
         empty = cls(path, boot_id=boot_id, tombstone_ttl_s=tombstone_ttl_s, clock=clock)
         try:
@@ -139,12 +158,15 @@ class Checkpoint:
         except FileNotFoundError:
             log.info("no checkpoint file; starting empty", path=str(path))
             return empty
+        if looks_like_nvidia_checkpoint(raw):
+            return cls._take_over_nvidia(empty, raw, node)
         try:
             saved_boot_id, entries, tombstones = _decode(raw)
         except _CorruptCheckpoint as exc:
             moved_to = _move_aside(path)
             log.error(
-                "checkpoint corrupt; moved aside, starting empty (state is rebuilt from the store)",
+                "checkpoint corrupt (neither this agent's format nor NVIDIA's); moved aside, "
+                "starting empty (state is rebuilt from the store)",
                 path=str(path),
                 moved_to=str(moved_to),
                 reason=str(exc),
@@ -169,6 +191,88 @@ class Checkpoint:
         )
         checkpoint.prune_tombstones()
         return checkpoint
+
+    @classmethod
+    def _take_over_nvidia(cls, empty: Checkpoint, raw: bytes, node: str) -> Checkpoint:
+        """Migrate NVIDIA's checkpoint, which sits where ours goes (same plugin directory, same
+        file name), into ours: first start after NVIDIA's driver.
+
+        Its bytes are first copied, unchanged and durably, to ``checkpoint.json.nvidia-<UTC
+        stamp>``; only then is our checkpoint written over the original path (one atomic
+        replace), so a crash in between repeats the migration and nothing is ever lost. A file
+        that cannot be read (checksum mismatch, unknown version, malformed) is moved aside
+        unchanged as ``checkpoint.json.nvidia-refused-<stamp>`` and nothing is migrated. Claims
+        from a previous boot (V2 nodeBootID) are void, as for NVIDIA's plugin itself.
+        """
+        path = empty.path
+        try:
+            parsed = parse_nvidia_checkpoint(raw)
+        except NvidiaCheckpointError as exc:
+            moved_to = _move_aside(path, "nvidia-refused")
+            log.error(
+                "NVIDIA driver checkpoint refused; moved aside unchanged, nothing migrated, starting empty",
+                path=str(path),
+                moved_to=str(moved_to),
+                reason=str(exc),
+            )
+            return empty
+        kept = _keep_copy(path, raw, "nvidia")
+        if parsed.boot_id and empty.boot_id and parsed.boot_id != empty.boot_id:
+            log.warning(
+                "NVIDIA driver checkpoint is from a previous boot; its claims are void, nothing migrated",
+                path=str(path),
+                kept_copy=str(kept),
+                saved_boot_id=parsed.boot_id,
+                boot_id=empty.boot_id,
+            )
+            mapped = []
+        else:
+            mapped = map_claims(parsed)
+        now = empty._clock()
+        origin = f"nvidia-{parsed.version}"
+        for claim in mapped:
+            empty._entries[claim.claim_uid] = ClaimEntry(
+                claim_uid=claim.claim_uid,
+                state=ClaimState.PREPARE_COMPLETED if claim.completed else ClaimState.PREPARE_STARTED,
+                namespace=claim.namespace,
+                name=claim.name,
+                domain_uid=claim.domain_uid,
+                node=node,
+                claim_version=None,
+                cdi_device_ids=claim.cdi_device_ids if claim.completed else (),
+                request_names=claim.request_names if claim.completed else (),
+                started_at=now,
+                completed_at=now if claim.completed else None,
+                migrated_from=origin,
+            )
+            if claim.problem is None:
+                log.info(
+                    "claim migrated from NVIDIA driver checkpoint",
+                    claim_uid=claim.claim_uid,
+                    cd_uid=claim.domain_uid,
+                    state="PrepareCompleted" if claim.completed else "PrepareStarted",
+                    node=node,
+                )
+            else:
+                log.warning(
+                    "claim from NVIDIA driver checkpoint cannot be mapped; kept only so kubelet can unprepare it",
+                    claim_uid=claim.claim_uid,
+                    namespace=claim.namespace,
+                    name=claim.name,
+                    reason=claim.problem,
+                    node=node,
+                )
+        empty.save()  # our format over NVIDIA's file: from now on this checkpoint is ours
+        log.info(
+            "NVIDIA driver checkpoint migrated",
+            path=str(path),
+            kept_copy=str(kept),
+            version=parsed.version,
+            claims=len(mapped),
+            unmapped=sum(1 for c in mapped if c.problem is not None),
+            node=node,
+        )
+        return empty
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -384,16 +488,27 @@ def _checksum(body: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(_canonical(unsigned).encode()).hexdigest()
 
 
-def _move_aside(path: Path) -> Path:
+def _aside_name(path: Path, label: str) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    return path.with_name(f"{path.name}.{label}-{stamp}")
+
+
+def _move_aside(path: Path, label: str = "corrupt") -> Path:
+    target = _aside_name(path, label)
     os.replace(path, target)
     fsync_dir(path.parent)
     return target
 
 
+def _keep_copy(path: Path, raw: bytes, label: str) -> Path:
+    """A durable copy of ``raw`` beside ``path`` (the original stays until it is replaced)."""
+    target = _aside_name(path, label)
+    write_atomic(target, raw, mode=0o600)
+    return target
+
+
 def _entry_to_json(e: ClaimEntry) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "state": e.state.value,
         "namespace": e.namespace,
         "name": e.name,
@@ -405,6 +520,10 @@ def _entry_to_json(e: ClaimEntry) -> dict[str, Any]:
         "startedAt": e.started_at,
         "completedAt": e.completed_at,
     }
+    if e.migrated_from is not None:
+        # Only when set: files without migrated claims stay as they were.
+        doc["migratedFrom"] = e.migrated_from
+    return doc
 
 
 def _tombstone_to_json(t: Tombstone) -> dict[str, Any]:
@@ -454,6 +573,7 @@ def _entry_from_json(uid: str, v: Any) -> ClaimEntry:
         request_names=tuple(_typed(x, str) for x in _typed(v.get("requestNames", []), list)),
         started_at=float(_typed(v["startedAt"], (int, float))),
         completed_at=None if completed_at is None else float(_typed(completed_at, (int, float))),
+        migrated_from=_optional_str(v.get("migratedFrom")),
     )
 
 

@@ -136,6 +136,7 @@ def compose_plugin(
             checkpoint_path(kubelet_dir),
             Path(settings.boot_id_file),
             tombstone_ttl_s=settings.tombstone_ttl_s,
+            node=settings.node_name,
         ),
         cdi=ClaimSpecDir(Path(settings.cdi_root), host_dev_root=str(host_dev_root(hardware))),
         metrics=metrics,

@@ -226,7 +226,8 @@ class DeviceState:
 
         async with self._domain_locks.hold(config.domain_id):
             existing = self.checkpoint.get(ref.uid)
-            if existing is not None and existing.domain_uid != config.domain_id:
+            # A claim taken over from NVIDIA's checkpoint without a known domain takes the claim's.
+            if existing is not None and existing.domain_uid and existing.domain_uid != config.domain_id:
                 raise PermanentError(
                     f"claim {ref.uid} was started for domain {existing.domain_uid}, now names {config.domain_id}"
                 )
@@ -313,15 +314,21 @@ class DeviceState:
             await self.store.put(key, started)
 
     def held_domain(self) -> str | None:
-        """The domain of this node's completed claims, if any."""
+        """The domain of this node's completed claims, if any (claims taken over from NVIDIA's
+        checkpoint do not count: they made no membership of ours)."""
         for entry in self.checkpoint.entries.values():
-            if entry.state is ClaimState.PREPARE_COMPLETED:
+            if entry.state is ClaimState.PREPARE_COMPLETED and entry.migrated_from is None:
                 return entry.domain_uid
         return None
 
     def _holds_completed(self, domain_uid: str, besides: str) -> bool:
+        """Another completed claim of ours stands for the membership (a migrated one does not:
+        a new claim of its domain must still join)."""
         return any(
-            e.domain_uid == domain_uid and e.state is ClaimState.PREPARE_COMPLETED and e.claim_uid != besides
+            e.domain_uid == domain_uid
+            and e.state is ClaimState.PREPARE_COMPLETED
+            and e.claim_uid != besides
+            and e.migrated_from is None
             for e in self.checkpoint.entries.values()
         )
 
@@ -456,7 +463,18 @@ class DeviceState:
                 self.checkpoint.remove(claim_uid)
                 await self._save_checkpoint()
             return
-        record_key = self.store.keys.preparation(entry.node, claim_uid)
+        if not entry.domain_uid:
+            # Taken over from NVIDIA's checkpoint without a domain: no record, no membership.
+            self.checkpoint.remove(claim_uid)
+            await self._save_checkpoint()
+            log.info(
+                "claim unprepared",
+                claim_uid=claim_uid,
+                namespace=entry.namespace,
+                migrated_from=entry.migrated_from,
+            )
+            return
+        record_key = self.store.keys.preparation(entry.node or self.identity.node.name, claim_uid)
         async with self._domain_locks.hold(entry.domain_uid):
             if any(
                 e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
@@ -473,7 +491,7 @@ class DeviceState:
                     await delete
             else:
                 await self.store.delete(record_key)
-                left = await leave_domain(self.store, entry.domain_uid, entry.node)
+                left = await leave_domain(self.store, entry.domain_uid, entry.node or self.identity.node.name)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
                 self.checkpoint.remove(claim_uid)

@@ -146,7 +146,7 @@ class NodeUnderTest:
         return self.state.identity.node
 
     def reload_checkpoint(self) -> Checkpoint:
-        return Checkpoint.load(checkpoint_path(self.kubelet_dir), self.boot_id_file)
+        return Checkpoint.load(checkpoint_path(self.kubelet_dir), self.boot_id_file, node=self.node.name)
 
 
 def make_device_state(
@@ -171,7 +171,7 @@ def make_device_state(
         claims=StoreClaimSource(store),
         daemons=daemons,
         hardware=hardware,
-        checkpoint=Checkpoint.load(checkpoint_path(kubelet_dir), boot_id_file),
+        checkpoint=Checkpoint.load(checkpoint_path(kubelet_dir), boot_id_file, node=node.name),
         cdi=ClaimSpecDir(cdi_root, host_dev_root=str(base / node.name / "dev")),
         metrics=AgentMetrics(),
         prepare_budget_s=budget_s,
