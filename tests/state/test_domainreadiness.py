@@ -37,5 +37,5 @@ def test_readiness_matches_the_full_record(readiness: pb.Readiness, nodes: int) 
 
 
 def test_another_kind_is_refused() -> None:
-    with pytest.raises(codec.UndecodableValue, match="expected 'computedomain.state.v1.ComputeDomain'"):
+    with pytest.raises(codec.UndecodableValue, match=r"expected 'computedomain\.state\.v1\.ComputeDomain'"):
         codec.decode(codec.encode(pb.Member(node_name="n1")), DomainReadiness)

@@ -241,3 +241,36 @@ def test_hand_written_envelope_is_what_betterproto_writes() -> None:
     for message in (pb.Node(), pb.Node(name="x" * 300), pb.Member(domain_uid="d", index=5), pb.NodeBinding()):
         expected = bytes(pb.Envelope(schema_version=1, kind=kind_of(type(message)), payload=bytes(message)))
         assert encode(message) == expected
+
+
+def test_txn_request_is_what_aetcds_helpers_build() -> None:
+    """The hand-filled request (no nested copies) has the bytes of aetcd's bottom-up one."""
+    import aetcd
+    from aetcd import rpc
+    from aetcd import transactions as t
+
+    from libs.state.store import Absent, CreatedAt, Delete, Read, Unchanged, txn_request
+
+    def end(key: bytes) -> bytes:
+        return bytes(aetcd.utils.prefix_range_end(key))
+
+    alternatives = tuple(
+        (f"/i/{i}", (Put(f"/i/{i}", b"claim"), Put("/m", b"member", lease=7), Delete("/x/", prefix=True)))
+        for i in range(18)
+    )
+    ours = txn_request(
+        [Absent("/a"), Unchanged("/b", 5), CreatedAt("/c", 9)],
+        [FirstAbsent(alternatives), Delete("/d")],
+        [Read("/p/", prefix=True), Read("/m")],
+    )
+    nested: list[object] = []
+    for guard, _ in reversed(alternatives):
+        writes = [t.Put(guard.encode(), b"claim"), t.Put(b"/m", b"member", lease=7), t.Delete(b"/x/", range_end=end(b"/x/"))]
+        nested = [t.Txn([t.Create(guard.encode()) == 0], writes, nested)]
+    client = aetcd.Client.__new__(aetcd.Client)
+    theirs = rpc.TxnRequest(
+        compare=[c.build_message() for c in (t.Create(b"/a") == 0, t.Mod(b"/b") == 5, t.Create(b"/c") == 9)],
+        success=client._ops_to_requests([*nested, t.Delete(b"/d")]),
+        failure=client._ops_to_requests([t.Get(b"/p/", range_end=end(b"/p/")), t.Get(b"/m")]),
+    )
+    assert ours.SerializeToString() == theirs.SerializeToString()
