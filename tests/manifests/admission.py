@@ -3,7 +3,8 @@
 `PolicyEvaluator(policy).evaluate(request)` follows the API server's order: the request must match
 `matchConstraints` (resource rules) and every `matchConditions` expression, then the `variables`
 are computed and every validation is checked. It returns None when the policy does not apply and
-otherwise the denial messages ([] = allowed).
+otherwise the denial messages ([] = allowed). `params` is the object a binding's paramRef selects
+(for our policies, their Namespace).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def _matches_rule(rule: dict[str, Any], req: AdmissionRequest) -> bool:
 
 
 class PolicyEvaluator:
-    def __init__(self, policy: dict[str, Any]) -> None:
+    def __init__(self, policy: dict[str, Any], params: dict[str, Any] | None = None) -> None:
         self.spec = policy["spec"]
+        self.params = params
         self.env = celpy.Environment()
         self._programs: dict[str, Any] = {}
 
@@ -63,6 +65,7 @@ class PolicyEvaluator:
             ),
             "object": celpy.json_to_cel(req.object),
             "oldObject": celpy.json_to_cel(req.old_object),
+            "params": celpy.json_to_cel(self.params),
         }
         for condition in self.spec.get("matchConditions") or []:
             if self._eval(condition["expression"], activation) != celpy.celtypes.BoolType(True):

@@ -9,7 +9,7 @@ import pytest
 
 from services.nodeagent.resourceslice import build_resource_slice
 from tests.manifests.admission import AdmissionRequest, PolicyEvaluator
-from tests.manifests.objects import Obj, find, of_kind
+from tests.manifests.objects import NAMESPACE, Obj, find, of_kind
 
 NODE_AGENT = "system:serviceaccount:compute-domains-system:cd-node-agent"
 CONTROLLER = "system:serviceaccount:compute-domains-system:cd-controller"
@@ -17,16 +17,21 @@ NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 CLIQUE = "9277d399-0674-44a9-b64e-d85bb19ce2b0.32766"
 
 
-@pytest.fixture(scope="module")
-def slices_policy(rendered: dict[str, list[Obj]]) -> PolicyEvaluator:
+def _evaluator(objects: list[Obj], name: str) -> PolicyEvaluator:
+    # The policies take our Namespace as their parameter (the binding selects it by label).
     return PolicyEvaluator(
-        find(rendered["base"], "ValidatingAdmissionPolicy", "computedomains-node-agent-resourceslices")
+        find(objects, "ValidatingAdmissionPolicy", name), find(objects, "Namespace", NAMESPACE)
     )
 
 
 @pytest.fixture(scope="module")
+def slices_policy(rendered: dict[str, list[Obj]]) -> PolicyEvaluator:
+    return _evaluator(rendered["base"], "computedomains-node-agent-resourceslices")
+
+
+@pytest.fixture(scope="module")
 def nodes_policy(rendered: dict[str, list[Obj]]) -> PolicyEvaluator:
-    return PolicyEvaluator(find(rendered["base"], "ValidatingAdmissionPolicy", "computedomains-node-labels"))
+    return _evaluator(rendered["base"], "computedomains-node-labels")
 
 
 def agent_on(node: str) -> dict[str, Any]:
@@ -177,3 +182,16 @@ def test_removing_the_allowed_label_is_allowed(nodes_policy: PolicyEvaluator) ->
     new = copy.deepcopy(NODE)
     request = AdmissionRequest("UPDATE", "", "v1", "nodes", CONTROLLER, object=new, old_object=old)
     assert nodes_policy.evaluate(request) == []
+
+
+def test_policies_follow_the_namespace_they_are_installed_in(tree: tuple[str, list[Obj]]) -> None:
+    # A literal namespace in a policy would silently exempt our accounts once the tree is moved to
+    # another namespace; the parameter (our labelled Namespace) moves with them.
+    _, objects = tree
+    [namespace] = of_kind(objects, "Namespace")
+    for policy in of_kind(objects, "ValidatingAdmissionPolicy"):
+        assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "Namespace"}
+        assert NAMESPACE not in str(policy["spec"]), policy["metadata"]["name"]
+    for binding in of_kind(objects, "ValidatingAdmissionPolicyBinding"):
+        selector = binding["spec"]["paramRef"]["selector"]["matchLabels"]
+        assert selector.items() <= namespace["metadata"]["labels"].items(), binding["metadata"]["name"]
