@@ -15,6 +15,13 @@ TREES = {
 }
 NAMESPACE = "compute-domains-system"
 IMAGE = "ghcr.io/example/computedomains:dev"
+# Each workload's priority class: workloads never preempt the node programs or the control side.
+PRIORITY_CLASSES = {
+    "cd-controller": "system-cluster-critical",
+    "cd-placement-advisor": "system-cluster-critical",
+    "cd-node-agent": "system-node-critical",
+    "cd-imex-agent": "system-node-critical",
+}
 
 Obj = dict[str, Any]
 

@@ -13,6 +13,7 @@ from services.controller.settings import ControllerSettings
 from services.nodeagent.settings import AgentSettings
 from tests.manifests.objects import (
     NAMESPACE,
+    PRIORITY_CLASSES,
     Obj,
     container,
     find,
@@ -335,3 +336,12 @@ def test_sim_node_agent_uses_the_simulated_cluster_it_mounts(sim: list[Obj]) -> 
     cluster = ClusterDescription.from_json(config_map["data"][cluster_file.name])
     assert cluster.node_count == 36
     assert given["--sim-state-dir"] in mounts(agent, c)
+
+
+def test_priority_classes_keep_our_pods_from_being_preempted_by_workloads(
+    tree: tuple[str, list[Obj]],
+) -> None:
+    _, objects = tree
+    assert {
+        name: pod_spec(find(objects, kind, name)).get("priorityClassName") for kind, name in WORKLOADS
+    } == PRIORITY_CLASSES
