@@ -1,4 +1,4 @@
-"""The tools the project builds into the per-user cache (etcd, the control plane, cdi-check, buf,
+"""The tools the project builds into the per-user cache (etcd, the control plane, cdi-check, buf, helm,
 the Go plugins): each has a build script that caches its output per user and version and prints
 where it is on the last line of stdout, so calling one is cheap once built."""
 

@@ -1,4 +1,4 @@
-# Sourced by the build scripts of Go tools cached per user (tools/buf/build.sh,
+# Sourced by the build scripts of Go tools cached per user (tools/buf/build.sh, tools/helm/build.sh,
 # integrations/placement-go/build.sh); needs bash and Go.
 #
 # go_install_into DEST PKG@VERSION...
