@@ -1,0 +1,279 @@
+"""The Helm chart (deployments/helm/compute-domains) renders what the kustomize base renders, and
+each value does what docs/operations.md says. Rendered by the real helm (tools/helm/build.sh)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.manifests.helm import HelmError, helm_binary, render
+from tests.manifests.kustomize import object_id
+from tests.manifests.objects import (
+    IMAGE,
+    NAMESPACE,
+    PRIORITY_CLASSES,
+    Obj,
+    container,
+    find,
+    flags,
+    of_kind,
+    pod_spec,
+)
+from tests.manifests.test_workloads import WORKLOADS
+from tools.cachedtool import BuildError
+
+NODE_DAEMONSETS = ("cd-node-agent", "cd-imex-agent")
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return helm_binary()
+    except BuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def chart(helm: Path) -> list[Obj]:
+    """The chart with its default values, into the base's namespace."""
+    return render(helm, NAMESPACE)
+
+
+def chart_with(helm: Path, tmp_path: Path, values: dict[str, Any], namespace: str = NAMESPACE) -> list[Obj]:
+    return render(helm, namespace, values, tmp_path)
+
+
+def without_pull_policy(spec: dict[str, Any]) -> dict[str, Any]:
+    # The chart sets image.pullPolicy explicitly; the base leaves it to the API server's default.
+    spec = copy.deepcopy(spec)
+    for c in spec["template"]["spec"]["containers"]:
+        c.pop("imagePullPolicy", None)
+    return spec
+
+
+# --- the default render is the base ---------------------------------------------------------
+
+
+def test_same_objects_as_the_base(base: list[Obj], chart: list[Obj]) -> None:
+    # The Namespace is the one difference: `helm install` keeps its release in the namespace, so
+    # it must exist before the chart's objects (createNamespace renders it, tested below).
+    base_ids = {object_id(o) for o in base if o["kind"] != "Namespace"}
+    assert {object_id(o) for o in chart} == base_ids
+
+
+def test_create_namespace_renders_the_base_namespace(base: list[Obj], helm: Path, tmp_path: Path) -> None:
+    objects = chart_with(helm, tmp_path, {"createNamespace": True})
+    [ours], [theirs] = of_kind(objects, "Namespace"), of_kind(base, "Namespace")
+    assert ours["metadata"]["name"] == theirs["metadata"]["name"]
+    assert theirs["metadata"]["labels"].items() <= ours["metadata"]["labels"].items()
+
+
+def test_static_objects_are_the_base_objects(base: list[Obj], chart: list[Obj]) -> None:
+    for kind in ("CustomResourceDefinition", "DeviceClass", "ValidatingAdmissionPolicy", "ServiceAccount"):
+        for theirs in of_kind(base, kind):
+            ours = find(chart, kind, theirs["metadata"]["name"])
+            assert {k: v for k, v in ours.items() if k != "metadata"} == {
+                k: v for k, v in theirs.items() if k != "metadata"
+            }, f"{kind} {theirs['metadata']['name']}"
+
+
+def test_rbac_rules_and_subjects_are_the_bases(base: list[Obj], chart: list[Obj]) -> None:
+    for theirs in of_kind(base, "ClusterRole"):
+        assert find(chart, "ClusterRole", theirs["metadata"]["name"])["rules"] == theirs["rules"]
+    for theirs in of_kind(base, "ClusterRoleBinding"):
+        ours = find(chart, "ClusterRoleBinding", theirs["metadata"]["name"])
+        assert (ours["roleRef"], ours["subjects"]) == (theirs["roleRef"], theirs["subjects"])
+
+
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_workloads_are_the_bases(base: list[Obj], chart: list[Obj], kind: str, name: str) -> None:
+    theirs, ours = find(base, kind, name), find(chart, kind, name)
+    assert ours["spec"]["template"]["metadata"] == theirs["spec"]["template"]["metadata"]
+    # Named first so a difference points at the part: args, mounts, volumes; then everything.
+    assert container(ours)["args"] == container(theirs)["args"]
+    assert container(ours)["volumeMounts"] == container(theirs)["volumeMounts"]
+    assert pod_spec(ours)["volumes"] == pod_spec(theirs)["volumes"]
+    assert container(ours)["image"] == IMAGE
+    assert without_pull_policy(ours["spec"]) == theirs["spec"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("Service", "cd-placement-advisor"),
+        ("PodDisruptionBudget", "cd-controller"),
+        ("NetworkPolicy", "cd-placement-advisor"),
+    ],
+)
+def test_services_and_policies_are_the_bases(base: list[Obj], chart: list[Obj], kind: str, name: str) -> None:
+    assert find(chart, kind, name)["spec"] == find(base, kind, name)["spec"]
+
+
+def test_admission_bindings_name_the_namespace_as_their_parameter(chart: list[Obj]) -> None:
+    # A namespace made by `helm install --create-namespace` lacks the label the base's bindings
+    # select by; the chart names it instead.
+    for binding in of_kind(chart, "ValidatingAdmissionPolicyBinding"):
+        assert binding["spec"]["paramRef"] == {"name": NAMESPACE, "parameterNotFoundAction": "Allow"}
+        assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+# --- values ----------------------------------------------------------------------------------
+
+
+def test_namespace_override_moves_every_namespaced_object(helm: Path, tmp_path: Path) -> None:
+    objects = chart_with(helm, tmp_path, {"namespaceOverride": "gpu-system"}, namespace="default")
+    for obj in objects:
+        namespace = obj["metadata"].get("namespace")
+        assert namespace in (None, "gpu-system"), object_id(obj)
+        for subject in obj.get("subjects") or []:
+            assert subject["namespace"] == "gpu-system"
+    for binding in of_kind(objects, "ValidatingAdmissionPolicyBinding"):
+        assert binding["spec"]["paramRef"]["name"] == "gpu-system"
+    endpoint = flags(container(find(objects, "Deployment", "cd-controller")))["--etcd-endpoint"]
+    assert endpoint == "cd-etcd.gpu-system.svc:2379"
+
+
+def test_priority_classes_default_and_override(chart: list[Obj], helm: Path, tmp_path: Path) -> None:
+    assert {
+        name: pod_spec(find(chart, kind, name))["priorityClassName"] for kind, name in WORKLOADS
+    } == PRIORITY_CLASSES
+    values = {
+        component: {"priorityClassName": f"{component}-priority"}
+        for component in ("controller", "placementAdvisor", "kubeletPlugin", "imexAgent")
+    }
+    objects = chart_with(helm, tmp_path, values)
+    assert [pod_spec(find(objects, kind, name))["priorityClassName"] for kind, name in WORKLOADS] == [
+        "controller-priority",
+        "placementAdvisor-priority",
+        "kubeletPlugin-priority",
+        "imexAgent-priority",
+    ]
+
+
+def test_nvidia_driver_root_is_the_driver_root_volume(helm: Path, tmp_path: Path) -> None:
+    objects = chart_with(helm, tmp_path, {"nvidiaDriverRoot": "/"})
+    for name in NODE_DAEMONSETS:
+        volumes = {v["name"]: v for v in pod_spec(find(objects, "DaemonSet", name))["volumes"]}
+        assert volumes["driver-root"]["hostPath"]["path"] == "/"
+
+
+def test_kubelet_directories_move_the_flag_mounts_and_volumes(helm: Path, tmp_path: Path) -> None:
+    kubelet = "/var/lib/k0s/kubelet"
+    values = {
+        "kubeletPlugin": {
+            "kubeletRegistrarDirectoryPath": f"{kubelet}/plugins_registry",
+            "kubeletPluginsDirectoryPath": f"{kubelet}/plugins",
+        }
+    }
+    agent = find(chart_with(helm, tmp_path, values), "DaemonSet", "cd-node-agent")
+    assert flags(container(agent))["--kubelet-dir"] == kubelet
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod_spec(agent)["volumes"] if "hostPath" in v}
+    for name, path in (
+        ("plugins-registry", f"{kubelet}/plugins_registry"),
+        ("plugins", f"{kubelet}/plugins"),
+    ):
+        # Same path inside as on the host: kubelet dials the socket path the plugin registers.
+        assert mounts[name] == paths[name] == path
+
+
+def test_kubelet_directories_of_two_kubelet_dirs_are_refused(helm: Path, tmp_path: Path) -> None:
+    values = {"kubeletPlugin": {"kubeletRegistrarDirectoryPath": "/a/plugins_registry"}}
+    with pytest.raises(HelmError, match="must be <dir>/plugins_registry and <dir>/plugins"):
+        chart_with(helm, tmp_path, values)
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "level"), [("debug", "debug"), ("warning", "warning"), ("4", "info"), ("6", "debug")]
+)
+def test_log_verbosity_sets_every_services_log_level(
+    helm: Path, tmp_path: Path, verbosity: str, level: str
+) -> None:
+    objects = chart_with(helm, tmp_path, {"logVerbosity": verbosity})
+    for kind, name in WORKLOADS:
+        assert flags(container(find(objects, kind, name)))["--log-level"] == level
+
+
+def test_a_log_verbosity_no_service_knows_is_refused(helm: Path, tmp_path: Path) -> None:
+    with pytest.raises(HelmError, match="logVerbosity"):
+        chart_with(helm, tmp_path, {"logVerbosity": "verbose"})
+
+
+def test_image_pull_secrets_and_scheduling_values(helm: Path, tmp_path: Path) -> None:
+    toleration = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["yes"]}]}
+                ]
+            }
+        }
+    }
+    values: dict[str, Any] = {
+        "image": {"repository": "registry.example/cd", "tag": "1.2.3", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "pull"}],
+        "controller": {
+            "replicas": 3,
+            "nodeSelector": {"role": "infra"},
+            "tolerations": [toleration],
+            "affinity": affinity,
+        },
+        "kubeletPlugin": {
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "resources": {"limits": {"memory": "2Gi"}},
+        },
+    }
+    objects = chart_with(helm, tmp_path, values)
+    for kind, name in WORKLOADS:
+        workload = find(objects, kind, name)
+        assert container(workload)["image"] == "registry.example/cd:1.2.3"
+        assert container(workload)["imagePullPolicy"] == "Always"
+        assert pod_spec(workload)["imagePullSecrets"] == [{"name": "pull"}]
+    controller = find(objects, "Deployment", "cd-controller")
+    assert controller["spec"]["replicas"] == 3
+    assert pod_spec(controller)["nodeSelector"] == {"role": "infra"}
+    assert pod_spec(controller)["tolerations"] == [toleration]
+    assert pod_spec(controller)["affinity"] == affinity
+    agent = find(objects, "DaemonSet", "cd-node-agent")
+    assert pod_spec(agent)["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # Helm merges maps with the defaults: the requests stay, the limit changes.
+    assert container(agent)["resources"] == {
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"memory": "2Gi"},
+    }
+
+
+def test_etcd_tls_gives_the_production_overlays_flags_and_mounts(
+    production: list[Obj], helm: Path, tmp_path: Path
+) -> None:
+    objects = chart_with(
+        helm, tmp_path, {"etcd": {"endpoint": "etcd.example.internal:2379", "tls": {"enabled": True}}}
+    )
+    for kind, name in WORKLOADS:
+        ours, theirs = find(objects, kind, name), find(production, kind, name)
+        ours_flags = {k: v for k, v in flags(container(ours)).items() if not k.startswith("--tls-")}
+        theirs_flags = {k: v for k, v in flags(container(theirs)).items() if not k.startswith("--tls-")}
+        assert ours_flags == theirs_flags, name
+        tls = {v["name"]: v for v in pod_spec(ours)["volumes"]}["etcd-tls"]
+        assert tls == {v["name"]: v for v in pod_spec(theirs)["volumes"]}["etcd-tls"], name
+
+
+def test_switches_drop_what_they_switch_off(helm: Path, tmp_path: Path) -> None:
+    objects = chart_with(
+        helm,
+        tmp_path,
+        {
+            "serviceAccount": {"create": False},
+            "placementAdvisor": {"networkPolicy": {"enabled": False}},
+            "controller": {"metrics": {"enabled": False}},
+        },
+    )
+    assert of_kind(objects, "ServiceAccount") == []
+    assert of_kind(objects, "NetworkPolicy") == []
+    assert "annotations" not in find(objects, "Deployment", "cd-controller")["spec"]["template"]["metadata"]
+    advisor = find(objects, "Deployment", "cd-placement-advisor")
+    assert advisor["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
