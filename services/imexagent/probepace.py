@@ -12,25 +12,26 @@ at ``e`` seconds after it is seen at most ``max(fast, growth * e)`` later (never
 Outside the window a settled daemon (READY and connected to every current member) is probed at
 ``slow``; a daemon that is still waiting (not READY, a not-ready spell being debounced, or a
 member not connected yet: the domain's Ready waits for exactly that) at
-``min(slow, max(fast, 0.25 s))``.
+``min(slow, max(fast, waiting))`` (0.25 s by default).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-_WAITING_S = 0.25
-
 
 @dataclass
 class ProbePace:
     fast: float
     slow: float
+    waiting: float = 0.25
     window_s: float = 2.0
     growth: float = 0.25
     fresh_since: float = float("-inf")
 
     def __post_init__(self) -> None:
+        if not 0 < self.waiting:
+            raise ValueError(f"probe waiting interval must be > 0, got {self.waiting}")
         if not 0 < self.fast <= self.slow:
             raise ValueError(f"probe intervals need 0 < fast <= slow, got fast={self.fast} slow={self.slow}")
         if self.growth < 0 or self.window_s < 0:
@@ -47,4 +48,4 @@ class ProbePace:
         """Seconds from a probe at `now` to the next one."""
         if self.is_fresh(now):
             return min(max(self.fast, self.growth * (now - self.fresh_since)), self.slow)
-        return self.slow if settled_ready else min(self.slow, max(self.fast, _WAITING_S))
+        return self.slow if settled_ready else min(self.slow, max(self.fast, self.waiting))

@@ -153,7 +153,9 @@ class DomainDaemon:
         self._reported = _Reported()
         self._previous_loaded = False
         self._next_probe = 0.0
-        self.pace = ProbePace(settings.poll_interval_starting_s, settings.poll_interval_ready_s)
+        self.pace = ProbePace(
+            settings.poll_interval_starting_s, settings.poll_interval_ready_s, settings.poll_interval_waiting_s
+        )
         self._task: asyncio.Task[None] | None = None
         # nvidia-imex shows no instance: a process (pid and start time) is one instance.
         self._process_instance = ""

@@ -38,6 +38,8 @@ class ImexSettings:
     # Probing: from fast, growing, just after a start or a change (services/imexagent/probepace.py),
     # slow once READY (a READY daemon is still probed, for the peers it reports connected).
     poll_interval_starting_s: float = 0.025
+    # ... and while a peer is not connected yet (the domain's Ready waits for exactly that).
+    poll_interval_waiting_s: float = 0.25
     poll_interval_ready_s: float = 1.0
     query_timeout_s: float = 1.0
     not_ready_debounce_s: float = 0.5
@@ -76,6 +78,7 @@ class ImexSettings:
         problems = []
         for name in (
             "poll_interval_starting_s",
+            "poll_interval_waiting_s",
             "poll_interval_ready_s",
             "query_timeout_s",
             "io_timeout_s",

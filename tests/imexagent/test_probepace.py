@@ -56,6 +56,13 @@ def test_outside_the_window_ready_is_slow_and_waiting_is_calmer() -> None:
     assert pace.interval(5.0, settled_ready=False) == pytest.approx(0.25)
     # Never fresh: the same.
     assert ProbePace(FAST, SLOW).interval(0.0, settled_ready=True) == SLOW
+    # A host of many simulated nodes waits longer between probes of a waiting daemon; never
+    # longer than the settled pace, never shorter than the fast one.
+    assert ProbePace(FAST, SLOW, waiting=0.5).interval(5.0, settled_ready=False) == pytest.approx(0.5)
+    assert ProbePace(FAST, SLOW, waiting=3.0).interval(5.0, settled_ready=False) == SLOW
+    assert ProbePace(0.3, SLOW, waiting=0.1).interval(5.0, settled_ready=False) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="waiting interval must be > 0"):
+        ProbePace(FAST, SLOW, waiting=0.0)
 
 
 def test_a_new_fresh_event_starts_the_fast_pace_again() -> None:

@@ -137,6 +137,12 @@ def scale_poll_interval(nodes: int) -> float:
     return max(0.025, nodes / 800)
 
 
+def scale_waiting_interval(nodes: int) -> float:
+    """How often a daemon waiting for a peer is probed: the agent's 0.25 s, and for many nodes at
+    most ~256 such probes a second per host process (128 nodes: every 0.5 s)."""
+    return max(0.25, nodes / 256)
+
+
 def scale_store_pool(nodes: int) -> int:
     """etcd clients for the hosted agents: one per 8 agents (at least 4, at most 64). A client's
     watch stream hands its responses to the event loop one at a time, so the binding watches of
@@ -165,6 +171,7 @@ async def serve(args: argparse.Namespace) -> int:
         imex=ImexSettings(
             stop_daemons_on_exit=True,
             poll_interval_starting_s=args.imex_poll_starting_s or scale_poll_interval(len(nodes)),
+            poll_interval_waiting_s=scale_waiting_interval(len(nodes)),
         ),
     )
     etcd = EtcdConfig(endpoint=args.etcd_endpoint, prefix=args.etcd_prefix, timeout_s=args.etcd_timeout_s)
