@@ -353,10 +353,8 @@ class DeviceState:
         return decoded
 
     async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> tuple[bool, int]:
-        """Make this node an active member: (joined now, its index). One read when it already is."""
-        current = await self.store.get(self.store.keys.member(domain_uid, node.name), pb.Member)
-        if current is not None and current.value.state == pb.MemberState.ACTIVE:
-            return False, current.value.index
+        """Make this node an active member: (joined now, its index). One read when it already is
+        (`join_domain`'s first read sees the active member and returns it)."""
         try:
             result = await join_domain(self.store, domain_uid, namespace, node)
         except NodeBusy as exc:
