@@ -119,7 +119,12 @@ class DomainDir:
         self, desired: DesiredDaemon, settings: ImexSettings, mesh_tls: imexcfg.MeshTlsFiles | None = None
     ) -> str:
         """Write what a daemon about to start reads (no daemon runs here now); returns the hosts
-        text written. Files already right are left alone (no needless fsync)."""
+        text written. Files already right are left alone.
+
+        Atomic (a daemon never reads half a file) but not fsynced: a crash of the agent keeps
+        them (the page cache outlives a process), and a crash of the machine takes the daemon
+        with it, after which every file is written again before the next start. An fsync here
+        only delayed each start by a disk flush."""
         self.path.mkdir(parents=True, exist_ok=True)
         wanted = (
             (self.config, self.render_config(desired.identity, desired.node_name, settings, mesh_tls)),
@@ -128,7 +133,7 @@ class DomainDir:
         )
         for path, text in wanted:
             if self.read(path) != text:
-                write_atomic(path, text.encode())
+                write_atomic(path, text.encode(), durable=False)
         return wanted[2][1]
 
     def write_hosts(self, text: str, *, in_place: bool = False) -> None:
@@ -137,7 +142,7 @@ class DomainDir:
         /etc/hosts, which pins the inode, so a rename would hide the change from it. A lookup
         racing the rewrite may fail once; the daemon's reconnect loop looks again."""
         if not in_place:
-            write_atomic(self.hosts, text.encode())
+            write_atomic(self.hosts, text.encode(), durable=False)  # see prepare_start
             return
         fd = os.open(self.hosts, os.O_WRONLY | os.O_CREAT, 0o644)
         try:

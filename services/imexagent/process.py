@@ -195,9 +195,10 @@ def spawn_daemon(argv: Sequence[str], cwd: Path, log_path: Path) -> subprocess.P
 def write_pidfile(domain_dir: Path, pid: int) -> None:
     """Record the daemon for the next agent incarnation (pid + start time: pids get reused).
 
-    Atomic and fsynced: an agent killed right after a start must find the daemon next time."""
+    Atomic, so an agent killed right after a start finds the daemon next time; not fsynced: only
+    a machine crash loses it, and that ends the daemon too."""
     record = {"pid": pid, "start_ticks": proc_start_ticks(pid)}
-    write_atomic(domain_dir / PID_FILE, json.dumps(record).encode())
+    write_atomic(domain_dir / PID_FILE, json.dumps(record).encode(), durable=False)
 
 
 def remove_pidfile(domain_dir: Path) -> None:
