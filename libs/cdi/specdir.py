@@ -1,8 +1,11 @@
 """Claim spec files in a CDI root: write (atomically), remove, list.
 
-Synchronous on purpose: a write is a few small syscalls plus two fsyncs, cheaper than a hop to
-a thread pool on the prepare path. Not safe for two writers of the same claim at once; the node
-agent serializes per claim.
+Synchronous on purpose: a write is a few small syscalls, cheaper than a hop to a thread pool on
+the prepare path. Atomic but not fsynced: the container runtime reads the spec right after the
+prepare, from the page cache; a machine crash voids every prepared claim anyway (the checkpoint
+is discarded on a new boot id), and CDI roots are tmpfs on most nodes (/var/run/cdi), where an
+fsync does nothing. On a disk-backed root the flushes blocked the agent's event loop. Not safe for
+two writers of the same claim at once; the node agent serializes per claim.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class ClaimSpecDir:
             self.root.mkdir(parents=True, exist_ok=True)
             self._root_exists = True
         path = self.path_for(claim_uid)
-        write_atomic(path, data, mode=self.file_mode)
+        write_atomic(path, data, mode=self.file_mode, durable=False)
         log.debug("cdi spec written", claim_uid=claim_uid, path=str(path), channels=len(channels))
         return claim_cdi_device_id(claim_uid)
 
