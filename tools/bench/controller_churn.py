@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -41,6 +40,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain, leave_domain
 from libs.state.store import Op, Put, Store
+from tools.bench import simenv
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
 
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # A SIGTERM unwinds like Ctrl-C, so the etcd and controller started here are stopped.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    workdir = Path(tempfile.mkdtemp(prefix="controller-churn-"))
+    workdir = simenv.scratch_dir("controller-churn-")
     server: EtcdServer | None = None
     ok = False
     try:
@@ -511,6 +511,17 @@ def main(argv: list[str] | None = None) -> int:
             server.start()
             endpoint = server.endpoint
         result = asyncio.run(run(args, endpoint, workdir))
+        result["settings"] = {
+            "etcd_data": "external" if args.etcd_endpoint else simenv.fs_label(workdir),
+            "etcd_fsync": "external" if args.etcd_endpoint else simenv.etcd_fsync(),
+            "nodes": args.nodes,
+            "domains": args.domains,
+            "members": args.members,
+            "workers": args.workers,
+            "churn_seconds": args.churn_seconds,
+            "backlog_seconds": args.backlog_seconds,
+            "cpu_count": os.cpu_count(),
+        }
         ok = True
     finally:
         if server is not None:

@@ -6,6 +6,11 @@ processes with simulated hardware (the IMEX agent: node record and daemon; the k
 a ComputeDomain and an anchor claim prepared first (the node is a member and its daemon READY). Then N distinct claims are prepared one after another, then
 unprepared one after another, each call timed at the client (kubelet's view).
 
+Production settings: etcd's data on disk with fsync, the kubelet dir (checkpoint) and IMEX work
+dir on disk, the checkpoint saved with the agent's shipped durability (``checkpoint_fsync``
+false: atomic rename, no fsync; docs/operations.md says why), the CDI root on tmpfs as
+``/var/run/cdi`` is on a node (``--cdi-on-disk`` moves it). The result's ``settings`` records each.
+
     python -m tools.bench.nodeagent_prepare [--calls 1000] [--out FILE]
 """
 
@@ -20,7 +25,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -199,8 +203,16 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
         "description": "NodePrepareResources / NodeUnprepareResources on a node with a READY IMEX daemon, "
         f"sequential calls over the DRA unix socket (v1), {WINDOW} claims held besides the anchor, "
         "simulated hardware, etcd on loopback",
-        "cdi_root_fs": "tmpfs" if cdi_root.is_relative_to("/dev/shm") else "disk",
-        "etcd_fsync": not args.etcd_endpoint and os.environ.get("CD_ETCD_UNSAFE_NO_FSYNC") != "1",
+        "settings": {
+            "node_dirs": simenv.fs_label(base),
+            "checkpoint_fsync": simenv.checkpoint_fsync_default(),
+            "cdi_root": simenv.fs_label(cdi_root),
+            "mesh": "plaintext",
+            "calls": args.calls,
+            "claims_held_besides_anchor": WINDOW,
+            "tombstone_ttl_s": args.tombstone_ttl_s,
+            "cpu_count": os.cpu_count(),
+        },
         "prepare": prepare_stats,
         "unprepare": unprepare_stats,
         "target_p99_ms": TARGET_P99_MS,
@@ -214,8 +226,7 @@ async def bench(args: argparse.Namespace, base: Path, cdi_root: Path, endpoint: 
 
 async def run(args: argparse.Namespace, base: Path, cdi_root: Path) -> dict[str, Any]:
     server: EtcdServer | None = None
-    # etcd's data on tmpfs like every other benchmark (tools/bench/simenv.py): the figure is our
-    # code's, not this machine's disk fsync. The kubelet dir (checkpoint, fsynced) stays on disk.
+    # etcd's data on disk, fsynced, as a control plane keeps it (tools/bench/simenv.py).
     etcd_dir = simenv.scratch_dir("nabench-etcd-")
     try:
         endpoint = args.etcd_endpoint
@@ -224,9 +235,9 @@ async def run(args: argparse.Namespace, base: Path, cdi_root: Path) -> dict[str,
             server.start()
             endpoint = server.endpoint
         result = await bench(args, base, cdi_root, endpoint)
-        result["etcd_data"] = (
-            "external" if args.etcd_endpoint else "tmpfs" if simenv.on_tmpfs(etcd_dir) else "disk"
-        )
+        # What etcd was given is known only for a private one.
+        result["settings"]["etcd_data"] = "external" if args.etcd_endpoint else simenv.fs_label(etcd_dir)
+        result["settings"]["etcd_fsync"] = "external" if args.etcd_endpoint else simenv.etcd_fsync()
         return result
     finally:
         if server is not None:
@@ -257,14 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.calls < 1:
         parser.error("--calls must be >= 1")
-    base = Path(tempfile.mkdtemp(prefix="nabench-"))
-    # Production CDI roots (/var/run/cdi) are tmpfs; the kubelet dir (checkpoint) is on disk.
-    shm = Path("/dev/shm")
-    cdi_root = (
-        Path(tempfile.mkdtemp(prefix="nabench-cdi-", dir=shm))
-        if args.cdi_tmpfs and shm.is_dir()
-        else base / "cdi"
-    )
+    # On a node the kubelet dir (checkpoint) and IMEX work dir are on disk, /var/run/cdi on tmpfs.
+    base = simenv.scratch_dir("nabench-")
+    cdi_root = simenv.shm_dir("nabench-cdi-") if args.cdi_tmpfs else base / "cdi"
     try:
         result = asyncio.run(run(args, base, cdi_root))
     finally:

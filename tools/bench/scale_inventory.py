@@ -97,6 +97,13 @@ def run(racks: int, hold_s: float) -> dict[str, Any]:
                     "controller_peak_rss_mb": round(ctl_peak, 1),
                     "controller_rss_mb_before": round(ctl_before, 1),
                     "hold_s": hold_s,
+                    "settings": {
+                        **simenv.storage_settings(base),
+                        "host_processes": len(host.pids),
+                        "inventory_only": True,
+                        "hold_s": hold_s,
+                        "cpu_count": os.cpu_count(),
+                    },
                     "cpus": os.cpu_count(),
                     "load_average_1m": round(os.getloadavg()[0], 2),
                 }

@@ -1,14 +1,17 @@
 """The processes a simulation benchmark runs against: a private etcd, a `cd-controller`, a
 scale-mode host of node agents. Each is a real process, started and stopped here.
 
-etcd keeps its data on tmpfs when the machine has one (``/dev/shm``): fsync is then free, as on
-the battery-backed or NVMe disks a control plane runs on, and the figures measure our code rather
-than this machine's disk. The node directories (kubelet dir, CDI root, IMEX work dirs) go there
-too; a real node's CDI root (``/var/run/cdi``) is tmpfs as well.
+Benchmarks measure at production settings: etcd keeps its data on disk and fsyncs it (as a
+control plane's etcd does), and the node directories (kubelet dir with the checkpoint, IMEX work
+dirs) are on disk as on a node. :func:`scratch_dir` therefore avoids tmpfs, and
+:func:`storage_settings` says what a run actually got, for the results. A scale host keeps each
+node's CDI root under its node directory, so there it is on disk too (on a node, ``/var/run/cdi``
+is tmpfs: the stricter choice).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -33,18 +36,80 @@ from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")
+# Conventionally disk-backed and persistent (FHS), unlike /tmp, which some systems mount as tmpfs.
+_DISK_TMP = Path("/var/tmp")
+_MEMORY_FS = frozenset({"tmpfs", "ramfs"})
 # Loopback blocks (second octet) tried first: cdsim uses 1, its tests 77-78, the e2e tests 2-99,
 # the node-agent tests 100-250; 251-255 are left to the benchmarks.
 _PREFERRED_BLOCKS = (251, 252, 253, 254, 255)
 
 
+def _scratch_parent() -> Path:
+    return _DISK_TMP if _DISK_TMP.is_dir() and not on_tmpfs(_DISK_TMP) else Path(tempfile.gettempdir())
+
+
 def scratch_dir(prefix: str) -> Path:
-    """A fresh directory on tmpfs if there is one, else in the temp directory."""
+    """A fresh directory on disk (``/var/tmp`` if it is a disk there, else the temp directory)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_scratch_parent()))
+
+
+def shm_dir(prefix: str) -> Path:
+    """A fresh directory on tmpfs (``/dev/shm``), for what is tmpfs on a node: the CDI root."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=_SHM if _SHM.is_dir() else None))
 
 
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path` (its longest mount point in /proc/self/mounts)."""
+    target = path.resolve()
+    best, kind = -1, "unknown"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # Mount points escape blanks as octal (\040).
+        mount = Path(fields[1].replace("\\040", " "))
+        if target.is_relative_to(mount) and len(mount.parts) > best:
+            best, kind = len(mount.parts), fields[2]
+    return kind
+
+
 def on_tmpfs(path: Path) -> bool:
-    return path.is_relative_to(_SHM)
+    return filesystem_type(path) in _MEMORY_FS
+
+
+def fs_label(path: Path) -> str:
+    """'tmpfs' or 'disk (<type>)', as the results record it."""
+    kind = filesystem_type(path)
+    return "tmpfs" if kind in _MEMORY_FS else f"disk ({kind})"
+
+
+def etcd_fsync() -> bool:
+    """Whether a private etcd started here fsyncs (tools/etcd/server.py: off only on request)."""
+    return os.environ.get("CD_ETCD_UNSAFE_NO_FSYNC") != "1"
+
+
+def storage_settings(base: Path | None = None) -> dict[str, Any]:
+    """Where a run under `base` (default: where :func:`scratch_dir` puts one) keeps etcd's data
+    and the node directories, whether etcd fsyncs, and the node agent's checkpoint durability
+    (its default: nothing here changes it)."""
+    where = fs_label(base if base is not None else _scratch_parent())
+    return {
+        "etcd_data": where,
+        "etcd_fsync": etcd_fsync(),
+        "node_dirs": where,
+        "checkpoint_fsync": checkpoint_fsync_default(),
+    }
+
+
+def checkpoint_fsync_default() -> bool:
+    """The node agent's shipped `checkpoint_fsync` (services/nodeagent/settings.py)."""
+    from services.nodeagent.settings import AgentSettings
+
+    return bool(next(f.default for f in dataclasses.fields(AgentSettings) if f.name == "checkpoint_fsync"))
 
 
 def _child_env() -> dict[str, str]:
