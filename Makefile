@@ -14,7 +14,7 @@ help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
 	@echo "make test   - set up, lint, run the whole test suite"
 	@echo "make setup  - .venv, pinned Python deps, etcd, the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
-	@echo "make bench  - every benchmark against its target: build/bench/results.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
+	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
 	@echo "make lint   - ruff + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
@@ -64,7 +64,7 @@ e2e: setup setup-k8s
 	PYTHON=$(PY) bash tools/e2e.sh
 
 # Every benchmark in simulation, against the targets in tools/bench/suite.py (~10 min; BENCH_ARGS=--quick for a <2 min smoke):
-# figures to build/bench/results.json, the report to docs/benchmarks.md.
+# figures to build/bench/results.json and docs/benchmarks.json (committed), the report to docs/benchmarks.md.
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m tools.bench.run $(BENCH_ARGS)

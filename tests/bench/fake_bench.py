@@ -15,10 +15,14 @@ def main() -> int:
     parser.add_argument("--mode", choices=("ok", "fail", "hang"), required=True)
     parser.add_argument("--value", type=float, default=1.0)
     parser.add_argument("--pidfile", type=Path)
+    parser.add_argument("--settings", default="{}", help="the settings object to report (JSON; empty: none)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.mode == "ok":
-        args.out.write_text(json.dumps({"latency": {"p99_ms": args.value}}))
+        result = {"latency": {"p99_ms": args.value}}
+        if args.settings:
+            result["settings"] = json.loads(args.settings)
+        args.out.write_text(json.dumps(result))
         return 0
     if args.mode == "fail":
         print("fake benchmark: the store would not start", file=sys.stderr)

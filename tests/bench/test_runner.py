@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tools.bench import report, run
@@ -83,7 +84,24 @@ def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:
             for o in outcomes
         },
     }
-    text = report.render(results, benches, tmp_path / "benchmarks.md", tmp_path / "img", tmp_path)
+    text = report.render(results)
     assert "| `fast_p99_ms` | 9.00 ms | ≤ 5.0 ms | **no** |" in text
     assert "| `broken_p99_ms` | — | ≤ 5.0 ms | **failed** |" in text
     assert "the store would not start" in text
+
+
+def test_each_metric_records_the_settings_it_was_measured_at(tmp_path: Path) -> None:
+    bench = fake("fast", "--mode", "ok", "--value", "2", "--settings", '{"etcd_data": "disk (ext4)"}')
+    metric = bench.metrics[0]
+    bench = replace(bench, metrics=(replace(metric, settings={"rpc": "PlaceStream"}),))
+    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img")
+    entry = run.collect([outcome], quick=False)["metrics"]["fast_p99_ms"]
+    assert entry["settings"] == {"etcd_data": "disk (ext4)", "rpc": "PlaceStream"}
+    assert entry["value"] == 2.0 and entry["method"] == "fake"
+
+
+def test_a_figure_without_its_settings_is_not_reported(tmp_path: Path) -> None:
+    bench = fake("bare", "--mode", "ok", "--value", "2", "--settings", "")
+    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img")
+    entry = run.collect([outcome], quick=False)["metrics"]["bare_p99_ms"]
+    assert entry["value"] is None and "settings not in the benchmark's result" in entry["error"]

@@ -8,13 +8,20 @@ to ``build/bench/raw/<name>.json`` and its output to ``<name>.log`` there. A ben
 or times out leaves its metrics with ``value: null``, ``met: false`` and the error, and the others
 still run. The results file::
 
-    {"metrics": {NAME: {"value", "unit", "target", "met", "benchmark", ["error"]}},
+    {"metrics": {NAME: {"value", "unit", "target", "met", "benchmark", "method", "settings", ["error"]}},
      "extras": {...same without a target...}, "quick": bool, "commit": sha, "dirty": bool,
-     "machine": {...}, "benchmarks": {name: {"seconds", "exit_code", "load_before", ...}}}
+     "machine": {...}, "plots": [path relative to the report, ...],
+     "benchmarks": {name: {"summary", "module", "args", "seconds", "exit_code", "load_before", ...}}}
 
-Full mode regenerates ``docs/benchmarks.md`` (and its plots under ``docs/img/``); ``--quick``
-(CI smoke: small sizes, few repetitions, about two minutes) writes its report under ``build/bench/``
-and marks every figure as quick.
+Each metric's ``settings`` are what it was measured at (etcd's data on disk or tmpfs, fsync, the
+checkpoint's durability, mesh mode, processes, calls, CPUs...): the benchmark's own ``settings``
+object and the metric's (tools/bench/suite.py). Paths in it are relative to the repository.
+
+Full mode regenerates ``docs/benchmarks.md`` and, beside it, ``docs/benchmarks.json`` (the same
+results, committed with the report so it can be checked: the report is rendered from that file
+alone, see :func:`tools.bench.report.render`), and the plots under ``docs/img/``; ``--quick`` (CI
+smoke: small sizes, few repetitions, about two minutes) writes both under ``build/bench/`` and
+marks every figure as quick.
 """
 
 from __future__ import annotations
@@ -54,13 +61,13 @@ class Outcome:
     load_after: float
 
 
-_REPORT_OUTPUTS = (":(exclude)docs/benchmarks.md", ":(exclude)docs/img")
+_REPORT_OUTPUTS = (":(exclude)docs/benchmarks.md", ":(exclude)docs/benchmarks.json", ":(exclude)docs/img")
 
 
 def git_commit() -> tuple[str, bool]:
     """(HEAD sha, whether the work tree differs from it) — ("unknown", True) outside git.
 
-    The report's own outputs (docs/benchmarks.md, docs/img/) do not count: a previous run
+    The report's own outputs (docs/benchmarks.md and .json, docs/img/) do not count: a previous run
     rewrote them, which says nothing about the code measured."""
     try:
         sha = subprocess.run(
@@ -181,10 +188,22 @@ def run_one(bench: Benchmark, quick: bool, raw_dir: Path, img_dir: Path) -> Outc
     return Outcome(bench, seconds, exit_code, raw, error, load_before, os.getloadavg()[0])
 
 
+def _repo_relative(path: Path) -> str:
+    """A path as the results record it: relative to the repository when inside it (no machine paths)."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     for o in outcomes:
+        settings: dict[str, Any] = {}
+        settings_error = ""
+        if o.raw is not None:
+            try:
+                settings = dict(o.benchmark.settings(o.raw))
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                settings_error = f"settings not in the benchmark's result: {type(exc).__name__}: {exc}"
         for m in o.benchmark.metrics:
             entry: dict[str, Any] = {
                 "value": None,
@@ -192,9 +211,14 @@ def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
                 "target": m.target,
                 "met": False,
                 "benchmark": o.benchmark.name,
+                "method": m.method,
+                "settings": {**settings, **m.settings},
             }
             if o.raw is None:
                 entry["error"] = o.error
+            elif settings_error:
+                # A figure whose settings are unknown is not a measurement of record.
+                entry["error"] = settings_error
             else:
                 try:
                     value = m.extract(o.raw)
@@ -207,7 +231,13 @@ def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
                 entry["quick"] = True
             metrics[m.name] = entry
         for x in o.benchmark.extras:
-            extra: dict[str, Any] = {"value": None, "unit": x.unit, "benchmark": o.benchmark.name}
+            extra: dict[str, Any] = {
+                "value": None,
+                "unit": x.unit,
+                "benchmark": o.benchmark.name,
+                "method": x.method,
+                "settings": {**settings, **x.settings},
+            }
             if o.raw is not None:
                 with contextlib.suppress(KeyError, IndexError, TypeError, ValueError):
                     extra["value"] = x.extract(o.raw)
@@ -215,17 +245,18 @@ def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
     return {"metrics": metrics, "extras": extras}
 
 
-def rerender(out: Path, docs_arg: Path | None) -> int:
-    results = json.loads(out.read_text())
-    docs = (
-        docs_arg or (out.parent / "benchmarks.md" if results["quick"] else REPO / "docs" / "benchmarks.md")
-    ).resolve()
-    names = set(results["benchmarks"])
-    raw_dir = Path(next(iter(results["benchmarks"].values()))["raw"]).parent if names else out.parent / "raw"
-    docs.write_text(
-        report.render(results, [b for b in SUITE if b.name in names], docs, docs.parent / "img", raw_dir)
-    )
-    print(f"[bench] report: {docs}", file=sys.stderr)
+def results_path(docs: Path) -> Path:
+    """The results committed beside a report: docs/benchmarks.md -> docs/benchmarks.json."""
+    return docs.with_suffix(".json")
+
+
+def rerender(docs: Path, source: Path | None) -> int:
+    """Write the report again from its results (default: the JSON beside it)."""
+    docs = docs.resolve()
+    source = (source or results_path(docs)).resolve()
+    results = json.loads(source.read_text())
+    docs.write_text(report.render(results))
+    print(f"[bench] report: {docs} (from {source})", file=sys.stderr)
     return 0
 
 
@@ -241,11 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="only write the report again from the results file (e.g. after editing the analysis)",
+        help="only write the report again from the results beside it (e.g. after editing the analysis)",
     )
     args = parser.parse_args(argv)
     if args.render_only:
-        return rerender(args.out.resolve(), args.docs)
+        return rerender(args.docs or REPO / "docs" / "benchmarks.md", None)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(names) - {b.name for b in SUITE})
     if unknown:
@@ -276,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": started.isoformat(timespec="seconds"),
         "duration_s": round((datetime.now(UTC) - started).total_seconds(), 1),
         "machine": {**before, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "plots": report.draw_plots(raw_dir, img_dir, docs),
         "benchmarks": {
             o.benchmark.name: {
+                "summary": o.benchmark.summary or o.benchmark.name,
                 "module": o.benchmark.module,
                 "args": list(o.benchmark.quick_args if args.quick else o.benchmark.full_args),
                 "seconds": round(o.seconds, 1),
@@ -285,17 +318,19 @@ def main(argv: list[str] | None = None) -> int:
                 "ok": o.raw is not None,
                 "load_before": round(o.load_before, 2),
                 "load_after": round(o.load_after, 2),
-                "raw": str(raw_dir / f"{o.benchmark.name}.json"),
+                "raw": _repo_relative(raw_dir / f"{o.benchmark.name}.json"),
                 **({"error": o.error} if o.error else {}),
             }
             for o in outcomes
         },
     }
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    text = json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    out.write_text(text)
     docs.parent.mkdir(parents=True, exist_ok=True)
-    docs.write_text(report.render(results, [o.benchmark for o in outcomes], docs, img_dir, raw_dir))
+    results_path(docs).write_text(text)
+    docs.write_text(report.render(results))
     print(report.table(results), file=sys.stderr)
-    print(f"[bench] results: {out}\n[bench] report: {docs}", file=sys.stderr)
+    print(f"[bench] results: {out}, {results_path(docs)}\n[bench] report: {docs}", file=sys.stderr)
     return 0 if all(o.raw is not None for o in outcomes) else 1
 
 
