@@ -181,6 +181,11 @@ def start_advisor(endpoint: str, prefix: str, log: Path, timeout_s: float = 120.
             "127.0.0.1",
             "--extender-port",
             "0",
+            # The load generator is one holder standing for many schedulers' pods; when the advisor
+            # falls behind, its unreleased reservations would pass the per-holder cap (1,024 nodes)
+            # and end the phase instead of measuring it.
+            "--max-reserved-nodes-per-holder",
+            "0",
             "--health-host",
             "127.0.0.1",
             "--health-port",
@@ -774,6 +779,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "phase_seconds": args.seconds,
         "saturation_inflight_per_client": args.inflight,
         "reservation_ttl_s": RESERVATION_TTL_S,
+        "max_reserved_nodes_per_holder": "0 (no cap)",
         "extender_candidates": report.get("extender", {}).get("candidates"),
         "extender_calls": args.extender_calls,
         "cpu_count": os.cpu_count(),
