@@ -484,6 +484,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         document = {
             "benchmark": "advisor_packing",
+            # A replay of the advisor's decision path in this process: no store, no disk.
+            "settings": {
+                "seed": args.seed,
+                "load": args.load,
+                "policies": [p.value for p in policies],
+                "jobs_1k": args.jobs_1k,
+                "jobs_10k": args.jobs_10k,
+                "cpus": os.cpu_count(),
+            },
             "seed": args.seed,
             "load": args.load,
             # Other work on the machine shows in wall-clock percentiles, not in CPU-time ones.

@@ -318,6 +318,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reps and --reps-256 must be >= 1")
     result: dict[str, Any] = {
         "benchmark": "formation",
+        "settings": {
+            **simenv.storage_settings(),
+            # tools/scalesim keeps each node's CDI root under its node directory.
+            "cdi_root": "disk (under the node directories)",
+            "mesh": args.mesh,
+            "reps_18": args.reps,
+            "host_processes_18": 1,
+            **(
+                {"reps_256": args.reps_256, "host_processes_256": args.host_processes_256}
+                if args.nodes_256
+                else {}
+            ),
+            "cpu_count": os.cpu_count(),
+        },
         "mesh": args.mesh,
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),

@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tools.bench import simenv
-
 Raw = Mapping[str, Any]
 
 
@@ -90,28 +88,11 @@ def _largest_size(raw: Raw) -> Raw:
     return max(sizes, key=lambda s: int(s["nodes"]))
 
 
-def _formation_settings(raw: Raw) -> Mapping[str, Any]:
-    """tools/bench/formation.py records no settings object of its own: its storage is what
-    tools/bench/simenv.py gives every scale-host run, the rest is in its result."""
-    settings: dict[str, Any] = {
-        **simenv.storage_settings(),
-        "cdi_root": "disk (under the node directories)",
-        "mesh": raw["mesh"],
-        "reps_18": _get(raw, "formation_18", "reps"),
-        "host_processes_18": _get(raw, "formation_18", "host", "processes"),
-        "cpu_count": raw["cpus"],
-    }
-    if "formation_256" in raw:
-        settings["reps_256"] = _get(raw, "formation_256", "reps")
-        settings["host_processes_256"] = _get(raw, "formation_256", "host", "processes")
-    return settings
-
-
 def _formation_large(raw: Raw) -> float:
     return float(_get(raw, "formation_256", "ready_p50_s"))
 
 
-_FORMATION_FULL = ("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "2")
+_FORMATION_FULL = ("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "3")
 _FORMATION_QUICK = ("--reps", "2", "--nodes-256", "12", "--racks-256", "2", "--reps-256", "1")
 
 FORMATION = Benchmark(
@@ -125,7 +106,6 @@ FORMATION = Benchmark(
     full_timeout_s=1200,
     quick_timeout_s=150,
     summary="ComputeDomain formation through the scale-mode host, the controller and etcd (plaintext IMEX mesh)",
-    settings=_formation_settings,
     metrics=(
         Metric(
             "formation_18_p50_s",
@@ -451,7 +431,6 @@ FORMATION_TLS = Benchmark(
     full_timeout_s=1200,
     quick_timeout_s=150,
     summary="The same formations with mutual TLS between the IMEX daemons (the default mesh)",
-    settings=_formation_settings,
     metrics=(),
     extras=(
         Extra(
