@@ -150,3 +150,15 @@ async def test_inventory_only_agents_keep_their_node_records_on_leases(
         assert not any(host.layout(n).dra_socket.exists() for n in nodes)
     finally:
         await host.stop()
+
+
+def test_scale_settings_are_valid_imex_settings_at_any_size() -> None:
+    from services.imexagent.settings import ImexSettings
+    from tools.scalesim.main import scale_poll_interval, scale_waiting_interval
+
+    for nodes in (1, 18, 128, 256, 1008, 10008):
+        ImexSettings(  # raises on an invalid combination, naming it
+            poll_interval_starting_s=scale_poll_interval(nodes),
+            poll_interval_waiting_s=scale_waiting_interval(nodes),
+        )
+    assert scale_poll_interval(18) == 0.025 and scale_waiting_interval(18) == 0.25  # the agent's own

@@ -98,6 +98,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# A settled daemon's probe interval (ImexSettings.poll_interval_ready_s): the others never exceed it.
+_READY_POLL_S = ImexSettings().poll_interval_ready_s
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``I/N`` with 0 <= I < N."""
     index, sep, count = text.partition("/")
@@ -134,13 +138,13 @@ def scale_poll_interval(nodes: int) -> float:
     """How often a starting IMEX daemon is asked whether it is READY: the agent's 25 ms, and for
     many nodes at most ~800 probes a second per host process (128 nodes: every 160 ms; each probe
     is a connection, a reply of 18 links to parse and a status decision on the shared loop)."""
-    return max(0.025, nodes / 800)
+    return min(_READY_POLL_S, max(0.025, nodes / 800))
 
 
 def scale_waiting_interval(nodes: int) -> float:
     """How often a daemon waiting for a peer is probed: the agent's 0.25 s, and for many nodes at
     most ~256 such probes a second per host process (128 nodes: every 0.5 s)."""
-    return max(0.25, nodes / 256)
+    return min(_READY_POLL_S, max(0.25, nodes / 256))
 
 
 def scale_store_pool(nodes: int) -> int:
