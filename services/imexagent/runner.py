@@ -20,7 +20,6 @@ Blocking work (fork/exec, fsynced writes, rmtree) runs in worker threads with a 
 from __future__ import annotations
 
 import asyncio
-import functools
 import signal
 import time
 from collections.abc import Callable
@@ -416,9 +415,9 @@ class DomainDaemon:
         if text == self.written_hosts:
             self._hosts_for = addresses
             return
-        await self._blocking(
-            functools.partial(self.dir.write_hosts, text, in_place=self._through_bind_mount())
-        )
+        # On the loop: a small write without fsync (domaindir.py); through the shared thread pool
+        # it queued behind every other blocking call of the process.
+        self.dir.write_hosts(text, in_place=self._through_bind_mount())
         self.written_hosts = text
         self._hosts_for = addresses
         self.generation += 1

@@ -280,7 +280,9 @@ class DeviceState:
         # taken as completed, one without its spec as started.
         put = asyncio.ensure_future(self.store.put(record_key, completed))
         try:
-            await self._file_io(None, functools.partial(self.cdi.write, ref.uid, channels=channels, major=major))
+            # On the loop, as the checkpoint below: a small write and a rename, no fsync; a hop to
+            # the shared thread pool waited behind every other blocking call of the process.
+            self.cdi.write(ref.uid, channels=channels, major=major)
             entry = self.checkpoint.mark_prepare_completed(
                 ref.uid,
                 [cdi_id],
