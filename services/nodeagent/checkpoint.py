@@ -158,11 +158,13 @@ class Checkpoint:
         except FileNotFoundError:
             log.info("no checkpoint file; starting empty", path=str(path))
             return empty
-        if looks_like_nvidia_checkpoint(raw):
-            return cls._take_over_nvidia(empty, raw, node)
         try:
             saved_boot_id, entries, tombstones = _decode(raw)
         except _CorruptCheckpoint as exc:
+            # Not ours: NVIDIA's (the first start after its plugin), checked only now so that
+            # every other start parses the file once.
+            if looks_like_nvidia_checkpoint(raw):
+                return cls._take_over_nvidia(empty, raw, node)
             moved_to = _move_aside(path)
             log.error(
                 "checkpoint corrupt (neither this agent's format nor NVIDIA's); moved aside, "
