@@ -316,36 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.reps < 1 or args.reps_256 < 1:
         parser.error("--reps and --reps-256 must be >= 1")
-    result: dict[str, Any] = {
-        "benchmark": "formation",
-        "settings": {
-            **simenv.storage_settings(),
-            # tools/scalesim keeps each node's CDI root under its node directory.
-            "cdi_root": "disk (under the node directories)",
-            "mesh": args.mesh,
-            "reps_18": args.reps,
-            "host_processes_18": 1,
-            **(
-                {"reps_256": args.reps_256, "host_processes_256": args.host_processes_256}
-                if args.nodes_256
-                else {}
-            ),
-            "cpu_count": os.cpu_count(),
-        },
-        "mesh": args.mesh,
-        "cpus": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "targets": {"formation_18_p50_s": TARGET_18_P50_S, "formation_256_s": TARGET_256_S},
-    }
     profile = args.profile_dir.resolve() if args.profile_dir else None
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-    small = Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps, mesh_tls=args.mesh == "tls")
-    small.profile = profile / "host-rack.prof" if profile else None
-    run_scenario(small)
-    result["formation_18"] = summarize(small)
+    scenarios = {"18": Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps, mesh_tls=args.mesh == "tls")}
     if args.nodes_256:
-        large = Scenario(
+        scenarios["256"] = Scenario(
             "job",
             racks=args.racks_256,
             nodes=args.nodes_256,
@@ -353,9 +329,26 @@ def main(argv: list[str] | None = None) -> int:
             mesh_tls=args.mesh == "tls",
             host_processes=args.host_processes_256,
         )
-        large.profile = profile / "host-job.prof" if profile else None
-        run_scenario(large)
-        result["formation_256"] = summarize(large)
+    result: dict[str, Any] = {
+        "benchmark": "formation",
+        "settings": {
+            **simenv.storage_settings(),
+            # tools/scalesim keeps each node's CDI root under its node directory.
+            "cdi_root": "disk (under the node directories)",
+            "mesh": args.mesh,
+            **{f"reps_{size}": s.reps for size, s in scenarios.items()},
+            **{f"host_processes_{size}": s.host_processes for size, s in scenarios.items()},
+            "cpu_count": os.cpu_count(),
+        },
+        "mesh": args.mesh,
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "targets": {"formation_18_p50_s": TARGET_18_P50_S, "formation_256_s": TARGET_256_S},
+    }
+    for size, scenario in scenarios.items():
+        scenario.profile = profile / f"host-{scenario.name}.prof" if profile else None
+        run_scenario(scenario)
+        result[f"formation_{size}"] = summarize(scenario)
     result["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     text = json.dumps(result, indent=2)
     print(text)

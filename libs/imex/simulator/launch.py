@@ -151,7 +151,7 @@ def fork_server() -> ForkServer:
     """This process's fork server (one for every supervisor it hosts)."""
     global _shared
     with _shared_lock:
-        if _shared is None or _shared.python != sys.executable:
+        if _shared is None:
             _shared = ForkServer()
         return _shared
 
