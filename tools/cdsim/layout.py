@@ -7,6 +7,8 @@
         cluster.json             the simulated cluster description (libs.hardware)
         jobs.json                jobs submitted with `cdsim job submit`
         etcd/                    etcd's data directory (kept across `fault restart-etcd`)
+        kube/                    `up --kubernetes`: the control plane (PKI, its etcd, kubeconfigs,
+                                 logs/); kube/admin.kubeconfig is the one `up` prints
         logs/<process>.log       one log per process
         nodes/<node>/            simulated host of one node: proc/devices, dev/, faults,
             kubelet/             its kubelet directory (DRA and registration sockets, checkpoint)
@@ -105,6 +107,10 @@ class StateLayout:
     @property
     def etcd_dir(self) -> Path:
         return self.root / "etcd"
+
+    @property
+    def kube_dir(self) -> Path:
+        return self.root / "kube"
 
     @property
     def logs_dir(self) -> Path:

@@ -14,12 +14,16 @@ from typing import TextIO
 
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
+from tools.cachedtool import BuildError
 from tools.cdsim import control, procscan
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
 from tools.cdsim.services import AGENT_HEALTH_PORT
+from tools.controlplane.binaries import Binaries, ensure_binaries
 
 UP_TIMEOUT_S = 150.0
+# `up --kubernetes` also starts a control plane (tools.cdsim.kubeplane.STARTUP_TIMEOUT_S, plus slack).
+KUBE_UP_TIMEOUT_S = 420.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOWN_TIMEOUT_S = 60.0
 
@@ -37,6 +41,17 @@ class UpOptions:
     log_level: str = "info"
     mesh: str = "tls"  # tls | plaintext: the controller's mode for new domains
     mesh_certificate_validity_s: float = 24 * 3600.0
+    kubernetes: bool = False  # a real control plane, the kubelet shim, services in Kubernetes mode
+
+
+def _kube_binaries(out: TextIO) -> Binaries:
+    """The control-plane binaries, built into the cache first if missing (many minutes, once)."""
+    out.write("Finding the Kubernetes binaries (the first time they are built from source: 15-25 min)\n")
+    out.flush()
+    try:
+        return ensure_binaries()
+    except BuildError as exc:
+        raise CommandError(f"the Kubernetes binaries could not be built:\n{exc}") from None
 
 
 def _address_in_use(host: str, port: int) -> str:
@@ -78,6 +93,7 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             f"state dir {layout.root} is too long: unix socket {longest} would exceed "
             f"{MAX_UNIX_SOCKET_PATH} bytes; choose a shorter --state-dir"
         )
+    binaries = _kube_binaries(out) if options.kubernetes else None
     lock_fd = try_lock(layout)
     if lock_fd is None:
         state = RunState.load(layout)
@@ -114,6 +130,9 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             log_level=options.log_level,
             mesh=options.mesh,
             mesh_certificate_validity_s=options.mesh_certificate_validity_s,
+            kubernetes=binaries is not None,
+            kube_bin_dir=str(binaries.bin_dir) if binaries else "",
+            kube_etcd=str(binaries.etcd) if binaries else "",
         ).save(layout)
         # The supervisor and its fork server run in the state dir: make this code importable there.
         python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -139,15 +158,21 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
     finally:
         # The supervisor holds the lock from here on (same open file description).
         os.close(lock_fd)
-    _wait_up(layout, supervisor, cluster, out)
+    _wait_up(layout, supervisor, cluster, out, options.kubernetes)
 
 
 def _wait_up(
-    layout: StateLayout, supervisor: subprocess.Popen[bytes], cluster: ClusterDescription, out: TextIO
+    layout: StateLayout,
+    supervisor: subprocess.Popen[bytes],
+    cluster: ClusterDescription,
+    out: TextIO,
+    kubernetes: bool,
 ) -> None:
     began = time.monotonic()
+    timeout_s = KUBE_UP_TIMEOUT_S if kubernetes else UP_TIMEOUT_S
+    mode = "with Kubernetes " if kubernetes else ""
     out.write(
-        f"Starting a simulated cluster of {cluster.racks} rack(s) x {cluster.trays_per_rack} trays "
+        f"Starting a simulated cluster {mode}of {cluster.racks} rack(s) x {cluster.trays_per_rack} trays "
         f"({cluster.node_count} nodes) in {layout.root}\n"
     )
     out.flush()
@@ -179,11 +204,17 @@ def _wait_up(
                     f"placement advisor {state.advisor_endpoint}, {controllers} controller replicas, "
                     f"{cluster.node_count} node agents. Logs: {layout.logs_dir}\n"
                 )
+                if state.kubeconfig:
+                    out.write(
+                        f"Kubernetes: {cluster.node_count} Nodes Ready (kubelet shim), scheduler with the "
+                        f"placement extender; control-plane logs in {layout.kube_dir / 'logs'}\n"
+                        f"export KUBECONFIG={state.kubeconfig} PATH={state.kube_bin_dir}:$PATH\n"
+                    )
                 return
-        if time.monotonic() - began > UP_TIMEOUT_S:
+        if time.monotonic() - began > timeout_s:
             supervisor.terminate()
             raise CommandError(
-                f"the cluster did not come up within {UP_TIMEOUT_S:.0f}s (logs in {layout.logs_dir})"
+                f"the cluster did not come up within {timeout_s:.0f}s (logs in {layout.logs_dir})"
             )
         time.sleep(0.1)
 

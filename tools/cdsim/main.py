@@ -1,6 +1,6 @@
 """`cdsim`: run a simulated NVL72 cluster and jobs on it, from the command line.
 
-    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR]
+    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes]
     cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
     cdsim job delete NAME [-n NS] [--wait]
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="second octet of node addresses 127.<block>.<rack>.<tray+1>",
     )
     up.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    up.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="also run a real Kubernetes control plane, a kubelet shim for every node and the services in "
+        "Kubernetes mode; prints `export KUBECONFIG=...` for kubectl apply of your own manifests",
+    )
     up.add_argument(
         "--mesh",
         default="tls",
@@ -235,6 +241,7 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             log_level=args.log_level,
             mesh=args.mesh,
             mesh_certificate_validity_s=args.mesh_certificate_validity_s,
+            kubernetes=args.kubernetes,
         )
         lifecycle.up(layout, options, out)
         url = dashboard_url(RunState.load(layout))

@@ -19,12 +19,15 @@ __all__ = ["IMEX_DAEMON_MARKER", "ProcessEntry", "imex_daemons_under", "list_pro
 
 ZYGOTE_MARKER = "tools.cdsim.zygote"
 SUPERVISOR_MARKER = "tools.cdsim.supervisor"
+# `up --kubernetes`: the control plane's programs (its etcd is found by --data-dir=).
+KUBE_MARKERS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
 def cluster_processes(layout: StateLayout) -> list[ProcessEntry]:
-    """Every process this cluster started: supervisor, fork server (and its services), etcd, IMEX daemons."""
+    """Every process this cluster started: supervisor, fork server (and its services), etcd, IMEX daemons,
+    and in Kubernetes mode the control plane."""
     root = str(layout.root)
-    markers = (IMEX_DAEMON_MARKER, ZYGOTE_MARKER, SUPERVISOR_MARKER, "--data-dir=")
+    markers = (IMEX_DAEMON_MARKER, ZYGOTE_MARKER, SUPERVISOR_MARKER, "--data-dir=", *KUBE_MARKERS)
     return [p for p in list_processes() if mentions(p, root) and any(mentions(p, m) for m in markers)]
 
 

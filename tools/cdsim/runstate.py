@@ -35,6 +35,10 @@ class SimConfig:
     # Seconds before a killed node agent / controller replica is started again.
     agent_restart_delay_s: float = 1.0
     controller_restart_delay_s: float = 3.0
+    # `cdsim up --kubernetes`: a real control plane from these binaries (tools/controlplane).
+    kubernetes: bool = False
+    kube_bin_dir: str = ""
+    kube_etcd: str = ""
 
     def save(self, layout: StateLayout) -> None:
         write_atomic(layout.root / CONFIG_FILE_NAME, json.dumps(asdict(self), indent=2).encode())
@@ -66,6 +70,8 @@ class RunState:
     supervisor_pid: int = 0
     etcd_endpoint: str = ""
     advisor_endpoint: str = ""
+    kubeconfig: str = ""  # Kubernetes mode: the admin kubeconfig of the control plane
+    kube_bin_dir: str = ""  # Kubernetes mode: where kubectl is
     error: str = ""
     started_unix_ms: int = 0
     ready_unix_ms: int = 0

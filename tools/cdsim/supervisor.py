@@ -43,6 +43,9 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from tools.cdsim import procscan
 from tools.cdsim.etcdgate import EtcdGate
+from tools.cdsim.kubeplane import PRELOAD_MODULES as KUBE_PRELOAD_MODULES
+from tools.cdsim.kubeplane import STARTUP_TIMEOUT_S as KUBE_STARTUP_TIMEOUT_S
+from tools.cdsim.kubeplane import KubeMode
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
 from tools.cdsim.services import AGENT_KIND, IMEX_AGENT_KIND, PRELOAD_MODULES, Ports, ServiceSpec, all_specs
@@ -100,7 +103,7 @@ class ZygoteClient:
         self._next_id = 0
         self._reader: asyncio.Task[None] | None = None
 
-    async def start(self, layout: StateLayout) -> None:
+    async def start(self, layout: StateLayout, extra_preload: tuple[str, ...] = ()) -> None:
         log_file = open(layout.log_file("forkserver"), "ab")  # noqa: ASYNC230 - handed to the child
         try:
             self.process = await asyncio.create_subprocess_exec(
@@ -108,7 +111,7 @@ class ZygoteClient:
                 "-m",
                 "tools.cdsim.zygote",
                 "--preload",
-                ",".join(PRELOAD_MODULES),
+                ",".join((*PRELOAD_MODULES, *extra_preload)),
                 "--state-dir",
                 str(layout.root),
                 stdin=asyncio.subprocess.PIPE,
@@ -219,6 +222,8 @@ class Supervisor:
             log_path=layout.log_file("etcd"),
         )
         self.zygote = ZygoteClient(self._on_exit)
+        # `up --kubernetes`: the control plane, the kubelet shim, services in Kubernetes mode.
+        self.kube = KubeMode(layout, config, cluster) if config.kubernetes else None
         self.services: dict[str, Service] = {}
         self.by_pid: dict[int, Service] = {}
         self.stopping = False
@@ -503,6 +508,10 @@ class Supervisor:
         specs = all_specs(self.cluster, self.layout, self.config, self.ports)
         # The live dashboard (tools/dashboard): supervised like any service, its URL in run.json.
         specs.append(dashboard_spec(self.layout, self.config, self.etcd.endpoint, dashboard_port()))
+        if self.kube is not None:
+            specs = self.kube.adapt(specs)
+            self.state.kubeconfig = str(self.kube.kubeconfig)
+            self.state.kube_bin_dir = str(self.kube.bin_dir)
         for spec in specs:
             info = ProcessInfo(name=spec.name, kind=spec.kind, health_url=spec.health_url, node=spec.node)
             self.services[spec.name] = Service(spec=spec, info=info)
@@ -545,13 +554,17 @@ class Supervisor:
 
     async def _start(self, background: list[asyncio.Task[Any]]) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + STARTUP_TIMEOUT_S
-        results = await asyncio.gather(
-            self._start_etcd(), self.zygote.start(self.layout), return_exceptions=True
-        )
+        deadline = loop.time() + (KUBE_STARTUP_TIMEOUT_S if self.kube else STARTUP_TIMEOUT_S)
+        starts = [
+            self._start_etcd(),
+            self.zygote.start(self.layout, KUBE_PRELOAD_MODULES if self.kube else ()),
+        ]
+        if self.kube is not None:
+            starts.append(self.kube.start())
+        results = await asyncio.gather(*starts, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
-                raise StartupFailed(f"could not start etcd or the fork server: {result}")
+                raise StartupFailed(f"could not start etcd, the fork server or Kubernetes: {result}")
         background.append(asyncio.create_task(self._watch_etcd(), name="etcd-watch"))
         try:
             await asyncio.gather(*(gate.start() for gate in self.gates.values()))
@@ -561,6 +574,11 @@ class Supervisor:
         if self._startup_failure:
             raise StartupFailed(self._startup_failure)
         await self._wait_all_healthy(deadline)
+        if self.kube is not None:
+            try:
+                await self.kube.wait_usable(deadline)
+            except RuntimeError as exc:
+                raise StartupFailed(str(exc)) from None
         self.state.phase = "ready"
         self.state.ready_unix_ms = _now_ms()
         self.state.save(self.layout)
@@ -596,6 +614,8 @@ class Supervisor:
         await self._terminate([s for s in self.services.values() if s.spec.kind in node_kinds])
         await self._terminate([s for s in self.services.values() if s.spec.kind not in node_kinds])
         await self.zygote.close()
+        if self.kube is not None:
+            await self.kube.stop()
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)

@@ -1,0 +1,323 @@
+"""`cdsim up --kubernetes`: a real Kubernetes control plane in front of the simulated racks.
+
+The supervisor runs, besides what `cdsim up` runs:
+
+- the loopback control plane of tools/controlplane (its own etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler configured with the placement advisor's extender),
+  its state under `<state dir>/kube/`;
+- from manifests/base, everything but the workloads: Namespace, CRD, DeviceClass, ServiceAccounts
+  and RBAC, admission policies (our services run here as processes, not as pods);
+- the kubelet shim (tools/kubeletshim) playing kubelet for every simulated node: Node objects,
+  leases, NodePrepare/UnprepareResources through each node's real DRA socket, pod status;
+
+and runs our services in Kubernetes mode: the controller mirrors ComputeDomain CRs, the kubelet
+plugins take claims from the API server and publish ResourceSlices, the advisor serves the
+extender. `cdsim down` stops the control plane after our services.
+
+The control plane's processes die with the thread that started them (PR_SET_PDEATHSIG is per
+thread), so one dedicated thread starts them and lives until they are stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from libs.contract.names import DRIVER_NAME
+from libs.hardware.cluster import ClusterDescription
+from tools.cdsim.layout import StateLayout
+from tools.cdsim.runstate import SimConfig
+from tools.cdsim.services import AGENT_KIND, ServiceSpec
+from tools.controlplane.binaries import Binaries
+from tools.controlplane.cluster import ControlPlane
+from tools.kubeletshim.nodes import DEFAULT_CAPACITY, nodes_document, nodes_of_cluster
+from tools.netports import free_port
+
+log = structlog.get_logger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"
+CRD_NAME = "computedomains.resource.nvidia.com"
+# What of manifests/base is applied: all but the workloads (Deployments, DaemonSets and their
+# NetworkPolicy), whose programs run here as supervised processes.
+BASE_KINDS = frozenset(
+    {
+        "Namespace",
+        "CustomResourceDefinition",
+        "DeviceClass",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
+SHIM_NAME = "kubeletshim"
+SHIM_KIND = "kubeletshim"
+SHIM_TARGET = "tools.kubeletshim.service:main"
+PRELOAD_MODULES = ("tools.kubeletshim.service",)
+# A GB200 compute tray has 4 GPUs: advertised as the device plugin would, so that pods asking for
+# `nvidia.com/gpu` schedule (nothing backs them; only IMEX channels are simulated).
+GPUS_PER_NODE = "4"
+# Cold control plane + services on a loaded two-core machine.
+STARTUP_TIMEOUT_S = 300.0
+KUBECTL_TIMEOUT_S = 60.0
+
+
+class KubeStartFailed(RuntimeError):
+    """The control plane did not come up, or the manifests did not apply; the message says why."""
+
+
+def set_flag(argv: Sequence[str], flag: str, value: str) -> list[str]:
+    """argv with `flag`'s value replaced (the `--flag value` form), or `flag value` appended."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == flag:
+            out[i + 1] = value
+            return out
+    return [*out, flag, value]
+
+
+def extender_config(port: int) -> dict[str, Any]:
+    """kube-scheduler's extender entry for the placement advisor on 127.0.0.1:`port`."""
+    return {
+        "urlPrefix": f"http://127.0.0.1:{port}/",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 1,
+        "enableHTTPS": False,
+        "nodeCacheCapable": False,
+        # Not ignorable: without the advisor a domain's pods could land in two cliques.
+        "ignorable": False,
+        "httpTimeout": "10s",
+    }
+
+
+def shim_nodes_document(cluster: ClusterDescription, layout: StateLayout) -> dict[str, Any]:
+    """The kubelet shim's nodes file: every simulated node, its clique label and 4 GPUs."""
+    capacity = {**DEFAULT_CAPACITY, "nvidia.com/gpu": GPUS_PER_NODE}
+    nodes = [dataclasses.replace(n, capacity=capacity) for n in nodes_of_cluster(cluster, layout.nodes_dir)]
+    return nodes_document(nodes)
+
+
+def kubernetes_specs(
+    specs: Sequence[ServiceSpec],
+    *,
+    layout: StateLayout,
+    config: SimConfig,
+    kubeconfig: Path,
+    extender_port: int,
+    shim_health_port: int,
+    nodes_file: Path,
+) -> list[ServiceSpec]:
+    """The simulation's service specs turned to Kubernetes mode, plus the kubelet shim."""
+    kc = str(kubeconfig)
+    out: list[ServiceSpec] = []
+    for spec in specs:
+        argv = spec.argv
+        if spec.kind == AGENT_KIND:
+            argv = set_flag(argv, "--claim-source", "kubernetes")
+            argv = set_flag(argv, "--kubeconfig", kc)
+            argv = set_flag(argv, "--publish-clique-label", "true")
+        elif spec.kind == "controller":
+            argv = set_flag(argv, "--mode", "kubernetes")
+            argv = set_flag(argv, "--kubeconfig", kc)
+        elif spec.kind == "advisor":
+            argv = set_flag(argv, "--extender-enabled", "true")
+            argv = set_flag(argv, "--extender-host", "127.0.0.1")
+            argv = set_flag(argv, "--extender-port", str(extender_port))
+            argv = set_flag(argv, "--template-source", "kubernetes")
+            argv = set_flag(argv, "--kubeconfig", kc)
+        out.append(dataclasses.replace(spec, argv=argv))
+    shim_argv = [
+        "--kubeconfig", kc,
+        "--nodes-file", str(nodes_file),
+        "--health-host", "127.0.0.1",
+        "--health-port", str(shim_health_port),
+        "--log-format", "json",
+        "--log-level", config.log_level,
+    ]  # fmt: skip
+    out.append(
+        ServiceSpec(
+            name=SHIM_NAME,
+            kind=SHIM_KIND,
+            target=SHIM_TARGET,
+            argv=shim_argv,
+            health_url=f"http://127.0.0.1:{shim_health_port}/healthz",
+            restart_delay_s=1.0,
+        )
+    )
+    return out
+
+
+def base_objects(kubectl: Path) -> list[dict[str, Any]]:
+    """manifests/base rendered by `kubectl kustomize`, without the workloads (see BASE_KINDS)."""
+    proc = subprocess.run(
+        [str(kubectl), "kustomize", str(MANIFESTS_BASE)],
+        capture_output=True,
+        text=True,
+        timeout=KUBECTL_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise KubeStartFailed(f"kubectl kustomize {MANIFESTS_BASE} failed: {proc.stderr.strip()}")
+    objects = [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
+    kept = [o for o in objects if o.get("kind") in BASE_KINDS]
+    missing = {"CustomResourceDefinition", "DeviceClass"} - {str(o.get("kind")) for o in kept}
+    if missing:
+        raise KubeStartFailed(f"manifests/base no longer has a {', '.join(sorted(missing))}")
+    return kept
+
+
+class _PlaneThread(threading.Thread):
+    """Starts the control plane, applies the base, then keeps it (and its children) until stopped."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        super().__init__(name="kube-control-plane", daemon=True)
+        self.plane = plane
+        self.started = threading.Event()
+        self.stop_requested = threading.Event()
+        self.error = ""
+
+    def run(self) -> None:
+        try:
+            self.plane.start()
+            objects = base_objects(self.plane.bin_dir / "kubectl")
+            self.plane.kubectl(
+                "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects), timeout_s=120.0
+            )
+            self.plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        except Exception as exc:
+            self.error = _describe(exc)
+            log.error("control plane failed to start", error=self.error)
+            self.plane.stop()
+            self.started.set()
+            return
+        self.started.set()
+        self.stop_requested.wait()
+        self.plane.stop()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, subprocess.CalledProcessError):
+        return f"{' '.join(map(str, exc.cmd[:4]))} ... failed: {(exc.stderr or '').strip()[:2000]}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class KubeMode:
+    """What the supervisor adds in Kubernetes mode; start() before the services, stop() after."""
+
+    def __init__(self, layout: StateLayout, config: SimConfig, cluster: ClusterDescription) -> None:
+        self.layout = layout
+        self.config = config
+        self.cluster = cluster
+        binaries = Binaries(bin_dir=Path(config.kube_bin_dir), etcd=Path(config.kube_etcd))
+        self.scheduler_config_file = layout.kube_dir / "kube-scheduler-extender.yaml"
+        self.plane = ControlPlane(
+            binaries,
+            layout.kube_dir,
+            scheduler_config=self.scheduler_config_file,
+            startup_timeout_s=STARTUP_TIMEOUT_S,
+        )
+        self.extender_port = free_port()
+        self.shim_health_port = free_port()
+        self.nodes_file = layout.kube_dir / "shim-nodes.json"
+        self._thread: _PlaneThread | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.kubeconfig
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.plane.bin_dir
+
+    def adapt(self, specs: Sequence[ServiceSpec]) -> list[ServiceSpec]:
+        return kubernetes_specs(
+            specs,
+            layout=self.layout,
+            config=self.config,
+            kubeconfig=self.kubeconfig,
+            extender_port=self.extender_port,
+            shim_health_port=self.shim_health_port,
+            nodes_file=self.nodes_file,
+        )
+
+    async def start(self) -> None:
+        """Start the control plane (the scheduler with our extender) and apply the base."""
+        self.layout.kube_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes_file.write_text(json.dumps(shim_nodes_document(self.cluster, self.layout)))
+        scheduler = self.plane.scheduler_config(extenders=[extender_config(self.extender_port)])
+        self.scheduler_config_file.write_text(yaml.safe_dump(scheduler))
+        thread = self._thread = _PlaneThread(self.plane)
+        thread.start()
+        await asyncio.to_thread(thread.started.wait, STARTUP_TIMEOUT_S + 180.0)
+        if not thread.started.is_set():
+            raise KubeStartFailed("the Kubernetes control plane did not start in time")
+        if thread.error:
+            raise KubeStartFailed(f"the Kubernetes control plane did not start: {thread.error}")
+
+    def _kubectl_json(self, *args: str) -> dict[str, Any]:
+        proc = self.plane.kubectl(*args, "-o", "json", check=False, timeout_s=KUBECTL_TIMEOUT_S)
+        if proc.returncode != 0:
+            return {}
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    def usable(self) -> tuple[bool, str]:
+        """Whether every simulated node is a Ready Node with its ResourceSlice; else what is missing."""
+        nodes = self._kubectl_json("get", "nodes").get("items") or []
+        ready = {
+            n["metadata"]["name"]
+            for n in nodes
+            if any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (n.get("status") or {}).get("conditions") or []
+            )
+        }
+        slices = self._kubectl_json("get", "resourceslices").get("items") or []
+        sliced = {
+            (s.get("spec") or {}).get("nodeName")
+            for s in slices
+            if (s.get("spec") or {}).get("driver") == DRIVER_NAME
+        }
+        names = set(self.cluster.node_names())
+        if names <= ready and names <= sliced:
+            return True, ""
+        return False, (
+            f"{len(names & ready)}/{len(names)} Nodes Ready, "
+            f"{len(names & sliced)}/{len(names)} with a {DRIVER_NAME} ResourceSlice"
+        )
+
+    async def wait_usable(self, deadline: float) -> None:
+        """Until a workload applied now would schedule and prepare (Nodes Ready, slices published)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            ok, missing = await asyncio.to_thread(self.usable)
+            if ok:
+                return
+            if loop.time() > deadline:
+                raise KubeStartFailed(f"the simulated nodes did not join Kubernetes in time: {missing}")
+            await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        thread.stop_requested.set()
+        await asyncio.to_thread(thread.join, 60.0)
+        if thread.is_alive():
+            log.warning("control plane did not stop in time")
+        else:
+            log.info("control plane stopped")
