@@ -3,7 +3,8 @@
 Kubelet names a claim by namespace, name and UID; the node agent needs what the scheduler
 allocated (``status.allocation.devices.results``) and the opaque driver configuration
 (``status.allocation.devices.config``). In Kubernetes mode that is the ResourceClaim object
-(``resource.k8s.io/v1``); in simulation it is the ``Claim`` record in the store, which has the
+(``resource.k8s.io`` v1, v1beta2 or v1beta1, whichever the API server prefers: the allocation has
+the same shape in all three); in simulation it is the ``Claim`` record in the store, which has the
 same shape. Both adapters return a :class:`ResolvedClaim`.
 """
 
@@ -21,6 +22,7 @@ import structlog
 from libs.contract.channelconfig import ConfigError, parse_parameters_json
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
+from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion, resource_path
 from libs.state.store import TRANSIENT_ERRORS, Store
 from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
 
@@ -170,7 +172,7 @@ def _strings(value: Any) -> tuple[str, ...]:
 
 
 def parse_resource_claim(obj: Any, ref: ClaimRef) -> ResolvedClaim:
-    """A ``resource.k8s.io/v1`` ResourceClaim (decoded JSON) as a :class:`ResolvedClaim`."""
+    """A ``resource.k8s.io`` ResourceClaim (decoded JSON, any version) as a :class:`ResolvedClaim`."""
     if not isinstance(obj, Mapping) or obj.get("kind", "ResourceClaim") != "ResourceClaim":
         raise PermanentError(f"claim {ref.namespace}/{ref.name}: the API server returned no ResourceClaim")
     meta = _field(obj, "metadata") or {}
@@ -217,13 +219,13 @@ def parse_resource_claim(obj: Any, ref: ClaimRef) -> ResolvedClaim:
 
 
 class KubeClaimSource:
-    """ResourceClaims read from the API server with kubernetes-asyncio."""
+    """ResourceClaims read from the API server with kubernetes-asyncio (raw JSON, so one parser
+    reads every version)."""
 
-    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
-        from kubernetes_asyncio.client import ResourceV1Api
-
-        self._api = ResourceV1Api(api_client)
+    def __init__(self, api_client: Any, timeout_s: float = 10.0, version: str = "") -> None:
+        self._api_client = api_client
         self._timeout_s = timeout_s
+        self.served = ServedVersion(api_client, version, timeout_s)
 
     async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -231,9 +233,16 @@ class KubeClaimSource:
         what = f"claim {ref.namespace}/{ref.name}"
         try:
             async with asyncio.timeout(self._timeout_s):
-                response: Any = await self._api.read_namespaced_resource_claim(
-                    ref.name, ref.namespace, _preload_content=False, _request_timeout=self._timeout_s
+                path = resource_path(await self.served.get(), "resourceclaims", ref.namespace, ref.name)
+                response: Any = await self._api_client.call_api(
+                    path,
+                    "GET",
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _request_timeout=self._timeout_s,
                 )
+                response = response[0] if isinstance(response, tuple) else response
                 try:
                     status = response.status
                     body = await response.read()
@@ -243,6 +252,8 @@ class KubeClaimSource:
             status, body = int(exc.status or 0), b""
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise RetryableError(f"{what}: API server unreachable: {exc or type(exc).__name__}") from exc
+        except ResourceApiUnavailable as exc:
+            raise RetryableError(f"{what}: {exc}") from exc
         if status == 404:
             raise ClaimGone(f"{what} ({ref.uid}) does not exist")
         if not 200 <= status <= 299:

@@ -1,6 +1,7 @@
 """Kubernetes mode: this node's ResourceSlice and its clique label.
 
-The scheduler allocates our channel device from a `resource.k8s.io/v1` ResourceSlice per node:
+The scheduler allocates our channel device from a `resource.k8s.io` ResourceSlice per node (v1, or
+v1beta2/v1beta1 on Kubernetes 1.32-1.33: the version is discovered from the API server first):
 driver ``compute-domain.nvidia.com``, pool = node name, one device ``channel-0`` with attributes
 ``type`` ("channel"), ``id`` (0) and ``cliqueID`` (the node's clique, "" on a non-fabric node),
 so the DeviceClass CEL selector and clique-aware selectors both match. The slice is published once
@@ -9,7 +10,7 @@ deleted on shutdown only when configured. Optionally the Node gets the label
 ``nvidia.com/gpu.clique=<clusterUUID>.<cliqueId>`` (removed on a non-fabric node).
 
 Pure core: `build_resource_slice`, `slice_content`, `clique_label_patch`. Thin shell:
-`ResourceSlicePublisher` over kubernetes-asyncio's typed ``ResourceV1Api``/``CoreV1Api``.
+`ResourceSlicePublisher` over kubernetes-asyncio's typed ``ResourceV1*Api``/``CoreV1Api``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
+from libs.kube.resourceapi import (
+    ResourceApiUnavailable,
+    ServedVersion,
+    api_version,
+    device_attributes,
+    slice_device,
+    typed_api,
+)
 from libs.runtime.backoff import Backoff
 from services.imexagent.inventory import clique_settled
 
@@ -46,6 +55,8 @@ class ResourceSliceSettings:
     request_timeout_s: float = 10.0
     retry_initial_s: float = 0.2
     retry_cap_s: float = 10.0
+    # resource.k8s.io version to write ("" = discover the API server's preferred one).
+    resource_api_version: str = ""
 
 
 def resource_slice_name(node_name: str) -> str:
@@ -78,9 +89,14 @@ def slice_content(node_name: str, clique_id: str) -> dict[str, Any]:
 
 
 def build_resource_slice(
-    node_name: str, clique_id: str, generation: int = 1, node_uid: str = "", resource_version: str = ""
+    node_name: str,
+    clique_id: str,
+    generation: int = 1,
+    node_uid: str = "",
+    resource_version: str = "",
+    version: str = "v1",
 ) -> dict[str, Any]:
-    """The ResourceSlice object (JSON shape of resource.k8s.io/v1) for this node."""
+    """The ResourceSlice object (JSON shape of resource.k8s.io/`version`) for this node."""
     content = slice_content(node_name, clique_id)
     metadata: dict[str, Any] = {
         "name": resource_slice_name(node_name),
@@ -94,26 +110,26 @@ def build_resource_slice(
     if resource_version:
         metadata["resourceVersion"] = resource_version
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": api_version(version),
         "kind": "ResourceSlice",
         "metadata": metadata,
         "spec": {
             "driver": content["driver"],
             "nodeName": content["nodeName"],
             "pool": {"name": content["pool"], "generation": generation, "resourceSliceCount": 1},
-            "devices": content["devices"],
+            "devices": [slice_device(d["name"], d["attributes"], version) for d in content["devices"]],
         },
     }
 
 
 def live_slice_content(obj: dict[str, Any]) -> dict[str, Any]:
-    """`slice_content` read back from a slice as the apiserver returns it (JSON shape)."""
+    """`slice_content` read back from a slice as the apiserver returns it (JSON shape, any version)."""
     spec = obj.get("spec") or {}
     devices = []
     for device in spec.get("devices") or []:
         attributes = {
             name: {k: v for k, v in (value or {}).items() if v is not None}
-            for name, value in (device.get("attributes") or {}).items()
+            for name, value in device_attributes(device).items()
         }
         devices.append({"name": device.get("name"), "attributes": attributes})
     return {
@@ -136,9 +152,7 @@ class ResourceSlicePublisher:
         self.api = api
         self.node_name = node_name
         self.settings = settings
-        # Typed as Any: the client accepts plain JSON-shaped dicts as bodies at run time, and
-        # building the objects as dicts keeps the exact resource.k8s.io/v1 field names in view.
-        self.resource: Any = ResourceV1Api(api)
+        self.served = ServedVersion(api, settings.resource_api_version, settings.request_timeout_s)
         self.core: Any = CoreV1Api(api)
         self.name = resource_slice_name(node_name)
         self.published_clique: str | None = None
@@ -168,7 +182,7 @@ class ResourceSlicePublisher:
                     try:
                         await self.sync(node.clique_id)
                         backoff.reset()
-                    except (ApiException, OSError, TimeoutError) as exc:
+                    except (ApiException, OSError, TimeoutError, ResourceApiUnavailable) as exc:
                         delay = backoff.next_delay()
                         log.warning(
                             "publishing ResourceSlice failed; retrying",
@@ -200,14 +214,24 @@ class ResourceSlicePublisher:
             self.labelled_clique = clique_id
             log.info("node clique label set", node=self.node_name, clique=clique_id or None)
 
+    async def _resource(self) -> tuple[str, Any]:
+        """The served version and kubernetes-asyncio's typed client of it. Typed as Any: the client
+        accepts plain JSON-shaped dicts as bodies at run time, and building the objects as dicts
+        keeps the exact field names of each version in view."""
+        version = await self.served.get()
+        return version, typed_api(self.api, version)
+
     async def _sync_slice(self, clique_id: str) -> None:
         timeout = self.settings.request_timeout_s
+        version, resource = await self._resource()
         for _ in range(10):  # conflicts only: a concurrent writer changed the slice
-            current = await self._read_slice()
+            current = await self._read_slice(resource)
             if current is None:
-                body = build_resource_slice(self.node_name, clique_id, 1, await self._node_uid())
+                body = build_resource_slice(
+                    self.node_name, clique_id, 1, await self._node_uid(), version=version
+                )
                 try:
-                    await self.resource.create_resource_slice(
+                    await resource.create_resource_slice(
                         body, field_manager=FIELD_MANAGER, _request_timeout=timeout
                     )
                 except ApiException as exc:
@@ -223,10 +247,10 @@ class ResourceSlicePublisher:
             owners = meta.get("ownerReferences") or []
             node_uid = next((o.get("uid", "") for o in owners if o.get("kind") == "Node"), "")
             body = build_resource_slice(
-                self.node_name, clique_id, generation, node_uid, meta.get("resourceVersion", "")
+                self.node_name, clique_id, generation, node_uid, meta.get("resourceVersion", ""), version
             )
             try:
-                await self.resource.replace_resource_slice(
+                await resource.replace_resource_slice(
                     self.name, body, field_manager=FIELD_MANAGER, _request_timeout=timeout
                 )
             except ApiException as exc:
@@ -237,9 +261,9 @@ class ResourceSlicePublisher:
             return
         raise TimeoutError(f"ResourceSlice {self.name} kept changing under concurrent writers")
 
-    async def _read_slice(self) -> dict[str, Any] | None:
+    async def _read_slice(self, resource: Any) -> dict[str, Any] | None:
         try:
-            obj = await self.resource.read_resource_slice(
+            obj = await resource.read_resource_slice(
                 self.name, _request_timeout=self.settings.request_timeout_s
             )
         except ApiException as exc:
@@ -265,7 +289,8 @@ class ResourceSlicePublisher:
         try:
             async with asyncio.timeout(self.settings.request_timeout_s):
                 # The answer is not needed (and not always a ResourceSlice): leave it undecoded.
-                response = await self.resource.delete_resource_slice(
+                _, resource = await self._resource()
+                response = await resource.delete_resource_slice(
                     self.name, _request_timeout=self.settings.request_timeout_s, _preload_content=False
                 )
                 response.release()

@@ -207,6 +207,10 @@ def test_parse_resource_claim_refusals() -> None:
         parse_resource_claim(RESOURCE_CLAIM, ClaimRef("team-b", REF.name, REF.uid))
 
 
+async def served_versions(request: web.Request) -> web.Response:
+    return web.json_response({"kind": "APIGroup", "name": "resource.k8s.io", "versions": [{"version": "v1"}]})
+
+
 @pytest.fixture
 async def fake_apiserver() -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """An HTTP server answering GET .../resourceclaims/<name> like kube-apiserver."""
@@ -223,6 +227,8 @@ async def fake_apiserver() -> AsyncIterator[tuple[str, dict[str, Any]]]:
 
     app = web.Application()
     app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", get_claim)
+    # API discovery: the claim source asks which resource.k8s.io version is served first.
+    app.router.add_get("/apis/resource.k8s.io", served_versions)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

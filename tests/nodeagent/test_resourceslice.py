@@ -121,8 +121,13 @@ class RecordingApiServer:
         app.router.add_put(base + "/{name}", self.replace)
         app.router.add_delete(base + "/{name}", self.delete)
         app.router.add_get("/api/v1/nodes/{name}", self.read_node)
+        # API discovery: the publisher asks which resource.k8s.io version is served first.
+        app.router.add_get("/apis/resource.k8s.io", self.discovery)
         app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
         return app
+
+    async def discovery(self, request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIGroup", "versions": [{"version": "v1"}]})
 
     def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.version += 1

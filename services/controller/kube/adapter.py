@@ -37,6 +37,7 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion
 from libs.runtime.backoff import Backoff
 from libs.state.election import Leadership
 from libs.state.store import TRANSIENT_ERRORS, Store
@@ -69,7 +70,14 @@ log = structlog.get_logger(__name__)
 _CALL_TIMEOUT_S = 30.0
 # Server-side end of each watch request; the informer resumes from the last resourceVersion.
 _WATCH_TIMEOUT_S = 300
-_KUBE_ERRORS: tuple[type[BaseException], ...] = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
+# ResourceApiUnavailable: the API server serves no resource.k8s.io version we speak (yet).
+_KUBE_ERRORS: tuple[type[BaseException], ...] = (
+    ApiException,
+    aiohttp.ClientError,
+    OSError,
+    TimeoutError,
+    ResourceApiUnavailable,
+)
 
 
 def _newer_or_same(candidate: dict[str, Any], current: dict[str, Any] | None) -> bool:
@@ -104,6 +112,8 @@ class KubeAdapter:
         self.store = store
         self.reconciler = reconciler
         self.api = api
+        # The resource.k8s.io version of the workload templates (discovered on first use).
+        self.served = ServedVersion(api)
         self.custom = CustomObjectsApi(api)
         self.events = EventRecorder(api, instance)
         self.labeler = NodeLabeler(api)
@@ -272,14 +282,15 @@ class KubeAdapter:
             self.queue.add(uid)
 
     async def sweep(self) -> None:
-        objects = await list_labelled(self.api)
+        version = await self.served.get()
+        objects = await list_labelled(self.api, version)
         # Liveness is read after the objects, from the API itself (the informer may lag).
         listing = await self.custom.list_cluster_custom_object(
             GROUP, VERSION, PLURAL, _request_timeout=_CALL_TIMEOUT_S
         )
         live = {item["metadata"]["uid"] for item in listing.get("items", [])}
         live |= set(self.reconciler.view.domains)
-        result = await sweep_once(self.api, objects, live)
+        result = await sweep_once(self.api, objects, live, version)
         if result.templates_removed or result.node_labels_removed:
             log.info(
                 "sweep removed leftovers",
@@ -353,14 +364,15 @@ class KubeAdapter:
             return
         namespace = cr["metadata"]["namespace"]
         mode = allocation_mode_name(desired.spec.channel.allocation_mode)
-        result = await ensure_template(self.api, uid, namespace, name, mode)
+        version = await self.served.get()
+        result = await ensure_template(self.api, uid, namespace, name, mode, version)
         if result.outcome == "conflict":
             owner = result.other_owner
             owner_live = owner is not None and (owner in self.crs or owner in self.reconciler.view.domains)
             if owner is not None and not owner_live:
                 # Left by a deleted CD of the same name (its teardown is over): replace it.
-                await remove_template(self.api, namespace, name, owner)
-                result = await ensure_template(self.api, uid, namespace, name, mode)
+                await remove_template(self.api, namespace, name, owner, version)
+                result = await ensure_template(self.api, uid, namespace, name, mode, version)
             if result.outcome == "conflict":
                 await self.events.emit(
                     cr,
@@ -459,7 +471,7 @@ class KubeAdapter:
         await self.labeler.remove_all(uid, meta["name"], meta["namespace"])
         name = ((cr.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate", {}).get("name")
         if name:
-            await remove_template(self.api, meta["namespace"], name, uid)
+            await remove_template(self.api, meta["namespace"], name, uid, await self.served.get())
         self._templates_ok.discard(uid)
         try:
             await self._patch_cr(cr, finalizers_patch(cr, present=False))

@@ -6,7 +6,9 @@ Shape (as NVIDIA's driver makes it): in the CD's namespace, named by
 (NVIDIA's controller selects its workload templates by that label, so after a rollback to its
 driver it finds ours), one request `channel` for exactly one
 device of the default channel DeviceClass, and opaque config for our driver
-carrying `ComputeDomainChannelConfig` (CD uid, allocation mode).
+carrying `ComputeDomainChannelConfig` (CD uid, allocation mode). Written in the resource.k8s.io
+version the API server prefers (v1; v1beta2 or v1beta1 on Kubernetes 1.33/1.32), whose request
+shape differs (see libs.kube.resourceapi).
 """
 
 from __future__ import annotations
@@ -16,25 +18,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, ResourceV1Api, V1DeleteOptions, V1Preconditions
+from kubernetes_asyncio.client import ApiClient, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.contract.channelconfig import channel_config
 from libs.contract.names import CHANNEL_DEVICE_CLASS, CHANNEL_REQUEST, DRIVER_NAME
+from libs.kube.resourceapi import api_version, device_request, resource_path, typed_api
 from services.controller.kube.computedomain import FINALIZER, LABEL_KEY
 
 log = structlog.get_logger(__name__)
 
-RCT_API_VERSION = "resource.k8s.io/v1"
 # NVIDIA's controller lists workload templates by these (its daemon templates say "Daemon").
 TARGET_LABEL_KEY = "resource.nvidia.com/computeDomainTarget"
 TARGET_WORKLOAD = "Workload"
 
 
-def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> dict[str, Any]:
+def build_rct(
+    cd_uid: str, namespace: str, name: str, allocation_mode: str, version: str = "v1"
+) -> dict[str, Any]:
     parameters = channel_config(cd_uid, allocation_mode)  # ValueError for a bad mode
     return {
-        "apiVersion": RCT_API_VERSION,
+        "apiVersion": api_version(version),
         "kind": "ResourceClaimTemplate",
         "metadata": {
             "name": name,
@@ -45,12 +49,7 @@ def build_rct(cd_uid: str, namespace: str, name: str, allocation_mode: str) -> d
         "spec": {
             "spec": {
                 "devices": {
-                    "requests": [
-                        {
-                            "name": CHANNEL_REQUEST,
-                            "exactly": {"deviceClassName": CHANNEL_DEVICE_CLASS},
-                        }
-                    ],
+                    "requests": [device_request(CHANNEL_REQUEST, CHANNEL_DEVICE_CLASS, version)],
                     "config": [
                         {
                             "requests": [CHANNEL_REQUEST],
@@ -85,7 +84,7 @@ class EnsureResult:
     other_owner: str | None = None
 
 
-async def _create_compact(api: ApiClient, namespace: str, body: dict[str, Any]) -> None:
+async def _create_compact(api: ApiClient, namespace: str, body: dict[str, Any], version: str) -> None:
     """POST the RCT as compact JSON (with the YAML content type, as JSON is YAML).
 
     The API server keeps opaque parameters byte for byte (a RawExtension) and compares them
@@ -94,7 +93,7 @@ async def _create_compact(api: ApiClient, namespace: str, body: dict[str, Any]) 
     never be updated again, not even to remove its finalizer ("spec: field is immutable").
     """
     await api.call_api(
-        "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+        resource_path(version, "resourceclaimtemplates", "{namespace}"),
         "POST",
         path_params={"namespace": namespace},
         header_params={"Content-Type": "application/yaml", "Accept": "application/json"},
@@ -106,12 +105,12 @@ async def _create_compact(api: ApiClient, namespace: str, body: dict[str, Any]) 
 
 
 async def ensure_template(
-    api: ApiClient, cd_uid: str, namespace: str, name: str, allocation_mode: str
+    api: ApiClient, cd_uid: str, namespace: str, name: str, allocation_mode: str, version: str = "v1"
 ) -> EnsureResult:
-    resource = ResourceV1Api(api)
-    body = build_rct(cd_uid, namespace, name, allocation_mode)
+    resource = typed_api(api, version)
+    body = build_rct(cd_uid, namespace, name, allocation_mode, version)
     try:
-        await _create_compact(api, namespace, body)
+        await _create_compact(api, namespace, body, version)
         log.info("resource claim template created", cd_uid=cd_uid, namespace=namespace, rct=name)
         return EnsureResult("created")
     except ApiException as exc:
@@ -126,12 +125,14 @@ async def ensure_template(
     return EnsureResult("conflict", owner)
 
 
-async def remove_template(api: ApiClient, namespace: str, name: str, cd_uid: str | None = None) -> bool:
+async def remove_template(
+    api: ApiClient, namespace: str, name: str, cd_uid: str | None = None, version: str = "v1"
+) -> bool:
     """Drop our finalizer from an RCT, then delete it; only if labelled `cd_uid` when given.
 
     Returns False when there was nothing (of that CD) to remove.
     """
-    resource = ResourceV1Api(api)
+    resource = typed_api(api, version)
     try:
         current = await resource.read_namespaced_resource_claim_template(
             name, namespace, _request_timeout=_CALL_TIMEOUT_S

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from libs.kube.resourceapi import typed_api
 from services.controller.kube.computedomain import LABEL_KEY
 from services.controller.kube.nodelabel import unlabel_node
 from services.controller.kube.resourceclaimtemplate import remove_template
@@ -43,8 +44,8 @@ class SweepResult:
     node_labels_removed: int = 0
 
 
-async def list_labelled(api: ApiClient) -> list[Labelled]:
-    resource = ResourceV1Api(api)
+async def list_labelled(api: ApiClient, version: str = "v1") -> list[Labelled]:
+    resource = typed_api(api, version)
     core = CoreV1Api(api)
     out: list[Labelled] = []
     rcts = await resource.list_resource_claim_template_for_all_namespaces(
@@ -67,13 +68,15 @@ async def list_labelled(api: ApiClient) -> list[Labelled]:
     return out
 
 
-async def sweep_once(api: ApiClient, objects: list[Labelled], live_uids: set[str]) -> SweepResult:
+async def sweep_once(
+    api: ApiClient, objects: list[Labelled], live_uids: set[str], version: str = "v1"
+) -> SweepResult:
     """Remove the `objects` (listed before `live_uids` was taken) whose CD is gone."""
     result = SweepResult()
     for obj in leftovers(objects, live_uids):
         try:
             if obj.kind == "ResourceClaimTemplate":
-                await remove_template(api, obj.namespace, obj.name)
+                await remove_template(api, obj.namespace, obj.name, version=version)
                 result.templates_removed += 1
             else:
                 await unlabel_node(api, obj.name, obj.cd_uid)

@@ -1,0 +1,1 @@
+"""Helpers for talking to the Kubernetes API that several services share."""
