@@ -33,6 +33,7 @@ from tools.kubeletshim.nodes import (
 )
 from tools.kubeletshim.objects import event_name, node_status, pod_event, running_pod_status
 from tools.kubeletshim.pods import ClaimRef, NotReadyYet, claim_for_driver, claim_names, is_running
+from tools.kubeletshim.release import KubeletRelease, minor_of
 
 DRIVER = "compute-domain.nvidia.com"
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -215,6 +216,37 @@ async def test_registration_of_another_driver_is_rejected_and_the_plugin_told_wh
         await stop_unix_server(server, plugin.registration_socket(kubelet_dir, DRIVER))
     assert wrong.status is not None and not wrong.status.plugin_registered
     assert "gpu.example.com" in wrong.status.error
+
+
+def test_the_kubelet_plays_the_control_planes_release() -> None:
+    new, old = KubeletRelease("v1.37.2", "v1"), KubeletRelease("v1.32.13", "v1beta1")
+    assert new.kubelet_version == "v1.37.2-kubeletshim"
+    assert node_status(ShimNode("n1", Path("/k")), NOW, None, old.kubelet_version)["nodeInfo"]["kubeletVersion"] == (
+        "v1.32.13-kubeletshim"
+    )
+    # From 1.34 kubelet prefers the v1 DRA service and still takes v1beta1; before, only v1beta1.
+    assert new.dra_services == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    assert old.dra_services == ("v1beta1.DRAPlugin",)
+    assert KubeletRelease("v1.33.5").dra_services == ("v1beta1.DRAPlugin",)
+    assert minor_of("v1.34.1-eks.3") == 34
+    with pytest.raises(ValueError, match="not a Kubernetes version"):
+        minor_of("latest")
+
+
+async def test_a_132_kubelet_registers_the_node_agent_on_v1beta1(
+    kubelet_dir: Path, agent_registration: RegistrationService
+) -> None:
+    info = await plugin.register(kubelet_dir, DRIVER, KubeletRelease("v1.32.13").dra_services)
+    assert info.service == "v1beta1.DRAPlugin"
+    newest = await plugin.register(kubelet_dir, DRIVER)
+    assert newest.service == "v1.DRAPlugin"
+
+
+def test_a_plugin_without_a_service_the_kubelet_knows_is_refused() -> None:
+    only_v1 = reg.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint="/x.sock", supported_versions=["v1.DRAPlugin"])
+    assert plugin.check_info(only_v1, DRIVER) == ""
+    problem = plugin.check_info(only_v1, DRIVER, KubeletRelease("v1.32.13").dra_services)
+    assert problem == "plugin supports ['v1.DRAPlugin'], none of ['v1beta1.DRAPlugin']"
 
 
 async def test_no_plugin_socket_is_a_call_error(kubelet_dir: Path) -> None:

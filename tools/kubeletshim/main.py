@@ -8,6 +8,7 @@ as they do when a kubelet stops).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,11 +19,13 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from libs.hardware.cluster import ClusterDescription
+from libs.kube.resourceapi import ResourceApiUnavailable
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
-from tools.kubeletshim.node import NodeKubelet
+from tools.kubeletshim.node import API_ERRORS, NodeKubelet
 from tools.kubeletshim.nodes import NodesFileError, ShimNode, load_nodes_file, nodes_of_cluster
+from tools.kubeletshim.release import KubeletRelease, discover_release
 from tools.kubeletshim.settings import ShimSettings
 
 log = structlog.get_logger(__name__)
@@ -74,10 +77,39 @@ async def _keep_node(kubelet: NodeKubelet) -> None:
         await asyncio.sleep(delay)
 
 
+_RELEASE_ERRORS: tuple[type[BaseException], ...] = (*API_ERRORS, ResourceApiUnavailable, ValueError)
+
+
+async def control_plane_release(
+    api: k8s_client.ApiClient, settings: ShimSettings, stop: asyncio.Event
+) -> KubeletRelease | None:
+    """The control plane's release, asked until it answers (None when stopped first)."""
+    backoff = Backoff(initial=settings.retry_initial_s, cap=settings.retry_cap_s)
+    while not stop.is_set():
+        try:
+            release = await discover_release(api, settings.api_timeout_s)
+            log.info(
+                "control plane release",
+                kubernetes=release.git_version,
+                resource_api=release.resource_api,
+                dra_services=list(release.dra_services),
+            )
+            return release
+        except _RELEASE_ERRORS as exc:
+            delay = backoff.next_delay()
+            log.warning("asking the API server its version failed; retrying", error=str(exc), retry_in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+    return None
+
+
 async def run_shim(settings: ShimSettings, nodes: Sequence[ShimNode], stop: asyncio.Event) -> None:
     api = await api_client(settings, len(nodes))
     try:
-        kubelets = [NodeKubelet(node, api, settings) for node in nodes]
+        release = await control_plane_release(api, settings, stop)
+        if release is None:
+            return
+        kubelets = [NodeKubelet(node, api, settings, release) for node in nodes]
         tasks = [asyncio.create_task(_keep_node(k), name=f"node-{k.node.name}") for k in kubelets]
         log.info("kubelet shim running", nodes=len(nodes), driver=settings.driver)
         try:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from libs.kube.resourceapi import typed_api
 from libs.runtime.backoff import Backoff
 from tools.kubeletshim import plugin
 from tools.kubeletshim.apijson import TRANSPORT_ERRORS, read_json, watch_events
@@ -52,6 +52,7 @@ from tools.kubeletshim.pods import (
     is_terminating,
     pod_key,
 )
+from tools.kubeletshim.release import KubeletRelease
 from tools.kubeletshim.settings import ShimSettings
 
 log = structlog.get_logger(__name__)
@@ -77,14 +78,18 @@ class PrepareFailed(Exception):
 class NodeKubelet:
     """Everything kubelet does for one node, as far as the control plane and our plugin can tell."""
 
-    def __init__(self, node: ShimNode, api: ApiClient, settings: ShimSettings) -> None:
+    def __init__(
+        self, node: ShimNode, api: ApiClient, settings: ShimSettings, release: KubeletRelease | None = None
+    ) -> None:
         self.node = node
         self.settings = settings
+        # The control plane's release: kubeletVersion, the claims' API version, the DRA service.
+        self.release = release or KubeletRelease()
         # Typed as Any: bodies are JSON-shaped dicts (exact API field names), which the client
         # accepts at run time although its stubs ask for model classes.
         self.core: Any = CoreV1Api(api)
         self.coordination: Any = CoordinationV1Api(api)
-        self.resource: Any = ResourceV1Api(api)
+        self.resource: Any = typed_api(api, self.release.resource_api)
         self.node_uid = ""
         self.ready_since = _now()
         self.plugin_info: plugin.PluginInfo | None = None
@@ -145,7 +150,7 @@ class NodeKubelet:
         await read_json(
             self.core.patch_node_status(
                 self.node.name,
-                {"status": node_status(self.node, _now(), self.ready_since)},
+                {"status": node_status(self.node, _now(), self.ready_since, self.release.kubelet_version)},
                 _preload_content=False,
                 _request_timeout=self.timeout,
             )
@@ -194,19 +199,22 @@ class NodeKubelet:
 
     # ---- the plugin ------------------------------------------------------------------------
 
-    async def plugin_endpoint(self) -> Path:
-        """The registered plugin's DRA socket, registering first if needed (raises plugin.CALL_ERRORS
-        or RegistrationRejected)."""
+    async def plugin_endpoint(self) -> plugin.PluginInfo:
+        """The registered plugin (DRA socket, chosen service), registering first if needed (raises
+        plugin.CALL_ERRORS or RegistrationRejected)."""
         async with self._register_lock:
             if self.plugin_info is None:
-                self.plugin_info = await plugin.register(self.node.kubelet_dir, self.settings.driver)
+                self.plugin_info = await plugin.register(
+                    self.node.kubelet_dir, self.settings.driver, self.release.dra_services
+                )
                 self.log.info(
                     "DRA plugin registered",
                     driver=self.plugin_info.name,
                     endpoint=str(self.plugin_info.endpoint),
                     versions=list(self.plugin_info.versions),
+                    service=self.plugin_info.service,
                 )
-            return self.plugin_info.endpoint
+            return self.plugin_info
 
     async def _register_at_start(self) -> None:
         """Register as soon as the plugin's socket answers (kubelet's plugin watcher would)."""
@@ -232,11 +240,11 @@ class NodeKubelet:
     async def prepare(self, refs: list[ClaimRef]) -> dict[str, str]:
         """Per claim uid the plugin's error ("" = prepared); a failed call is every claim's error."""
         try:
-            endpoint = await self.plugin_endpoint()
+            info = await self.plugin_endpoint()
         except _REGISTRATION_ERRORS as exc:
             return {r.uid: self._not_registered(exc) for r in refs}
         try:
-            return await plugin.prepare(endpoint, refs, self.settings.call_timeout_s)
+            return await plugin.prepare(info.endpoint, refs, self.settings.call_timeout_s, info.service)
         except plugin.CALL_ERRORS as exc:
             self.plugin_info = None  # the plugin may have restarted: register again next time
             message = f"NodePrepareResources call failed: {plugin.describe_call_error(exc)}"
@@ -244,11 +252,11 @@ class NodeKubelet:
 
     async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
         try:
-            endpoint = await self.plugin_endpoint()
+            info = await self.plugin_endpoint()
         except _REGISTRATION_ERRORS as exc:
             return {r.uid: self._not_registered(exc) for r in refs}
         try:
-            return await plugin.unprepare(endpoint, refs, self.settings.call_timeout_s)
+            return await plugin.unprepare(info.endpoint, refs, self.settings.call_timeout_s, info.service)
         except plugin.CALL_ERRORS as exc:
             self.plugin_info = None
             message = f"NodeUnprepareResources call failed: {plugin.describe_call_error(exc)}"

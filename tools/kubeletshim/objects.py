@@ -17,7 +17,8 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 COMPONENT = "kubelet"
 # Kubelet's reason for a failed NodePrepareResources (pkg/kubelet/events: FailedPrepareDynamicResources).
 FAILED_PREPARE_REASON = "FailedPrepareDynamicResources"
-KUBELET_VERSION = "v1.35.0-kubeletshim"
+# When the control plane's release is not known (see tools.kubeletshim.release).
+KUBELET_VERSION = "v1.37.2-kubeletshim"
 
 
 def timestamp(now: datetime) -> str:
@@ -50,7 +51,9 @@ def ready_condition(now: datetime, transition: datetime | None = None) -> dict[s
     }
 
 
-def node_status(node: ShimNode, now: datetime, ready_since: datetime | None = None) -> dict[str, Any]:
+def node_status(
+    node: ShimNode, now: datetime, ready_since: datetime | None = None, kubelet_version: str = KUBELET_VERSION
+) -> dict[str, Any]:
     """Node.status of a healthy node: Ready, capacity = allocatable, addresses, node info."""
     addresses = [{"type": "Hostname", "address": node.name}]
     if node.address:
@@ -68,7 +71,7 @@ def node_status(node: ShimNode, now: datetime, ready_since: datetime | None = No
             "kernelVersion": "",
             "osImage": "simulated",
             "containerRuntimeVersion": "none://0",
-            "kubeletVersion": KUBELET_VERSION,
+            "kubeletVersion": kubelet_version,
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
             "architecture": "arm64",

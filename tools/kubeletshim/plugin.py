@@ -1,8 +1,10 @@
-"""Kubelet's side of a DRA plugin: registration (GetInfo) and NodePrepare/UnprepareResources (v1).
+"""Kubelet's side of a DRA plugin: registration (GetInfo) and NodePrepare/UnprepareResources.
 
 Kubelet learns the plugin's DRA socket from ``GetInfo`` on the registration socket, checks the
-plugin type, name and that it speaks ``v1.DRAPlugin``, reports the outcome with
-``NotifyRegistrationStatus``, and from then on calls the DRA socket. A failed call (socket gone:
+plugin type, name and that it speaks a DRA gRPC service this kubelet knows (``v1.DRAPlugin`` or
+``v1beta1.DRAPlugin`` from 1.34, only the latter on 1.32/1.33; the first of the kubelet's list
+that the plugin offers is used), reports the outcome with ``NotifyRegistrationStatus``, and from
+then on calls the DRA socket with that service. A failed call (socket gone:
 the plugin restarted) makes the shim register again before the next attempt.
 """
 
@@ -12,19 +14,24 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpclib.client
 import grpclib.exceptions
 import structlog
 
 from libs.gen import pluginregistration as reg
-from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from tools.kubeletshim.pods import ClaimRef
+from tools.kubeletshim.release import DRA_V1, DRA_V1BETA1
 
 log = structlog.get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-REQUIRED_VERSION = "v1.DRAPlugin"
+# The two services have the same messages (the gRPC package differs).
+_SERVICES: dict[str, Any] = {DRA_V1: dra_v1, DRA_V1BETA1: dra_v1beta1}
+NEWEST_KUBELET_SERVICES = (DRA_V1, DRA_V1BETA1)
 REGISTRATION_TIMEOUT_S = 10.0
 
 CALL_ERRORS: tuple[type[BaseException], ...] = (
@@ -45,6 +52,7 @@ class PluginInfo:
     name: str
     endpoint: Path
     versions: tuple[str, ...]
+    service: str = DRA_V1  # the one the kubelet chose
 
 
 def registration_socket(kubelet_dir: Path, driver: str) -> Path:
@@ -59,26 +67,33 @@ def describe_call_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def check_info(info: reg.PluginInfo, driver: str) -> str:
+def chosen_service(offered: Sequence[str], services: Sequence[str]) -> str:
+    """The first of the kubelet's `services` that the plugin offers ("" = none)."""
+    return next((s for s in services if s in offered), "")
+
+
+def check_info(info: reg.PluginInfo, driver: str, services: Sequence[str] = NEWEST_KUBELET_SERVICES) -> str:
     """Why kubelet would reject this registration ("" = accepted)."""
     if info.type != PLUGIN_TYPE:
         return f"plugin type {info.type!r} is not {PLUGIN_TYPE}"
     if info.name != driver:
         return f"plugin name {info.name!r} is not {driver!r}"
-    if REQUIRED_VERSION not in info.supported_versions:
-        return f"plugin supports {list(info.supported_versions)}, not {REQUIRED_VERSION}"
+    if not chosen_service(info.supported_versions, services):
+        return f"plugin supports {list(info.supported_versions)}, none of {list(services)}"
     if not info.endpoint:
         return "plugin gave no endpoint"
     return ""
 
 
-async def register(kubelet_dir: Path, driver: str) -> PluginInfo:
+async def register(
+    kubelet_dir: Path, driver: str, services: Sequence[str] = NEWEST_KUBELET_SERVICES
+) -> PluginInfo:
     """GetInfo + NotifyRegistrationStatus; RegistrationRejected when the plugin is not acceptable."""
     channel = grpclib.client.Channel(path=str(registration_socket(kubelet_dir, driver)))
     try:
         stub = reg.RegistrationStub(channel)
         info = await stub.get_info(reg.InfoRequest(), timeout=REGISTRATION_TIMEOUT_S)
-        problem = check_info(info, driver)
+        problem = check_info(info, driver, services)
         await stub.notify_registration_status(
             reg.RegistrationStatus(plugin_registered=not problem, error=problem),
             timeout=REGISTRATION_TIMEOUT_S,
@@ -87,7 +102,12 @@ async def register(kubelet_dir: Path, driver: str) -> PluginInfo:
         channel.close()
     if problem:
         raise RegistrationRejected(problem)
-    return PluginInfo(info.name, Path(info.endpoint), tuple(info.supported_versions))
+    return PluginInfo(
+        info.name,
+        Path(info.endpoint),
+        tuple(info.supported_versions),
+        chosen_service(info.supported_versions, services),
+    )
 
 
 @contextlib.contextmanager
@@ -103,17 +123,20 @@ def connection_errors() -> Iterator[None]:
         raise ConnectionResetError("the connection to the plugin was lost during the call") from exc
 
 
-def _claims(refs: Sequence[ClaimRef]) -> list[dra.Claim]:
+def _claims(dra: Any, refs: Sequence[ClaimRef]) -> list[Any]:
     return [dra.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
 
 
-async def prepare(endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float) -> dict[str, str]:
+async def prepare(
+    endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float, service: str = DRA_V1
+) -> dict[str, str]:
     """NodePrepareResources; per claim uid the error ("" = prepared). Raises CALL_ERRORS."""
+    dra = _SERVICES[service]
     channel = grpclib.client.Channel(path=str(endpoint))
     try:
         with connection_errors():
             response = await dra.DraPluginStub(channel).node_prepare_resources(
-                dra.NodePrepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
+                dra.NodePrepareResourcesRequest(claims=_claims(dra, refs)), timeout=timeout_s
             )
     finally:
         channel.close()
@@ -129,13 +152,16 @@ async def prepare(endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float) ->
     return errors
 
 
-async def unprepare(endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float) -> dict[str, str]:
+async def unprepare(
+    endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float, service: str = DRA_V1
+) -> dict[str, str]:
     """NodeUnprepareResources; per claim uid the error ("" = unprepared). Raises CALL_ERRORS."""
+    dra = _SERVICES[service]
     channel = grpclib.client.Channel(path=str(endpoint))
     try:
         with connection_errors():
             response = await dra.DraPluginStub(channel).node_unprepare_resources(
-                dra.NodeUnprepareResourcesRequest(claims=_claims(refs)), timeout=timeout_s
+                dra.NodeUnprepareResourcesRequest(claims=_claims(dra, refs)), timeout=timeout_s
             )
     finally:
         channel.close()
