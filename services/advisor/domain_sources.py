@@ -128,11 +128,14 @@ class StoreDomainSizes:
 
 
 class KubeTemplateSource:
-    """GETs the ResourceClaimTemplate from the API server (resource.k8s.io/<version>)."""
+    """GETs the ResourceClaimTemplate from the API server (resource.k8s.io/<version>; "" = the
+    version the API server prefers, discovered on first use)."""
 
-    def __init__(self, api_client: Any, version: str = "v1", timeout_s: float = 5.0) -> None:
+    def __init__(self, api_client: Any, version: str = "", timeout_s: float = 5.0) -> None:
+        from libs.kube.resourceapi import ServedVersion
+
         self.api_client = api_client
-        self.version = version
+        self.served = ServedVersion(api_client, version, timeout_s)
         self.timeout_s = timeout_s
 
     async def domain_of_template(self, namespace: str, name: str) -> str | None:
@@ -143,7 +146,7 @@ class KubeTemplateSource:
         try:
             obj = await api.get_namespaced_custom_object(
                 "resource.k8s.io",
-                self.version,
+                await self.served.get(),
                 namespace,
                 "resourceclaimtemplates",
                 name,

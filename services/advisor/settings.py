@@ -35,7 +35,11 @@ class AdvisorSettings(EtcdSettings):
         choices=("store", "kubernetes"),
     )
     kubeconfig: str = setting("", "kubeconfig file (template-source=kubernetes; empty = in-cluster config)")
-    resource_api_version: str = setting("v1", "version of resource.k8s.io to read templates from")
+    resource_api_version: str = setting(
+        "",
+        "version of resource.k8s.io to read templates from: v1, v1beta2 or v1beta1 (empty = the one the API "
+        "server prefers)",
+    )
     default_reservation_ttl_s: int = setting(60, "TTL of a reservation that names none", validate=positive)
     max_reservation_ttl_s: int = setting(600, "largest TTL a client may ask for", validate=positive)
     max_reserved_nodes_per_holder: int = setting(

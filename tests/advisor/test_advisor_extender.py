@@ -372,8 +372,13 @@ async def test_kube_template_source_reads_the_template_from_the_api_server() -> 
             }
         )
 
+    async def served_versions(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIGroup", "versions": [{"version": "v1"}]})
+
     app = web.Application()
     app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}", template)
+    # API discovery: the source asks which resource.k8s.io version is served first.
+    app.router.add_get("/apis/resource.k8s.io", served_versions)
     async with TestServer(app) as server:
         configuration = kube.Configuration(host=str(server.make_url("")).rstrip("/"))
         async with kube.ApiClient(configuration) as api_client:
