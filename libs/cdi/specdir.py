@@ -1,15 +1,18 @@
 """Claim spec files in a CDI root: write (atomically), remove, list.
 
-Synchronous on purpose: a write is a few small syscalls, cheaper than a hop to a thread pool on
-the prepare path. Atomic but not fsynced: the container runtime reads the spec right after the
-prepare, from the page cache; a machine crash voids every prepared claim anyway (the checkpoint
-is discarded on a new boot id), and CDI roots are tmpfs on most nodes (/var/run/cdi), where an
-fsync does nothing. On a disk-backed root the flushes blocked the agent's event loop. Not safe for
-two writers of the same claim at once; the node agent serializes per claim.
+Synchronous on purpose: a write or a removal is a few small syscalls, cheaper than a hop to a
+thread pool on the prepare path. Atomic but not fsynced, removals neither: the container runtime
+reads the spec right after the prepare, from the page cache; a machine crash voids every prepared
+claim anyway (the checkpoint is discarded on a new boot id), and CDI roots are tmpfs on most nodes
+(/var/run/cdi), where an fsync does nothing. On a disk-backed root the flushes blocked the agent's
+event loop. A removal that a machine crash undoes leaves a spec of a claim the agent does not
+hold, which its start-up reconcile removes. Not safe for two writers of the same claim at once;
+the node agent serializes per claim.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -22,7 +25,7 @@ from libs.cdi.spec import (
     render_claim_spec,
     validate_claim_uid,
 )
-from libs.fsio.atomic import remove_durable, remove_stale_temps, write_atomic
+from libs.fsio.atomic import remove_stale_temps, write_atomic
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +79,11 @@ class ClaimSpecDir:
         base = claim_spec_basename(claim_uid)
         removed = False
         for ext in SPEC_EXTENSIONS:
-            removed |= remove_durable(self.root / f"{base}{ext}")
+            try:
+                os.unlink(self.root / f"{base}{ext}")
+            except FileNotFoundError:
+                continue
+            removed = True
         if removed:
             log.debug("cdi spec removed", claim_uid=claim_uid)
         return removed

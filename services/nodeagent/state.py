@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 import aetcd.exceptions
 import structlog
@@ -38,7 +36,6 @@ from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
 from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
-from libs.fsio.atomic import write_atomic
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.state.codec import UndecodableValue
@@ -52,6 +49,7 @@ from libs.state.membership import (
 )
 from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
+from services.nodeagent.checkpointwriter import CheckpointWriter
 from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
 from services.nodeagent.domainheader import DomainHeader, get_domain_header
 from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
@@ -60,7 +58,6 @@ from services.nodeagent.metrics import AgentMetrics
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
 # A file operation that takes longer (a hung disk) fails the call as retryable.
 FILE_IO_TIMEOUT_S = 10.0
 
@@ -157,10 +154,11 @@ class DeviceState:
         # the page cache: a rename alone makes a save survive everything the checkpoint must
         # survive. fsync would only add a disk flush (milliseconds) to every prepare.
         self.checkpoint_fsync = checkpoint_fsync
+        self.checkpoint_writer = CheckpointWriter(
+            checkpoint, fsync=checkpoint_fsync, timeout_s=FILE_IO_TIMEOUT_S, on_saved=self._saved
+        )
         self._clock = clock
         self._domain_locks = KeyedLocks()
-        # Fsynced checkpoint saves, one at a time in call order (started lazily, one thread).
-        self._checkpoint_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self._channel_major: int | None = None
         self._ensured_channels: set[int] = set()
 
@@ -293,7 +291,7 @@ class DeviceState:
         except BaseException as exc:
             await self._revert_completed_record(put, record_key, record)
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
-                await self._file_io(None, self.cdi.remove, ref.uid)
+                self.cdi.remove(ref.uid)
                 raise PermanentError(str(exc)) from None
             if isinstance(exc, OSError):
                 raise RetryableError(
@@ -415,25 +413,15 @@ class DeviceState:
         ]
 
     async def _save_checkpoint(self) -> None:
-        """Persist the checkpoint as it is now. A rename alone (the default) is a memory write
-        and stays on the loop; an fsynced save goes to the checkpoint's own writer thread, one
-        save at a time in call order, so the file always ends at the latest state."""
-        self.checkpoint.prune_tombstones()
-        data = self.checkpoint.encode()
+        """Persist the checkpoint as it is now: returns once a write holding every change made
+        so far landed (concurrent saves share writes; see ``checkpointwriter``)."""
         try:
-            if self.checkpoint_fsync:
-                await self._file_io(self._checkpoint_writer, self.checkpoint.write, data)
-            else:
-                self.checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(self.checkpoint.path, data, 0o600, durable=False)
+            await self.checkpoint_writer.save()
         except (OSError, TimeoutError) as exc:
             raise RetryableError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
-        self.metrics.prepared_claims.set(len(self.checkpoint.entries))
 
-    async def _file_io(self, executor: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
-        """A blocking file operation (fsync, unlink of a durable file) off the event loop."""
-        async with asyncio.timeout(FILE_IO_TIMEOUT_S):
-            return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
+    def _saved(self) -> None:
+        self.metrics.prepared_claims.set(len(self.checkpoint.entries))
 
     # ---- unprepare -------------------------------------------------------------------------
 
@@ -450,7 +438,7 @@ class DeviceState:
 
     async def _unprepare(self, claim_uid: str, namespace: str) -> None:
         try:
-            await self._file_io(None, self.cdi.remove, claim_uid)
+            self.cdi.remove(claim_uid)
         except ValueError:  # not a valid UID: we never wrote anything for it
             return
         entry = self.checkpoint.get(claim_uid)
@@ -476,26 +464,31 @@ class DeviceState:
             return
         record_key = self.store.keys.preparation(entry.node or self.identity.node.name, claim_uid)
         async with self._domain_locks.hold(entry.domain_uid):
-            if any(
+            last = not any(
                 e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
                 for e in self.checkpoint.entries.values()
-            ):
-                # Another claim keeps the membership: the store delete travels while the
-                # checkpoint is written (if it fails, the retry finds the tombstone and deletes).
-                delete = asyncio.ensure_future(self.store.delete(record_key))
-                await asyncio.sleep(0)
-                try:
-                    self.checkpoint.remove(claim_uid)
-                    await self._save_checkpoint()
-                finally:
-                    await delete
-            else:
+            )
+            if last:
                 await self.store.delete(record_key)
                 left = await leave_domain(self.store, entry.domain_uid, entry.node or self.identity.node.name)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
                 self.checkpoint.remove(claim_uid)
                 await self._save_checkpoint()
+            else:
+                # Another claim keeps the membership: decided and recorded here, under the lock
+                # (a concurrent unprepare of that claim then sees this one gone and leaves); the
+                # writes below need no lock, so unprepares of a domain do not queue behind each
+                # other's round trips.
+                self.checkpoint.remove(claim_uid)
+        if not last:
+            # The store delete travels while the checkpoint is written (if it fails, the
+            # retry finds the tombstone and deletes).
+            delete = asyncio.ensure_future(self.store.delete(record_key))
+            try:
+                await self._save_checkpoint()
+            finally:
+                await delete
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
 
     # ---- start-up reconcile ----------------------------------------------------------------
@@ -599,5 +592,3 @@ def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | N
         )
     if domain.deleting:
         raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
-
-

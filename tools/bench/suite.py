@@ -181,7 +181,8 @@ PREPARE = Benchmark(
             lambda raw: float(_get(raw, "prepare", "p99_ms")),
             "99th percentile of NodePrepareResources for one claim, timed at the client over the DRA unix "
             "socket of a node-agent process whose node already runs a READY IMEX daemon for the domain "
-            "(sequential calls, 4 claims held at a time), simulated hardware, etcd on loopback with its "
+            "(16 calls in flight over one connection, one claim each, as kubelet sends them for pods starting "
+            "together; 16-32 claims held), simulated hardware, etcd on loopback with its "
             "data on disk (fsynced), the kubelet dir with the checkpoint on disk, saved as the agent "
             "ships (checkpoint_fsync false: atomic rename without fsync), the CDI root on tmpfs as "
             "/var/run/cdi is on a node.",
