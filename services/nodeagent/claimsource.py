@@ -29,7 +29,6 @@ from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
 log = structlog.get_logger(__name__)
 
 
-
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
     """A claim as kubelet names it."""
@@ -233,9 +232,9 @@ class KubeClaimSource:
         what = f"claim {ref.namespace}/{ref.name}"
         try:
             async with asyncio.timeout(self._timeout_s):
-                path = resource_path(await self.served.get(), "resourceclaims", ref.namespace, ref.name)
+                version = await self.served.get()
                 response: Any = await self._api_client.call_api(
-                    path,
+                    resource_path(version, "resourceclaims", ref.namespace, ref.name),
                     "GET",
                     header_params={"Accept": "application/json"},
                     auth_settings=["BearerToken"],

@@ -7,7 +7,10 @@ Each call is turned into the RBAC permission it needs, (API group, resource, ver
   the client library's own `<method>_with_http_info`, so nothing is guessed from method names;
 * `CustomObjectsApi` calls: the same, with `group` and `plural` taken from the call's arguments
   (literals, or names resolved in the calling module);
-* raw `ApiClient.call_api(path, method, ...)` calls, from their literal path and method;
+* raw `ApiClient.call_api(path, method, ...)` calls, from their literal path and method, or a path
+  built in the call by `libs.kube.resourceapi.resource_path(version, plural, namespace, name)`;
+* `libs.kube.resourceapi.typed_api(...)`, the typed client of the served resource.k8s.io version:
+  read as `ResourceV1Api` (every version has the same methods, group and resource names);
 * a list method handed to `Watch().stream(...)`, or called with `watch=True`: verb watch.
 
 GET on an object is get, on a collection list; POST create; PUT update; PATCH patch; DELETE on an
@@ -122,7 +125,23 @@ def _referenced_api_classes(tree: ast.AST) -> set[str]:
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    if "typed_api" in names:
+        names.add("ResourceV1Api")
     return names & set(api_classes())
+
+
+def _resource_path(call: ast.Call, module: Any, where: str) -> str:
+    """The path template of a `resource_path(version, plural, namespace="", name="")` call."""
+    args = dict(zip(("version", "plural", "namespace", "name"), call.args, strict=False))
+    args.update({k.arg: k.value for k in call.keywords if k.arg})
+    if "plural" not in args:
+        raise UnresolvedCall(f"{where}: resource_path without a plural")
+    path = f"/apis/resource.k8s.io/v1/{_resolve(args['plural'], module, where)}"
+    if "namespace" in args:
+        path = path.replace("/v1/", "/v1/namespaces/{namespace}/")
+    if "name" in args:
+        path += "/{name}"
+    return path
 
 
 def _owner(method: str, classes: set[str], where: str) -> str | None:
@@ -177,7 +196,12 @@ def calls_in_source(source: str, name: str, module: Callable[[], Any]) -> Iterat
         if node.func.attr == "call_api":
             if len(node.args) < 2:
                 raise UnresolvedCall(f"{where}: call_api without literal path and method")
-            api_path, http_method = (_resolve(a, module(), where) for a in node.args[:2])
+            first = node.args[0]
+            if isinstance(first, ast.Call) and getattr(first.func, "id", "") == "resource_path":
+                api_path = _resource_path(first, module(), where)
+                http_method = _resolve(node.args[1], module(), where)
+            else:
+                api_path, http_method = (_resolve(a, module(), where) for a in node.args[:2])
             yield ApiCall(permission_of(str(api_path), str(http_method)), where)
             continue
         if node.func.attr == "stream" and node.args and isinstance(node.args[0], ast.Attribute):
