@@ -51,10 +51,11 @@ from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavai
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
 from services.nodeagent.checkpointwriter import CheckpointWriter
 from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
-from services.nodeagent.domainheader import DomainHeader, get_domain_header
+from services.nodeagent.domainheader import DomainHeader, decode_domain_header
 from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
 from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics
+from services.nodeagent.storebatch import StoreBatch
 
 log = structlog.get_logger(__name__)
 
@@ -157,6 +158,8 @@ class DeviceState:
         self.checkpoint_writer = CheckpointWriter(
             checkpoint, fsync=checkpoint_fsync, timeout_s=FILE_IO_TIMEOUT_S, on_saved=self._saved
         )
+        # The hot path's reads and writes of single keys, batched with concurrent calls' own.
+        self.batch = StoreBatch(store)
         self._clock = clock
         self._domain_locks = KeyedLocks()
         self._channel_major: int | None = None
@@ -276,7 +279,7 @@ class DeviceState:
         # The store write travels while the local files are written. Should the agent die in
         # between, the reconcile at start settles it: a completed record whose spec exists is
         # taken as completed, one without its spec as started.
-        put = asyncio.ensure_future(self.store.put(record_key, completed))
+        put = asyncio.ensure_future(self.batch.put(record_key, completed))
         try:
             # On the loop, as the checkpoint below: a small write and a rename, no fsync; a hop to
             # the shared thread pool waited behind every other blocking call of the process.
@@ -333,7 +336,9 @@ class DeviceState:
         )
 
     async def _get_domain(self, domain_uid: str) -> DomainHeader | None:
-        return await get_domain_header(self.store, domain_uid)
+        key = self.store.keys.domain(domain_uid)
+        found = await self.batch.get(key)
+        return None if found is None else decode_domain_header(found.value, key)
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
         """The claim's one channel config; `PermanentError` naming what is wrong with it."""
@@ -484,7 +489,7 @@ class DeviceState:
         if not last:
             # The store delete travels while the checkpoint is written (if it fails, the
             # retry finds the tombstone and deletes).
-            delete = asyncio.ensure_future(self.store.delete(record_key))
+            delete = asyncio.ensure_future(self.batch.delete(record_key))
             try:
                 await self._save_checkpoint()
             finally:

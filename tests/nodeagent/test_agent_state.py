@@ -483,15 +483,18 @@ async def test_failed_store_delete_in_unprepare_is_finished_by_the_retry(
     )
     await n.state.prepare(keep)
     await n.state.prepare(drop)
-    real_delete = store.delete
+    real_delete, real_txn = store.delete, store.txn
 
-    async def unavailable(key: str) -> bool:
+    async def unavailable(*args: object) -> bool:
         raise aetcd.exceptions.ConnectionFailedError("etcd restarting")
 
+    # Deletes go alone or batched with concurrent calls' (a transaction): both fail.
     monkeypatch.setattr(store, "delete", unavailable)
+    monkeypatch.setattr(store, "txn", unavailable)
     with pytest.raises(RetryableError, match="state store unavailable"):
         await n.state.unprepare(drop)
     monkeypatch.setattr(store, "delete", real_delete)
+    monkeypatch.setattr(store, "txn", real_txn)
     assert await store.get(store.keys.preparation("rack0-tray0", drop.uid), pb.PreparedClaim) is not None
 
     await n.state.unprepare(drop)  # kubelet's retry

@@ -92,7 +92,9 @@ async def test_a_failed_write_fails_its_callers_and_the_next_save_writes_everyth
     writer.close()
 
 
-async def test_device_state_reports_a_failed_checkpoint_write_as_retryable(store: Store, tmp_path: Path) -> None:
+async def test_device_state_reports_a_failed_checkpoint_write_as_retryable(
+    store: Store, tmp_path: Path
+) -> None:
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
