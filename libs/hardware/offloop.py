@@ -7,8 +7,9 @@ supervision. `OffLoopCalls.call` runs the query in a thread of its own and gives
 (the node record's `fabric_message`, a health event).
 
 A hung call cannot be cancelled; its thread stays blocked. So no second query starts while one is
-still out: the next call fails at once, saying how long the first has been stuck, and queries
-resume once it returns. The threads are daemon threads: a process shutting down does not wait for
+still out: the next call waits for it within its own deadline (two callers share one instance:
+the health poll and the node inventory, whose queries collide on a loaded machine), then fails,
+saying how long the first has been stuck; queries resume once it returns. The threads are daemon threads: a process shutting down does not wait for
 a call that never returns.
 """
 
@@ -30,7 +31,9 @@ class HardwareStalled(HardwareError):
 
 
 class OffLoopCalls:
-    def __init__(self, timeout_s: float, name: str = "hardware", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, timeout_s: float, name: str = "hardware", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"hardware query timeout must be > 0, got {timeout_s!r}")
         self.timeout_s = timeout_s
@@ -46,16 +49,22 @@ class OffLoopCalls:
         return self._clock() - self._out_since if self._out is not None and not self._out.done() else 0.0
 
     async def call(self, fn: Callable[[], T], what: str = "", timeout_s: float | None = None) -> T:
-        """``fn()`` in a thread; `HardwareStalled` after `timeout_s` (default: the instance's), or at
-        once while an earlier call is still out. Exceptions of ``fn`` are raised here."""
+        """``fn()`` in a thread; `HardwareStalled` after `timeout_s` (default: the instance's), which
+        covers waiting for an earlier call still out. Exceptions of ``fn`` are raised here."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         what = what or getattr(fn, "__name__", "query")
-        if self._out is not None and not self._out.done():
-            raise HardwareStalled(
-                f"{self.name} query {self._out_what} has not returned for {self.stuck_for:.0f}s "
-                "(hung driver?); no new query until it does"
-            )
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._out is not None and not self._out.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise HardwareStalled(
+                    f"{self.name} query {self._out_what} has not returned for {self.stuck_for:.0f}s "
+                    "(hung driver?); no new query until it does"
+                )
+            # Another caller's query (not ours to cancel); its result or error is that caller's.
+            await asyncio.wait({self._out}, timeout=remaining)
+        left_s = max(deadline - loop.time(), 0.001)
         future: asyncio.Future[object] = loop.create_future()
         # A call that outlived its deadline may still fail; nobody awaits it then.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -71,7 +80,7 @@ class OffLoopCalls:
         self._out, self._out_since, self._out_what = future, self._clock(), what
         threading.Thread(target=run, name=f"{self.name}-{what}", daemon=True).start()
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(left_s):
                 result = await asyncio.shield(future)
         except TimeoutError:
             raise HardwareStalled(

@@ -48,6 +48,27 @@ async def test_a_hung_query_times_out_and_blocks_no_second_thread() -> None:
         tick.cancel()
 
 
+async def test_a_second_caller_waits_for_a_slow_query_instead_of_failing() -> None:
+    # The health poll and the node inventory share one instance: on a loaded machine the
+    # inventory's query often starts while the poll's is still out. It must get its own answer,
+    # not a "hung driver" error that would stay in the node record.
+    calls = OffLoopCalls(2.0)
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(5)
+        return "poll"
+
+    poll = asyncio.create_task(calls.call(slow, "snapshot"))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(calls.call(lambda: "inventory", "snapshot"))
+    await asyncio.sleep(0.1)
+    assert not second.done(), "the second caller waits while the first query is out"
+    release.set()
+    assert await second == "inventory"
+    assert await poll == "poll"
+
+
 async def test_a_query_error_is_raised_to_the_caller() -> None:
     calls = OffLoopCalls(1.0)
 
