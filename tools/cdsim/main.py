@@ -226,12 +226,24 @@ async def _check(layout: StateLayout, idle: bool, settle_s: float, out: TextIO) 
     out.write(f"OK: {what} ({len(JobBook(layout.jobs_file).read().jobs)} job(s) known).\n")
 
 
+def _refuse_in_kubernetes_mode(layout: StateLayout) -> None:
+    """Jobs of a cluster with Kubernetes come from the API server, not from cdsim's own records."""
+    state = RunState.load(layout)
+    if state is not None and state.kubeconfig:
+        raise CommandError(
+            f"the cluster in {layout.root} runs Kubernetes (cdsim up --kubernetes): create ComputeDomains "
+            f"and pods with kubectl (export KUBECONFIG={state.kubeconfig}), not with cdsim job"
+        )
+
+
 def _run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> None:
     asyncio.run(coro())
 
 
 def dispatch(args: argparse.Namespace, out: TextIO) -> None:
     layout = StateLayout.at(args.state_dir)
+    if args.command == "job" and args.job_command in ("submit", "scale"):
+        _refuse_in_kubernetes_mode(layout)
     if args.command == "up":
         options = lifecycle.UpOptions(
             racks=args.racks,

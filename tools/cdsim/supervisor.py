@@ -532,9 +532,9 @@ class Supervisor:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HEALTH_REQUEST_TIMEOUT_S))
         code = 0
         try:
-            await self._start(background)
-            log.info("cluster ready", nodes=self.cluster.node_count)
-            await self.shutdown_requested.wait()
+            if await self._start_unless_shutdown(background):
+                log.info("cluster ready", nodes=self.cluster.node_count)
+                await self.shutdown_requested.wait()
         except StartupFailed as exc:
             log.error("cluster failed to start", error=str(exc))
             self.state.phase = "failed"
@@ -551,6 +551,21 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 self.layout.control_socket.unlink()
         return code
+
+    async def _start_unless_shutdown(self, background: list[asyncio.Task[Any]]) -> bool:
+        """Start everything; False when a shutdown (`cdsim down`, SIGTERM) came first: a start with
+        Kubernetes takes minutes, and down must not wait for it."""
+        start = asyncio.create_task(self._start(background), name="start")
+        shutdown = asyncio.create_task(self.shutdown_requested.wait(), name="shutdown-wait")
+        await asyncio.wait({start, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        shutdown.cancel()
+        if not start.done():
+            log.info("shutdown requested during start")
+            start.cancel()
+            await asyncio.gather(start, return_exceptions=True)
+            return False
+        start.result()  # StartupFailed
+        return True
 
     async def _start(self, background: list[asyncio.Task[Any]]) -> None:
         loop = asyncio.get_running_loop()
