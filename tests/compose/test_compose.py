@@ -242,13 +242,20 @@ def test_health_checks_hit_the_programs_own_healthz(service: str) -> None:
 def test_every_container_runs_the_one_image() -> None:
     assert {s["image"] for s in SERVICES.values()} == {"computedomains:dev"}
     assert {s["build"]["dockerfile"] for s in SERVICES.values()} == {"Dockerfile"}
-    # The image has etcd on PATH (built from tools/etcd) and the package installed with the pins.
-    assert re.search(r"^COPY tools/etcd/go\.mod tools/etcd/go\.sum tools/etcd/main\.go ", DOCKERFILE, re.M)
-    assert re.search(r"^COPY --from=etcd /out/etcd /usr/local/bin/etcd$", DOCKERFILE, re.M)
-    assert re.search(r"^RUN pip install -c constraints\.txt \.$", DOCKERFILE, re.M)
+    # The image has etcd on PATH (the static binary tools/image/build.sh builds from tools/etcd and
+    # stages in the context) and the package installed with the pins.
+    assert re.search(r"^COPY build/image/etcd /usr/local/bin/etcd$", DOCKERFILE, re.M)
+    assert re.search(r"/pip install -c constraints\.txt \\$", DOCKERFILE, re.M)
+    assert re.search(r"/pip install --no-deps -c constraints\.txt \. \\$", DOCKERFILE, re.M)
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
     for needed in ("libs", "services", "tools", "pyproject.toml", "constraints.txt"):
         assert needed not in ignored
+    assert "!build/image/etcd" in ignored
+    # No image but the base: a machine without a registry builds it from a local base.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", DOCKERFILE, re.M)
+    stages = re.findall(r"^FROM (\S+)(?: AS (\S+))?$", DOCKERFILE, re.M)
+    named = {name for _, name in stages if name}
+    assert stages and all(source in ("${BASE_IMAGE}", *named) for source, _ in stages), stages
 
 
 def test_the_image_bakes_the_simulated_hardware_the_agents_open(tmp_path: Path) -> None:
