@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-k8s setup-browser test lint protos api-release demo e2e bench chaos clean help
+.PHONY: setup setup-k8s setup-browser test lint protos api-release demo e2e bench chaos image image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -18,6 +18,8 @@ help:
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
 	@echo "make lint   - ruff + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
+	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
+	@echo "make image-smoke - the built image runs a 2-node simulated job (buildah run --isolation chroot)"
 
 $(STAMP): pyproject.toml constraints.txt tools/setup.sh
 	bash tools/setup.sh
@@ -30,10 +32,12 @@ setup: $(STAMP)
 	@bash tools/buf/build.sh >/dev/null
 	@bash tools/helm/build.sh >/dev/null
 
-# The Kubernetes control plane for tests (kube-apiserver, scheduler, controller-manager, kubectl),
-# built once from the official Go modules into the per-user cache (~13 min cold on 2 cores).
+# The Kubernetes control planes for tests (kube-apiserver, scheduler, controller-manager, kubectl),
+# built once from the official Go modules into the per-user cache: the newest supported release
+# (the whole suite) and the oldest (a smaller e2e scenario); ~12 min cold each on 2 cores.
 setup-k8s: setup
 	@bash tools/controlplane/build.sh >/dev/null
+	@bash tools/controlplane/build.sh 1.32 >/dev/null
 
 # Debian's Chromium for the dashboard's browser test (Playwright drives the system browser).
 setup-browser:
@@ -74,6 +78,16 @@ bench: setup
 SEED ?=
 chaos: setup
 	$(PY) -m tools.chaos --duration 1800 $(if $(SEED),--seed $(SEED))
+
+# The OCI image (Dockerfile) with buildah: installs buildah and mmdebstrap when missing, builds
+# the Debian base with mmdebstrap and a static etcd, then the image (tools/image/build.sh).
+# Not part of `make test`: it needs root and the machine's container storage (see docs/operations.md).
+image:
+	PYTHON=$(PYTHON) bash tools/image/build.sh
+
+# The services started from the image (one buildah container each), and a 2-node job through them.
+image-smoke: setup image
+	$(PY) -m tools.image.smoke
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
