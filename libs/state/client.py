@@ -17,11 +17,23 @@ watch stream with the new token.
 
 Connect maps gRPC errors the way aetcd's calls do, so "etcd unreachable" at
 connect is the same transient `ConnectionFailedError` as on any other call.
+
+With several endpoints (the members of one etcd cluster) the client talks to one member at a
+time and fails over to the next in the list when that member is unreachable or no longer serves:
+a call refused as unavailable (the member is down, or it has no leader: etcd's "no leader",
+"leader changed", "request timed out"), or a call that ran out of time while a short status
+probe of the member also fails or finds it without a leader. The failing call still raises (the
+store's callers retry transient errors with capped backoff), and their next attempt goes to the
+next member; the old channel is closed once calls already on it have had their deadline. Watch
+streams carry etcd's "hasleader" requirement, so a member that loses its leader ends them, and
+the watches resume on another member from their last revision (`libs.state.watch`). One
+endpoint keeps gRPC's own reconnecting to that one address.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +66,14 @@ CHANNEL_OPTIONS: dict[str, Any] = {
 AUTH_ATTEMPTS = 3
 _AUTH_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+# Errors after which the member a call went to may be down or without a leader.
+FAILOVER_ERRORS: tuple[type[Exception], ...] = (
+    aetcd.exceptions.ConnectionFailedError,
+    aetcd.exceptions.ConnectionTimeoutError,
+    aetcd.exceptions.WatchTimeoutError,
+)
+
+
 def is_stale_token_error(error: BaseException) -> bool:
     """Whether etcd refused a request (or a watch) for its auth token."""
     return isinstance(error, aetcd.exceptions.ClientError) and any(
@@ -70,6 +90,15 @@ def client_error(error: grpc.aio.AioRpcError) -> Exception:
     return aetcd.exceptions.ClientError(error.details())
 
 
+# etcd's request metadata that makes a member refuse (and later end) a watch stream while it
+# has no leader: without it, a member cut off from the others keeps the stream open and silent.
+REQUIRE_LEADER: tuple[tuple[str, str], ...] = (("hasleader", "true"),)
+# Deadline of the status probe that decides whether a member that let a call time out serves.
+PROBE_TIMEOUT_S = 1.0
+# A member that answered a probe is not probed again for this long (a burst of slow calls).
+PROBE_QUIET_S = 2.0
+
+
 class TlsCapableClient(aetcd.Client):
     def __init__(self, config: EtcdConfig) -> None:
         super().__init__(
@@ -83,8 +112,23 @@ class TlsCapableClient(aetcd.Client):
         self._config = config
         self._connect_lock = asyncio.Lock()
         self._auth_lock = asyncio.Lock()
+        self._failover_lock = asyncio.Lock()
         # How often a refused token was replaced by a new one (not counting connects).
         self.reauthentications = 0
+        self.endpoints = config.endpoints
+        self._current = 0
+        # How often the client moved to another member.
+        self.failovers = 0
+        self._probed_ok: tuple[grpc.aio.Channel | None, float] = (None, 0.0)
+        # Channels left behind by a failover, closed after their calls' deadline.
+        self._retiring: set[asyncio.Task[None]] = set()
+        # Watch ids, unique across the watchers of every member this client talks to.
+        self._watch_ids = itertools.count(1)
+
+    @property
+    def endpoint(self) -> str:
+        """The member this client talks to now."""
+        return self.endpoints[self._current]
 
     def _credentials(self) -> grpc.ChannelCredentials:
         cfg = self._config
@@ -100,7 +144,7 @@ class TlsCapableClient(aetcd.Client):
         return self._username is not None and self._password is not None
 
     def _open_channel(self) -> grpc.aio.Channel:
-        target = f"{self._host}:{self._port}"
+        target = self.endpoint
         options = list(self._options.items())
         if self._config.tls:
             return rpc.secure_channel(target, self._credentials(), options=options)
@@ -142,8 +186,10 @@ class TlsCapableClient(aetcd.Client):
             try:
                 if self._authenticates:
                     metadata = await self._authenticate(channel)
-            except BaseException:
+            except BaseException as exc:
                 await channel.close()
+                if isinstance(exc, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)):
+                    self._advance(f"authentication failed: {exc}")
                 raise
             self.channel = channel
             self.metadata = metadata
@@ -152,13 +198,100 @@ class TlsCapableClient(aetcd.Client):
             self.clusterstub = rpc.ClusterStub(channel)
             self.leasestub = rpc.LeaseStub(channel)
             self.maintenancestub = rpc.MaintenanceStub(channel)
-            self._watcher = PairedWatcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
+            self._watcher = PairedWatcher(
+                rpc.WatchStub(channel),
+                timeout=self._timeout,
+                metadata=(*(metadata or ()), *REQUIRE_LEADER),
+                ids=self._watch_ids,
+            )
             self._connected.set()
 
     async def close(self) -> None:
         # Not while a connect is under way (it would open a channel after this close).
         async with self._connect_lock:
             await super().close()
+        for task in list(self._retiring):
+            task.cancel()
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    # ---- failover between the members of a cluster ----------------------------------------
+
+    def _advance(self, reason: str) -> None:
+        """Point at the next member (the channel is opened by the next connect)."""
+        if len(self.endpoints) < 2:
+            return
+        previous = self.endpoint
+        self._current = (self._current + 1) % len(self.endpoints)
+        self.failovers += 1
+        log.warning(
+            "etcd endpoint failed; switching to the next member",
+            endpoint=previous,
+            next_endpoint=self.endpoint,
+            reason=reason,
+            failovers=self.failovers,
+        )
+
+    async def _serves(self, channel: grpc.aio.Channel) -> bool:
+        """Whether the member behind `channel` answers a status probe and knows a leader."""
+        loop = asyncio.get_running_loop()
+        probed, at = self._probed_ok
+        if probed is channel and loop.time() - at < PROBE_QUIET_S:
+            return True
+        try:
+            status = await rpc.MaintenanceStub(channel).Status(
+                rpc.StatusRequest(), timeout=min(PROBE_TIMEOUT_S, self._timeout or PROBE_TIMEOUT_S),
+                metadata=self.metadata,
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        if int(status.leader) == 0:
+            return False
+        self._probed_ok = (channel, loop.time())
+        return True
+
+    async def _fail_over(self, channel: grpc.aio.Channel, error: Exception) -> None:
+        """Move to the next member if `channel` (the one a failed call used) is still current and
+        its member is unreachable or no longer serves."""
+        if len(self.endpoints) < 2:
+            return
+        async with self._failover_lock:
+            if self.channel is not channel:
+                return  # already moved on (or closed) by a concurrent call
+            if not isinstance(error, aetcd.exceptions.ConnectionFailedError) and await self._serves(channel):
+                return  # a slow call on a member that serves: not the member's fault
+            async with self._connect_lock:
+                if self.channel is not channel:
+                    return
+                self._advance(str(error) or type(error).__name__)
+                watcher = self._watcher
+                self._init_channel_attrs()
+                self._connected.clear()
+            self._retire(channel, watcher)
+
+    def _retire(self, channel: grpc.aio.Channel, watcher: PairedWatcher | None) -> None:
+        """End the old member's watch stream now (its watches resume on the next member) and
+        close its channel once calls already on it have met their deadline."""
+
+        if watcher is not None:
+            watcher.retired = True
+
+        async def retire() -> None:
+            moved = aetcd.exceptions.ConnectionFailedError("etcd client moved to another member")
+            try:
+                if watcher is not None:
+                    await watcher._terminate_stream(moved)
+                await asyncio.sleep((self._timeout or 5.0) + 1.0)
+            finally:
+                # Closing a channel cancels its streams, which aetcd's watcher would not report:
+                # end the stream first, so that every watch on it learns (and resumes elsewhere).
+                if watcher is not None:
+                    await watcher._terminate_stream(moved)
+                await channel.close()
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     # ---- calls refused for their token: authenticate again, and once more ---------------
 
@@ -183,15 +316,27 @@ class TlsCapableClient(aetcd.Client):
                 )
 
     async def _with_token(self, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        await self.connect()
+        channel = self.channel
         token = self.metadata
         try:
-            return await call(*args, **kwargs)
+            return await self._failing_over(channel, call, *args, **kwargs)
         except aetcd.exceptions.ClientError as exc:
             if not self._authenticates or not is_stale_token_error(exc):
                 raise
             log.warning("etcd refused the auth token; authenticating again", error=str(exc))
         await self._reauthenticate(token)
-        return await call(*args, **kwargs)
+        return await self._failing_over(channel, call, *args, **kwargs)
+
+    async def _failing_over(
+        self, channel: grpc.aio.Channel | None, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> Any:
+        try:
+            return await call(*args, **kwargs)
+        except FAILOVER_ERRORS as exc:
+            if channel is not None:
+                await self._fail_over(channel, exc)
+            raise
 
     async def get(self, *args: Any, **kwargs: Any) -> Any:
         return await self._with_token(super().get, *args, **kwargs)

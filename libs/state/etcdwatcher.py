@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import aetcd.exceptions
@@ -46,11 +47,18 @@ def watch_refused(reason: str) -> aetcd.exceptions.ClientError:
 class PairedWatcher(watcher.Watcher):
     """aetcd's Watcher whose creations are paired with their answers by watch id."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, ids: Iterator[int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._ids = itertools.count(1)  # unique on every stream this watcher opens
+        self._request_queue: asyncio.Queue[Any] = asyncio.Queue()  # unbounded: see _terminate_stream
+        # Unique on every stream this watcher opens. A client that replaces its watcher (failover
+        # to another etcd member) shares one sequence between them: aetcd cancels a watch through
+        # the client's current watcher by id, and a reused id would cancel another live watch.
+        self._ids = ids if ids is not None else itertools.count(1)
         self._pending_id: int | None = None
         self.stale_answers = 0  # late "created" answers cancelled (creations that had timed out)
+        # Set when the client moved to another etcd member: no new watch on this one's stream
+        # (closing its channel later would end such a stream without telling its watches).
+        self.retired = False
 
     async def add_callback(
         self,
@@ -66,9 +74,12 @@ class PairedWatcher(watcher.Watcher):
     ) -> watcher.WatcherCallback:
         # aetcd's add_callback, with the watch id chosen here and remembered as pending.
         async with self._lock:
-            await self.setup()
             while self._new_callback is not None:  # type: ignore[has-type]
                 await self._new_callback_ready.wait()
+            if self.retired:
+                raise aetcd.exceptions.ConnectionFailedError("etcd client moved to another member")
+            # After the wait: a stream ended meanwhile is opened again for this creation.
+            await self.setup()
             created = watcher.WatcherCallback(callback)
             created.prev_kv = prev_kv
             self._new_callback = created
@@ -97,6 +108,30 @@ class PairedWatcher(watcher.Watcher):
                 self._pending_id = None
                 self._new_callback_ready.notify_all()
             return created
+
+    async def _terminate_stream(self, error: Any) -> None:
+        # aetcd's, with unbounded request queues: aetcd puts into a queue of 10 while holding the
+        # lock, and when no stream reads that queue (the member is gone) the put never returns,
+        # so every watch creation of the client waits on the lock for good.
+        async with self._lock:
+            if self._new_callback is not None:
+                self._new_callback.error = error
+                self._new_callback_ready.notify_all()
+            callbacks: dict[int, Any] = self._callbacks
+            self._callbacks: dict[int, Any] = {}
+            self._request_queue.put_nowait(None)  # ends the old stream's request iterator
+            self._request_queue = asyncio.Queue()
+        for callback in callbacks.values():
+            await self._process_callback(callback, error)
+        async with self._request_handler_lock:
+            handler: asyncio.Task[None] | None = self._request_handler  # type: ignore[has-type]
+            if handler is not None:
+                handler.cancel()
+                try:
+                    await handler
+                except asyncio.CancelledError:
+                    pass
+                self._request_handler = None
 
     def _build_watch_create_request(self, *args: Any, **kwargs: Any) -> Any:
         # aetcd accepts watch_id and fragment but leaves them out of the request.

@@ -3,11 +3,13 @@
 The binary comes from tools/etcd/build.sh (built once from the official Go
 module into the per-user cache). Each server gets its own data directory and
 loopback ports; `stop`/`start` on the same directory keep the data, which is
-how tests restart etcd under a running system.
+how tests restart etcd under a running system. `EtcdCluster` runs several
+members of one cluster the same way (HA tests: kill the leader, see who leads).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,6 +18,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +56,9 @@ class EtcdServer:
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    # Member name and the cluster's "name=peer-url,..." (empty: a cluster of this one member).
+    name: str = "default"
+    initial_cluster: str = ""
 
     def __post_init__(self) -> None:
         if not self.client_port:
@@ -70,19 +76,23 @@ class EtcdServer:
     def scheme(self) -> str:
         return "https" if self.cert_file else "http"
 
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
     def command(self) -> list[str]:
         binary = self.binary or etcd_binary()
         client_url = f"{self.scheme}://{self.endpoint}"
-        peer_url = f"http://{self.host}:{self.peer_port}"
+        peer_url = self.peer_url
         cmd = [
             str(binary),
-            "--name=default",
+            f"--name={self.name}",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={client_url}",
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
+            f"--initial-cluster={self.initial_cluster or f'{self.name}={peer_url}'}",
             "--log-level=warn",
             # Expiry checks are frequent enough for second-scale leases.
             "--unsafe-no-fsync" if os.environ.get("CD_ETCD_UNSAFE_NO_FSYNC") == "1" else "",
@@ -96,6 +106,11 @@ class EtcdServer:
         return [c for c in cmd if c] + self.extra_args
 
     def start(self, timeout_s: float = 20.0) -> None:
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (a cluster's members wait for each other)."""
         if self.process is not None and self.process.poll() is None:
             raise EtcdError(f"etcd already running (pid {self.process.pid})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +118,33 @@ class EtcdServer:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self.wait_ready(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def status(self, timeout_s: float = 1.0) -> dict[str, int]:
+        """etcd's maintenance status of this member (its gRPC gateway): member_id, leader, raft_term.
+
+        Raises EtcdError when the member does not answer."""
+        context = None
+        if self.cert_file:
+            context = ssl.create_default_context(cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None)
+            context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        request = urllib.request.Request(
+            f"{self.scheme}://{self.endpoint}/v3/maintenance/status", data=b"{}", method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
+                doc = json.loads(resp.read())
+        except (OSError, ValueError) as exc:
+            raise EtcdError(f"etcd member {self.name} at {self.endpoint} did not answer its status: {exc}") from None
+        # The gateway writes 64-bit integers as strings (protobuf JSON).
+        return {
+            "member_id": int(doc["header"]["member_id"]),
+            "leader": int(doc.get("leader", 0)),
+            "raft_term": int(doc.get("raftTerm", 0)),
+        }
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -163,3 +204,64 @@ class EtcdServer:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+@dataclass
+class EtcdCluster:
+    """Several etcd members forming one cluster on loopback ports, each its own process."""
+
+    members: list[EtcdServer]
+
+    @classmethod
+    def create(
+        cls, root: Path, size: int = 3, binary: Path | None = None, extra_args: Sequence[str] = ()
+    ) -> EtcdCluster:
+        if size < 1:
+            raise EtcdError(f"an etcd cluster needs at least one member, not {size}")
+        members = [
+            EtcdServer(data_dir=root / f"member-{i}", binary=binary, name=f"member-{i}", extra_args=list(extra_args))
+            for i in range(size)
+        ]
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+        for member in members:
+            member.initial_cluster = initial
+        return cls(members)
+
+    @property
+    def endpoints(self) -> str:
+        """Every member's client endpoint, "host:port,host:port,..." (the services' --etcd-endpoints)."""
+        return ",".join(m.endpoint for m in self.members)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        # All processes first: no member is healthy before a quorum has formed.
+        for member in self.members:
+            member.launch()
+        for member in self.members:
+            member.wait_ready(timeout_s)
+
+    def leader(self, timeout_s: float = 10.0) -> EtcdServer:
+        """The member that leads now, as every running member that answers agrees on it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seen: dict[int, EtcdServer] = {}
+            leaders: set[int] = set()
+            for member in self.members:
+                if not member.running:
+                    continue
+                try:
+                    status = member.status()
+                except EtcdError:
+                    continue
+                seen[status["member_id"]] = member
+                leaders.add(status["leader"])
+            if len(leaders) == 1:
+                (leader_id,) = leaders
+                if leader_id in seen:
+                    return seen[leader_id]
+            if time.monotonic() >= deadline:
+                raise EtcdError(f"no agreed etcd leader within {timeout_s:.0f}s (members report {sorted(leaders)})")
+            time.sleep(0.1)
+
+    def destroy(self) -> None:
+        for member in self.members:
+            member.destroy()
