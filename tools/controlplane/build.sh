@@ -1,21 +1,60 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl from
-# the official k8s.io/kubernetes module (version pinned in go.mod) into a per-user
-# cache folder keyed by version, the way envtest provides its binaries.
+# the official k8s.io/kubernetes module into a per-user cache folder keyed by version,
+# the way envtest provides its binaries.
 #
-# Usage: tools/controlplane/build.sh
+# Usage: tools/controlplane/build.sh [MINOR]
+#   MINOR  a supported Kubernetes minor, e.g. 1.32; default: the newest (go.mod).
+#          go.mod pins the newest release; versions/v<MINOR>.mod (+ .sum) pins each older
+#          one, built with -modfile from the same cmd/ mains.
 # Env:   CD_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/computedomains)
 # Prints the binaries directory on the last line of stdout; build output goes to stderr.
 # Idempotent: returns at once when the binaries are already there (and were built
-# from the current go.mod/go.sum/cmd sources).
+# from the current module file, its sums and the cmd sources).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 
-k8s_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/go.mod")"
-if [[ -z "$k8s_version" ]]; then
+k8s_version_of() {
+    awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$1"
+}
+
+minor_of() {
+    local v="${1#v}"
+    echo "${v%.*}"
+}
+
+newest="$(k8s_version_of "$here/go.mod")"
+if [[ -z "$newest" ]]; then
     echo "build.sh: cannot find the k8s.io/kubernetes version in $here/go.mod" >&2
+    exit 1
+fi
+wanted="${1:-}"
+wanted="${wanted#v}"
+if [[ $# -gt 1 || ( -n "$wanted" && ! "$wanted" =~ ^1\.[0-9]+$ ) ]]; then
+    echo "build.sh: usage: build.sh [MINOR] (e.g. 1.32); got '$*'" >&2
+    exit 2
+fi
+
+if [[ -z "$wanted" || "$wanted" == "$(minor_of "$newest")" ]]; then
+    modfile="go.mod"
+    sumfile="go.sum"
+else
+    modfile="versions/v$wanted.mod"
+    sumfile="versions/v$wanted.sum"
+    if [[ ! -f "$here/$modfile" ]]; then
+        supported="$(minor_of "$newest")"
+        for f in "$here"/versions/v*.mod; do
+            [[ -f "$f" ]] && supported+=" $(basename "$f" .mod | tr -d v)"
+        done
+        echo "build.sh: Kubernetes $wanted is not supported (supported minors: $supported)" >&2
+        exit 2
+    fi
+fi
+k8s_version="$(k8s_version_of "$here/$modfile")"
+if [[ -z "$k8s_version" ]]; then
+    echo "build.sh: cannot find the k8s.io/kubernetes version in $here/$modfile" >&2
     exit 1
 fi
 
@@ -23,9 +62,9 @@ cache_root="${CD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/computedomains}"
 parent="$cache_root/controlplane"
 dest="$parent/$k8s_version"
 
-# Our own sources (go.mod, go.sum, the mains) are stamped into the result, so an edit
+# Our own sources (module file, sums, the mains) are stamped into the result, so an edit
 # to them rebuilds even though the folder is named by the Kubernetes version only.
-source_hash="$(cd "$here" && cat go.mod go.sum $(find cmd -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+source_hash="$(cd "$here" && cat "$modfile" "$sumfile" $(find cmd -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
 stamp=".source-sha256"
 
 complete() {
@@ -42,7 +81,7 @@ if complete; then
 fi
 
 if ! command -v go >/dev/null 2>&1; then
-    echo "build.sh: 'go' is not on PATH; install Go >= 1.25 to build the Kubernetes control plane ($k8s_version)" >&2
+    echo "build.sh: 'go' is not on PATH; install Go >= 1.26 to build the Kubernetes control plane ($k8s_version)" >&2
     exit 1
 fi
 
@@ -74,7 +113,7 @@ echo "build.sh: building Kubernetes $k8s_version control plane into $dest (takes
 start=$SECONDS
 (
     cd "$here"
-    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags="$ldflags" -o "$tmp/" ./cmd/...
+    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -modfile="$modfile" -trimpath -ldflags="$ldflags" -o "$tmp/" ./cmd/...
 ) >&2
 
 for b in "${binaries[@]}"; do
@@ -91,5 +130,5 @@ chmod 755 "$tmp"
 rm -rf "$dest"
 mv "$tmp" "$dest"
 trap - EXIT
-echo "build.sh: built in $((SECONDS - start)) s" >&2
+echo "build.sh: built Kubernetes $k8s_version in $((SECONDS - start)) s" >&2
 echo "$dest"

@@ -49,6 +49,8 @@ SERVICE_IP = "10.0.0.1"  # first IP of SERVICE_CIDR: the `kubernetes` Service
 # controller can pass their own list.
 DEFAULT_CONTROLLERS = "*,-node-lifecycle-controller"
 
+OLDEST_MINOR = 32
+
 _STOP_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 2.0
 _LOG_TAIL_LINES = 40
@@ -56,6 +58,23 @@ _LOG_TAIL_LINES = 40
 
 class ControlPlaneError(RuntimeError):
     """A control-plane process failed to start or to become healthy."""
+
+
+def dra_args(minor: int) -> tuple[list[str], list[str]]:
+    """(kube-apiserver args, args of every component) that turn DRA on for Kubernetes 1.<minor>.
+
+    GA and on by default since 1.34 (stated anyway, so a reader sees DRA is relied upon). On 1.32
+    and 1.33 it is beta and off: the apiserver, controller manager (resource claim controller) and
+    scheduler (DynamicResources plugin) each need the gate, and the apiserver the beta API(s).
+    """
+    if minor >= 34:
+        return ["--runtime-config=resource.k8s.io/v1=true"], []
+    gate = ["--feature-gates=DynamicResourceAllocation=true"]
+    if minor == 33:
+        return ["--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true", *gate], gate
+    if minor == OLDEST_MINOR:
+        return ["--runtime-config=resource.k8s.io/v1beta1=true", *gate], gate
+    raise ControlPlaneError(f"Kubernetes 1.{minor} is older than the oldest supported, 1.{OLDEST_MINOR}")
 
 
 @dataclass
@@ -151,6 +170,7 @@ class ControlPlane:
         self._scheduler_args = list(scheduler_args)
         self._startup_timeout_s = startup_timeout_s
         self._wait_for_controllers = wait_for_controllers
+        self._dra_apiserver_args, self._dra_component_args = dra_args(binaries.minor)
         self._procs: dict[str, _Process] = {}
         self._pki: ControlPlanePKI | None = None
         self.etcd_url = ""
@@ -179,6 +199,11 @@ class ControlPlane:
     def log_path(self, name: str) -> Path:
         """Log file of one process: etcd, kube-apiserver, kube-controller-manager, kube-scheduler."""
         return self.log_dir / f"{name}.log"
+
+    @property
+    def version(self) -> str:
+        """The Kubernetes release of the binaries, e.g. v1.37.2 ("" when not known)."""
+        return self.binaries.version
 
     def start(self) -> None:
         """Start all processes and return once every one is healthy (or raise ControlPlaneError)."""
@@ -312,8 +337,7 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             # The loopback advertise address cannot be an Endpoints address.
             "--endpoint-reconciler-type=none",
-            # GA and on by default since 1.34; stated so a reader sees DRA is relied upon.
-            "--runtime-config=resource.k8s.io/v1=true",
+            *self._dra_apiserver_args,
             *self._apiserver_args,
         ]
 
@@ -340,6 +364,7 @@ class ControlPlane:
             f"--root-ca-file={pki.ca.cert}",
             f"--cluster-signing-cert-file={pki.ca.cert}",
             f"--cluster-signing-key-file={pki.ca.key}",
+            *self._dra_component_args,
             *self._kcm_args,
         ]
 
@@ -352,6 +377,7 @@ class ControlPlane:
             str(self.bin_dir / "kube-scheduler"),
             f"--config={config}",
             *self._component_serving_args("kube-scheduler", self._scheduler_port, self.scheduler_kubeconfig),
+            *self._dra_component_args,
             *self._scheduler_args,
         ]
         self._spawn("kube-scheduler", cmd)
@@ -466,7 +492,7 @@ class ControlPlane:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    binaries = ensure_binaries()
+    binaries = ensure_binaries(minor=args.kubernetes or None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -486,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build if needed, start a control plane and keep it up until Ctrl-C")
     up.add_argument("--dir", required=True, help="work directory (certificates, etcd data, logs, kubeconfig)")
+    up.add_argument(
+        "--kubernetes", default="", metavar="MINOR", help="Kubernetes minor, e.g. 1.32 (default: the newest)"
+    )
     up.set_defaults(func=_cmd_up)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
