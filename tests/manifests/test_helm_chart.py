@@ -22,7 +22,7 @@ from tests.manifests.objects import (
     of_kind,
     pod_spec,
 )
-from tests.manifests.test_workloads import WORKLOADS
+from tests.manifests.test_workloads import HA_ETCD_MEMBERS, WORKLOADS
 from tools.cachedtool import BuildError
 
 NODE_DAEMONSETS = ("cd-node-agent", "cd-imex-agent")
@@ -251,7 +251,7 @@ def test_etcd_tls_gives_the_production_overlays_flags_and_mounts(
     production: list[Obj], helm: Path, tmp_path: Path
 ) -> None:
     objects = chart_with(
-        helm, tmp_path, {"etcd": {"endpoint": "etcd.example.internal:2379", "tls": {"enabled": True}}}
+        helm, tmp_path, {"etcd": {"endpoints": HA_ETCD_MEMBERS.split(","), "tls": {"enabled": True}}}
     )
     for kind, name in WORKLOADS:
         ours, theirs = find(objects, kind, name), find(production, kind, name)

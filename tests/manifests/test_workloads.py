@@ -26,6 +26,7 @@ from tests.manifests.objects import (
 )
 
 IN_CLUSTER_ETCD = f"cd-etcd.{NAMESPACE}.svc:2379"
+HA_ETCD_MEMBERS = ",".join(f"cd-etcd-{i}.cd-etcd.{NAMESPACE}.svc:2379" for i in range(3))
 TLS_FLAGS = ("--etcd-ca-file", "--etcd-cert-file", "--etcd-key-file")
 # The node agent's Kubernetes mode is where its claims come from.
 KUBERNETES_MODE_FLAG = {
@@ -283,16 +284,15 @@ def test_base_expects_the_in_cluster_etcd_and_real_gpus(base: list[Obj]) -> None
     assert flags(container(find(base, "DaemonSet", "cd-node-agent")))["--hardware"] == "nvml"
 
 
-def test_production_uses_external_etcd_over_tls_with_a_certificate_per_component(
+def test_production_gives_every_component_all_etcd_members_and_its_own_certificate(
     production: list[Obj],
 ) -> None:
-    assert not of_kind(production, "StatefulSet"), "production brings no etcd of its own"
     secrets = set()
     for kind, name in WORKLOADS:
         workload = find(production, kind, name)
         c = container(workload)
         given = flags(c)
-        assert given["--etcd-endpoint"] != IN_CLUSTER_ETCD
+        assert given["--etcd-endpoint"] == HA_ETCD_MEMBERS, name
         mounted = mounts(workload, c)
         for flag in TLS_FLAGS:
             directory = str(PurePosixPath(given[flag]).parent)
@@ -302,6 +302,51 @@ def test_production_uses_external_etcd_over_tls_with_a_certificate_per_component
             key = PurePosixPath(given[flag]).name
             assert key in ("ca.crt", "tls.crt", "tls.key")
     assert len(secrets) == len(WORKLOADS), "each component has its own client certificate"
+
+
+def etcd_flags(etcd: Obj) -> dict[str, str]:
+    command = container(etcd)["command"]
+    assert command[0] == "etcd"
+    return {arg.partition("=")[0]: arg.partition("=")[2] for arg in command[1:]}
+
+
+def test_production_runs_a_three_member_etcd_with_peer_and_client_tls(production: list[Obj]) -> None:
+    etcd = find(production, "StatefulSet", "cd-etcd")
+    service = find(production, "Service", "cd-etcd")
+    spec = etcd["spec"]
+    assert spec["replicas"] == 3 and spec["podManagementPolicy"] == "Parallel"
+    assert spec["serviceName"] == service["metadata"]["name"] and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True  # members meet before they are ready
+    given = etcd_flags(etcd)
+    # The initial cluster is the three stable names, and the services are given exactly them.
+    peers = dict(member.split("=", 1) for member in given["--initial-cluster"].split(","))
+    names = [f"cd-etcd-{i}" for i in range(3)]
+    assert list(peers) == names
+    assert peers == {n: f"https://{n}.cd-etcd.{NAMESPACE}.svc:2380" for n in names}
+    assert HA_ETCD_MEMBERS == ",".join(f"{n}.cd-etcd.{NAMESPACE}.svc:2379" for n in names)
+    assert given["--advertise-client-urls"] == f"https://$(POD_NAME).cd-etcd.{NAMESPACE}.svc:2379"
+    assert given["--listen-client-urls"].startswith("https://")
+    assert given["--listen-peer-urls"].startswith("https://")
+    # Client and peer TLS from the operator's Secrets, certificates required on both.
+    assert "--client-cert-auth" in given and "--peer-client-cert-auth" in given
+    mounted = mounts(etcd, container(etcd))
+    for flag, secret in (
+        ("--cert-file", "cd-etcd-server-tls"),
+        ("--key-file", "cd-etcd-server-tls"),
+        ("--trusted-ca-file", "cd-etcd-server-tls"),
+        ("--peer-cert-file", "cd-etcd-peer-tls"),
+        ("--peer-key-file", "cd-etcd-peer-tls"),
+        ("--peer-trusted-ca-file", "cd-etcd-peer-tls"),
+    ):
+        mount, volume = mounted[str(PurePosixPath(given[flag]).parent)]
+        assert mount["readOnly"] is True and volume["secret"]["secretName"] == secret, flag
+    # One member per node, and a drain never takes two.
+    anti = pod_spec(etcd)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [term["topologyKey"] for term in anti] == ["kubernetes.io/hostname"]
+    assert anti[0]["labelSelector"]["matchLabels"].items() <= etcd["spec"]["template"]["metadata"]["labels"].items()
+    pdb = find(production, "PodDisruptionBudget", "cd-etcd")
+    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
 
 
 def test_production_node_agent_runs_on_gpu_nodes_with_nvml(production: list[Obj]) -> None:

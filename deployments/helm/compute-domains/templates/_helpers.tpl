@@ -32,7 +32,11 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 
 {{- define "cd.etcdEndpoint" -}}
+{{- if .Values.etcd.endpoints -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- else -}}
 {{- default (printf "cd-etcd.%s.svc:2379" (include "cd.namespace" .)) .Values.etcd.endpoint -}}
+{{- end -}}
 {{- end -}}
 
 {{/* --log-level from logVerbosity: a level name, or NVIDIA's klog-style number. */}}
