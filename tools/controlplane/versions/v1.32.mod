@@ -191,6 +191,7 @@ replace (
 	k8s.io/cri-client => k8s.io/cri-client v0.32.13
 	k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.32.13
 	k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.32.13
+	// v0.32.13's zip is refused by the module proxy (403); v0.32.12 is the nearest it serves.
 	k8s.io/endpointslice => k8s.io/endpointslice v0.32.12
 	k8s.io/externaljwt => k8s.io/externaljwt v0.32.13
 	k8s.io/kms => k8s.io/kms v0.32.13
