@@ -158,6 +158,21 @@ def txn_request(compares: Sequence[Compare], success: Sequence[Op], failure: Seq
     return txn
 
 
+def independent_txns_request(txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]) -> Any:
+    """One ``TxnRequest`` running each (compares, writes) pair as its own nested transaction (pure).
+
+    The outer transaction has no compares, so every nested one is decided on its own compares:
+    one etcd round trip (and one raft entry) for many unrelated guarded writes. etcd rejects a
+    request that writes one key in two of them (duplicate key), and caps each level at
+    --max-txn-ops operations (128 by default): callers keep within both."""
+    txn = rpc.TxnRequest()
+    for compares, ops in txns:
+        nested = txn.success.add().request_txn
+        _add_compares(nested.compare, compares)
+        _add_ops(nested.success, ops)
+    return txn
+
+
 def txn_result(response: Any) -> TxnResult:
     """A ``TxnResponse`` in the store's terms."""
     reads: list[list[RawKV]] = []
@@ -327,6 +342,15 @@ class Store:
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
         return txn_result(await self.client.txn(txn_request(compares, success, failure)))
+
+    async def txn_each(
+        self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]
+    ) -> tuple[Sequence[bool], int]:
+        """Run independent guarded transactions in one round trip (`independent_txns_request`):
+        whether each one's compares held (and its writes were applied), and the revision."""
+        response = await self.client.txn(independent_txns_request(txns))
+        succeeded = [bool(item.response_txn.succeeded) for item in response.responses]
+        return succeeded, int(response.header.revision)
 
     def decode_kv(self, kv: RawKV, cls: type[M], *, strict: bool = False) -> Versioned[M] | None:
         """Decode a value read in a transaction (None, logged, if undecodable; with `strict`,

@@ -11,7 +11,7 @@ level-triggered.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -53,9 +53,18 @@ class Resync(Generic[M]):
 class PrefixWatch(Generic[M]):
     """Async iterator of Resync / WatchEvent for one prefix; cancel the consuming task to stop."""
 
-    def __init__(self, store: Store, prefix: str, cls: type[M], backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        prefix: str,
+        cls: type[M],
+        backoff: Backoff | None = None,
+        known: Callable[[str, int], bool] | None = None,
+    ) -> None:
         self.store = store
         self.prefix = prefix
+        # known(key, revision): the consumer holds this put already (it wrote it); skip it undecoded.
+        self.known = known
         self.cls = cls
         self.backoff = backoff or Backoff(initial=0.05, cap=2.0)
         # Last revision delivered to the consumer.
@@ -120,14 +129,20 @@ class PrefixWatch(Generic[M]):
                         )
                         self.reconnects += 1
                         break
-                    event = self._to_event(raw)
                     # One transaction gives several events of the same revision: only
                     # older revisions are repeats (resuming from revision+1 never
                     # replays, and etcd sends a revision's events in one response).
-                    if int(raw.kv.mod_revision) < self.revision:
+                    revision = int(raw.kv.mod_revision)
+                    if revision < self.revision:
                         continue
-                    self.revision = max(self.revision, int(raw.kv.mod_revision))
-                    yield event
+                    self.revision = revision
+                    if (
+                        self.known is not None
+                        and raw.kind != aetcd.rtypes.EventKind.DELETE
+                        and self.known(raw.kv.key.decode(), revision)
+                    ):
+                        continue
+                    yield self._to_event(raw)
                 # The iterator ends only when the watch was cancelled under us: re-watch.
             except aetcd.exceptions.RevisionCompactedError as exc:
                 log.warning(
@@ -181,5 +196,7 @@ async def _create_watch(store: Store, prefix: str, start_revision: int) -> aetcd
         raise
 
 
-def watch_prefix(store: Store, prefix: str, cls: type[M]) -> PrefixWatch[M]:
-    return PrefixWatch(store, prefix, cls)
+def watch_prefix(
+    store: Store, prefix: str, cls: type[M], known: Callable[[str, int], bool] | None = None
+) -> PrefixWatch[M]:
+    return PrefixWatch(store, prefix, cls, known=known)

@@ -22,6 +22,7 @@ from libs.runtime.backoff import Backoff
 from libs.state.store import Store
 from services.advisor import policies
 from services.advisor.clique_index import CliqueFree, CliqueIndex
+from services.advisor.commit_batcher import CommitBatcher
 from services.advisor.inventory import Inventory
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.model import (
@@ -41,6 +42,8 @@ from services.advisor.reservations import (
     ReservationExists,
     Written,
     delete_reservation,
+    fits_one_txn,
+    remove_in_one_txn,
     write_reservation,
 )
 
@@ -134,6 +137,13 @@ class Advisor:
         self.config = config or AdvisorConfig()
         self.metrics = metrics or AdvisorMetrics()
         self.rng = rng or random.Random()
+        # Reservation writes and releases of concurrent requests share etcd transactions.
+        self.batcher = CommitBatcher(store) if store is not None else None
+
+    async def close(self) -> None:
+        """Let reservation writes in flight finish (bounded); refuse new ones."""
+        if self.batcher is not None:
+            await self.batcher.close()
 
     # ---- validation ------------------------------------------------------------------------
 
@@ -200,6 +210,14 @@ class Advisor:
             raise InvalidRequest("domain_uid", "must not contain '/'")
         if "/" in req.reservation_id:
             raise InvalidRequest("reservation_id", "must not contain '/'")
+
+    def check(self, req: PlacementRequest) -> None:
+        """`validate`, counting a refusal in the metrics."""
+        try:
+            self.validate(req)
+        except InvalidRequest as exc:
+            self.metrics.invalid_requests.labels(exc.field).inc()
+            raise
 
     # ---- views ------------------------------------------------------------------------------
 
@@ -308,11 +326,7 @@ class Advisor:
     def decide(self, req: PlacementRequest) -> Decision:
         """Validate and decide (no writes). InvalidRequest for bad input."""
         started = time.perf_counter()
-        try:
-            self.validate(req)
-        except InvalidRequest as exc:
-            self.metrics.invalid_requests.labels(exc.field).inc()
-            raise
+        self.check(req)
         inv = self.inventory
         inv.expire_hints()
         view = self._view(req)
@@ -413,7 +427,9 @@ class Advisor:
         inv = self.inventory
         token = inv.hold(nodes)
         try:
-            written = await write_reservation(store, nodes, cliques, domain_uid, holder, ttl, reservation_id)
+            written = await write_reservation(
+                store, nodes, cliques, domain_uid, holder, ttl, reservation_id, self.batcher
+            )
         except ReservationConflict as exc:
             self.metrics.reservations.labels("conflict").inc()
             log.info(
@@ -494,10 +510,23 @@ class Advisor:
         if not reservation_id or "/" in reservation_id:
             raise InvalidRequest("reservation_id", "must be a non-empty id without '/'")
         store = self._require_store()
+        inv = self.inventory
+        record = inv.reservations.get(reservation_id)
+        revision = inv.reservation_revision(reservation_id)
+        if record is not None and revision and fits_one_txn(record.node_names):
+            # What this advisor knows of the reservation is enough to remove it in one write.
+            removed_at = await remove_in_one_txn(
+                store, reservation_id, record.node_names, revision, self.batcher
+            )
+            if removed_at is not None:
+                inv.apply_reservation(reservation_id, None, removed_at)
+                self.metrics.reservations.labels("released").inc()
+                log.info("reservation released", reservation=reservation_id, nodes=len(record.node_names))
+                return True, list(record.node_names)
         removed = await delete_reservation(store, reservation_id)
         if removed is None:
             return False, []
-        self.inventory.apply_reservation(reservation_id, None, await store.revision())
+        inv.apply_reservation(reservation_id, None, await store.revision())
         self.metrics.reservations.labels("released").inc()
         return True, list(removed.node_names)
 

@@ -73,6 +73,8 @@ _REASON_OUT = {
 }
 _UNAVAILABLE: tuple[type[BaseException], ...] = (StoreUnavailable, *TRANSIENT_ERRORS)
 DEFAULT_WATCH_INTERVAL_MS = 100
+# Requests of one PlaceStream decided but not yet answered (reserving ones wait for their write).
+STREAM_WINDOW = 64
 MAX_EXPLAIN_ALTERNATIVES = 50
 
 
@@ -228,9 +230,63 @@ class PlacementService(pp.PlacementAdvisorBase):
         await stream.send_message(await self._decide_wire(data, "Place"))
 
     async def _place_stream_wire(self, stream: grpclib.server.Stream[bytes, bytes]) -> None:
+        """Requests are decided in arrival order as they arrive, and answered in that order; a
+        reserving one does not hold up the next while its write is in flight (up to
+        STREAM_WINDOW of them). A failed request ends the stream with its status after the
+        answers before it; the requests after it are cancelled, and their reservations removed."""
         self._require_ready()
+        answers: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
+        reader = asyncio.create_task(self._read_stream(stream, answers))
+        try:
+            while True:
+                answer = await answers.get()
+                if answer is None:
+                    break
+                await stream.send_message(await answer)
+            await reader
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                left = answers.get_nowait()
+                if left is None:
+                    continue
+                if left.done() and not left.cancelled():
+                    left.exception()  # retrieved: the stream ended before its answer
+                left.cancel()
+
+    async def _read_stream(
+        self,
+        stream: grpclib.server.Stream[bytes, bytes],
+        answers: asyncio.Queue[asyncio.Future[bytes] | None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
         async for data in stream:
-            await stream.send_message(await self._decide_wire(data, "PlaceStream"))
+            answer: asyncio.Future[bytes]
+            try:
+                request = _charged(decode_place_request(data))
+                if request.reserve and not request.dry_run:
+                    # Refused input ends the stream here, before any later request reserves.
+                    self.advisor.check(request)
+                    answer = asyncio.ensure_future(self._reserve_wire(request))
+                else:
+                    # No write: decided here, without a task.
+                    answer = loop.create_future()
+                    with grpc_errors("PlaceStream"):
+                        answer.set_result(encode_place_response(self.advisor.decide(request)))
+            except GRPCError as exc:
+                answer = loop.create_future()
+                answer.set_exception(exc)
+            except InvalidRequest as exc:
+                answer = loop.create_future()
+                answer.set_exception(GRPCError(Status.INVALID_ARGUMENT, str(exc)))
+            await answers.put(answer)
+            if answer.done() and answer.exception() is not None:
+                return  # the stream ends with this request's status; read no further
+        await answers.put(None)
+
+    async def _reserve_wire(self, request: PlacementRequest) -> bytes:
+        with grpc_errors("PlaceStream"):
+            return encode_place_response(await self.advisor.place(request, capped=True))
 
     def _require_ready(self) -> None:
         if not self.advisor.inventory.ready:

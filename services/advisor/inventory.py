@@ -170,25 +170,51 @@ class Inventory:
             and name not in self._hints
         )
 
-    def _refresh(self, name: str) -> None:
+    def _refresh(self, name: str, force: bool = False) -> None:
+        clique = self._resort(name)
+        if clique is not None:
+            self._retally(clique)
+        elif force:
+            entry = self.nodes.get(name)
+            clique = self.cliques.get(entry.clique) if entry is not None else None
+            if clique is not None:
+                self._retally(clique)
+
+    def _refresh_all(self, names: Iterable[str]) -> None:
+        """`_refresh` for many nodes, each changed clique's tallies redone once (a decision's
+        hold, reservation and release touch all its nodes, mostly in one or two cliques)."""
+        changed: dict[str, CliqueEntry] = {}
+        for name in names:
+            clique = self._resort(name)
+            if clique is not None:
+                changed[clique.clique_id] = clique
+        for clique in changed.values():
+            self._retally(clique)
+
+    def _resort(self, name: str) -> CliqueEntry | None:
+        """Put the node in or out of its clique's free sets; the clique if they changed."""
         entry = self.nodes.get(name)
         if entry is None:
-            return
+            return None
         clique = self.cliques.get(entry.clique)
         if clique is None:
-            return
+            return None
         available = self._available(name)
+        changed = False
         if (entry.usable and available) != (name in clique.free):
             if entry.usable and available:
                 clique.free.add(name)
             else:
                 clique.free.discard(name)
             clique.free_sorted = None
-        if entry.sick and available:
-            clique.sick_free.add(name)
-        else:
-            clique.sick_free.discard(name)
-        self._retally(clique)
+            changed = True
+        if (entry.sick and available) != (name in clique.sick_free):
+            if entry.sick and available:
+                clique.sick_free.add(name)
+            else:
+                clique.sick_free.discard(name)
+            changed = True
+        return clique if changed else None
 
     def _retally(self, clique: CliqueEntry) -> None:
         old_free, old_sq = clique.terms
@@ -301,7 +327,7 @@ class Inventory:
             if entry.key < clique.rank:
                 clique.rank = entry.key
             self._largest_clique_cache = None
-            self._refresh(name)
+            self._refresh(name, force=True)
         self._bump()
 
     def resync_nodes(self, items: Iterable[tuple[str, pb.Node]]) -> None:
@@ -354,6 +380,8 @@ class Inventory:
         )
         if revision and revision < known:
             return
+        if record is not None and revision and revision == known and reservation_id in self.reservations:
+            return  # the watch's echo of what this advisor applied when it wrote it
         old = self.reservations.pop(reservation_id, None)
         touched: set[str] = set()
         if old is not None:
@@ -378,10 +406,13 @@ class Inventory:
                 self._drop_hint(node)
                 touched.add(node)
             self.reservations_by_domain.setdefault(record.domain_uid, set()).add(reservation_id)
-        for node in touched:
-            self._refresh(node)
+        self._refresh_all(touched)
         if old is not None or record is not None:
             self._bump()
+
+    def reservation_revision(self, reservation_id: str) -> int:
+        """The revision at which the reservation's record was written, as far as we know (0: unknown)."""
+        return self._reservation_rev.get(reservation_id, 0)
 
     def resync_reservations(self, items: Iterable[tuple[str, pb.Reservation, int]], revision: int) -> None:
         fresh = {rid: (record, rev) for rid, record, rev in items}
@@ -412,24 +443,25 @@ class Inventory:
         self._hold_nodes[token] = names
         for name in names:
             self._holds[name] = token
-            self._refresh(name)
+        self._refresh_all(names)
         self._bump()
         return token
 
     def release_hold(self, token: int) -> None:
-        for name in self._hold_nodes.pop(token, []):
-            if self._holds.get(name) == token:
-                del self._holds[name]
-                self._refresh(name)
+        released = [n for n in self._hold_nodes.pop(token, []) if self._holds.get(n) == token]
+        for name in released:
+            del self._holds[name]
+        self._refresh_all(released)
         self._bump()
 
     def hint_taken(self, nodes: Iterable[str], seconds: float) -> None:
         """Another writer took these nodes; hide them until our watch shows it (or `seconds` pass)."""
         expiry = self.clock() + seconds
-        for name in nodes:
+        names = list(nodes)
+        for name in names:
             self._hints[name] = expiry
             heapq.heappush(self._hint_heap, (expiry, name))
-            self._refresh(name)
+        self._refresh_all(names)
         self._bump()
 
     def _drop_hint(self, name: str) -> None:
@@ -571,8 +603,12 @@ class Inventory:
                     node = Keys.last_segment(item.key)
                     self.apply_binding(node, item.value.domain_uid if item.value is not None else None)
 
+        def known(key: str, revision: int) -> bool:
+            rid = Keys.last_segment(key)
+            return self._reservation_rev.get(rid) == revision and rid in self.reservations
+
         async def reservations() -> None:
-            async for item in watch_prefix(store, keys.reservations(), pb.Reservation):
+            async for item in watch_prefix(store, keys.reservations(), pb.Reservation, known):
                 if isinstance(item, Resync):
                     self.resync_reservations(_reservation_items(item.items), item.revision)
                     mark("reservations")

@@ -215,6 +215,8 @@ class AdvisorService:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.grpc_unix_socket)
         await cancel_until_done(tasks)
+        with contextlib.suppress(Exception):
+            await self.advisor.close()
         if self._kube_client is not None:
             with contextlib.suppress(Exception):
                 await self._kube_client.close()

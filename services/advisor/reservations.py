@@ -7,10 +7,17 @@ A reservation is written in transactions that require, for every node, that
 neither its guard key nor its domain binding (nodebindings/<node>) exists. Two
 advisors (or two requests of one advisor) racing for a node therefore cannot
 both win: etcd serialises the transactions and the loser's compare fails.
-etcd caps a transaction at 128 operations and compares, so large reservations
-are written in chunks; a failed chunk revokes the lease, which removes every
-key written so far. The lease's expiry (or Release, which revokes it) removes
-the record and all guards at once.
+A reservation of up to 63 nodes fits one transaction (2 compares per node and one
+for the record stay below etcd's 128): it goes through the advisor's commit
+batcher, which writes the reservations of concurrent decisions in one request
+(nested transactions, one per reservation) on one lease per TTL. Its lease is
+therefore shared, and such a reservation is removed by deleting its record and
+guards in one transaction guarded by the record's revision, never by revoking
+the lease. A larger reservation is written in chunks on a lease of its own; a
+failed chunk revokes that lease, which removes every key written so far, and
+Release revokes it. Expiry removes the record and all guards at once either way.
+(An advisor older than the batcher releases by revoking the lease: do not mix
+the two in one deployment for longer than a rolling upgrade.)
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ from dataclasses import dataclass
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.store import Absent, Compare, Op, Put, Store
+from libs.state.codec import encode_payload
+from libs.state.protowire import bytes_field
+from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
+from services.advisor.commit_batcher import CommitBatcher
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +72,20 @@ def new_reservation_id() -> str:
     return uuid.uuid4().hex
 
 
+def guard_values(reservation_id: str, nodes: Sequence[str], domain_uid: str, holder: str) -> list[bytes]:
+    """The stored guard of each node: a Reservation naming only that node, written by hand (the
+    same bytes as encoding the message; one per reserved node, so on the hot path)."""
+    head = bytes_field(1, reservation_id.encode()) if reservation_id else b""
+    tail = (bytes_field(4, domain_uid.encode()) if domain_uid else b"") + (
+        bytes_field(5, holder.encode()) if holder else b""
+    )
+    return [encode_payload(pb.Reservation, head + bytes_field(2, n.encode()) + tail) for n in nodes]
+
+
+def fits_one_txn(nodes: Sequence[str]) -> bool:
+    return len(nodes) <= NODES_PER_TXN
+
+
 async def write_reservation(
     store: Store,
     nodes: Sequence[str],
@@ -70,13 +94,126 @@ async def write_reservation(
     holder: str,
     ttl_s: int,
     reservation_id: str | None = None,
+    batcher: CommitBatcher | None = None,
 ) -> Written:
-    """Reserve `nodes` atomically (all or none); ReservationConflict / ReservationExists otherwise."""
+    """Reserve `nodes` atomically (all or none); ReservationConflict / ReservationExists otherwise.
+
+    With a batcher, a reservation that fits one transaction is committed with those of other
+    concurrent decisions."""
     if not nodes:
         raise ValueError("a reservation needs at least one node")
     if len(set(nodes)) != len(nodes):
         raise ValueError("a reservation names a node twice")
     rid = reservation_id or new_reservation_id()
+    if batcher is not None and fits_one_txn(nodes):
+        written = await _write_batched(store, batcher, rid, nodes, clique_ids, domain_uid, holder, ttl_s)
+    else:
+        written = await _write_chunked(store, rid, nodes, clique_ids, domain_uid, holder, ttl_s)
+    log.info(
+        "reservation written",
+        reservation=rid,
+        cd_uid=domain_uid or None,
+        nodes=len(nodes),
+        cliques=len(set(clique_ids)),
+        ttl_s=ttl_s,
+        holder=holder,
+    )
+    return written
+
+
+async def _write_batched(
+    store: Store,
+    batcher: CommitBatcher,
+    rid: str,
+    nodes: Sequence[str],
+    clique_ids: Sequence[str],
+    domain_uid: str,
+    holder: str,
+    ttl_s: int,
+) -> Written:
+    keys = store.keys
+    record_key = keys.reservation(rid)
+    ttl = max(ttl_s, MIN_TTL_S)
+    guards = [keys.node_reservation(n) for n in nodes]
+    compares: list[Compare] = [Absent(g) for g in guards]
+    compares.extend(Absent(keys.node_binding(n)) for n in nodes)
+    compares.append(Absent(record_key))
+    values = guard_values(rid, nodes, domain_uid, holder)
+    records: list[pb.Reservation] = []
+
+    def build(lease: int, created_unix_ms: int) -> list[Op]:
+        record = pb.Reservation(
+            id=rid,
+            node_names=list(nodes),
+            clique_ids=list(clique_ids),
+            domain_uid=domain_uid,
+            holder=holder,
+            created_unix_ms=created_unix_ms,
+            ttl_seconds=ttl,
+        )
+        records.append(record)
+        ops: list[Op] = [Put(g, v, lease) for g, v in zip(guards, values, strict=True)]
+        ops.append(Put(record_key, record, lease))
+        return ops
+
+    size = sum(len(g) + len(v) for g, v in zip(guards, values, strict=True)) + 64 * len(nodes) + 256
+    future = batcher.submit(compares, build, [*guards, record_key], ttl, size)
+    try:
+        committed = await asyncio.shield(future)
+    except asyncio.CancelledError:
+        # The caller is gone: a reservation written anyway is removed again (its TTL is the backstop).
+        if not batcher.withdraw(future):
+            batcher.undo_if_written(future, lambda c: _remove_written(store, rid, list(nodes), c.revision))
+        raise
+    if not committed.succeeded:
+        if await store.get(record_key, pb.Reservation) is not None:
+            raise ReservationExists(rid)
+        raise ReservationConflict(await who_holds(store, nodes))
+    return Written(records[-1], committed.revision, committed.lease)
+
+
+async def _remove_written(store: Store, rid: str, nodes: list[str], revision: int) -> None:
+    try:
+        await remove_in_one_txn(store, rid, nodes, revision)
+    except Exception as exc:
+        log.warning("abandoned reservation not removed; it expires with TTL", reservation=rid, error=str(exc))
+
+
+def removal(
+    store: Store, rid: str, nodes: Sequence[str], revision: int
+) -> tuple[list[Compare], list[Delete]]:
+    """The transaction removing a reservation of one transaction's size: its record and guards,
+    if the record is still the one written at `revision` (then its guards are its own: a guard is
+    only ever created with its record and removed with it)."""
+    keys = store.keys
+    record_key = keys.reservation(rid)
+    deletes = [Delete(record_key), *(Delete(keys.node_reservation(n)) for n in nodes)]
+    return [Unchanged(record_key, revision)], deletes
+
+
+async def remove_in_one_txn(
+    store: Store, rid: str, nodes: Sequence[str], revision: int, batcher: CommitBatcher | None = None
+) -> int | None:
+    """Remove the reservation written at `revision` (`removal`); the revision of the removal, or
+    None when the record is not that one any more."""
+    compares, ops = removal(store, rid, nodes, revision)
+    if batcher is None:
+        result = await store.txn(compares, ops)
+        return result.revision if result.succeeded else None
+    keys = [op.key for op in ops]
+    committed = await batcher.submit(compares, lambda _lease, _ms: ops, keys, 0, 64 * len(ops))
+    return committed.revision if committed.succeeded else None
+
+
+async def _write_chunked(
+    store: Store,
+    rid: str,
+    nodes: Sequence[str],
+    clique_ids: Sequence[str],
+    domain_uid: str,
+    holder: str,
+    ttl_s: int,
+) -> Written:
     keys = store.keys
     record_key = keys.reservation(rid)
     record = pb.Reservation(
@@ -122,15 +259,6 @@ async def write_reservation(
         # Cancelled or the store failed mid-way: do not leave guards behind until the TTL.
         await asyncio.shield(_revoke_quietly(store, lease))
         raise
-    log.info(
-        "reservation written",
-        reservation=rid,
-        cd_uid=domain_uid or None,
-        nodes=len(nodes),
-        cliques=len(set(clique_ids)),
-        ttl_s=ttl_s,
-        holder=holder,
-    )
     return Written(record, revision, lease)
 
 
@@ -155,9 +283,19 @@ async def who_holds(store: Store, nodes: Sequence[str]) -> dict[str, str]:
 
 async def delete_reservation(store: Store, reservation_id: str) -> pb.Reservation | None:
     """Remove a reservation and its guards; the record that was removed, or None if none existed."""
-    current = await store.get(store.keys.reservation(reservation_id), pb.Reservation)
-    if current is None:
-        return None
+    for _ in range(3):
+        current = await store.get(store.keys.reservation(reservation_id), pb.Reservation)
+        if current is None:
+            return None
+        nodes = current.value.node_names
+        if not fits_one_txn(nodes):
+            break
+        # Its lease may be shared with other reservations: remove its keys, not the lease.
+        if await remove_in_one_txn(store, reservation_id, nodes, current.mod_revision) is not None:
+            log.info("reservation released", reservation=reservation_id, nodes=len(nodes))
+            return current.value
+    else:
+        raise RuntimeError(f"reservation {reservation_id} kept changing while it was being released; retry")
     if current.lease:
         await store.revoke_lease(current.lease)
         if await store.get(store.keys.reservation(reservation_id), pb.Reservation) is None:

@@ -1,0 +1,248 @@
+"""Group commit: the reservation writes of concurrent decisions share one etcd transaction.
+
+Each write is a unit: its own compares and writes, and optionally a TTL its puts live for.
+Units that arrive while `max_inflight` batches are in flight wait, and leave together in the
+next batch: one request of nested transactions (`Store.txn_each`), each decided on its own
+compares, so a unit that loses its race fails alone. At low load a unit leaves at once in a
+batch of one; under load the batches grow, and the per-decision cost of the round trips with
+them shrinks.
+
+The units of a batch that want the same TTL share one lease, granted for the batch just before
+its transaction; `Committed.created_unix_ms` is taken before the grant, so a record's
+created + TTL never outlives its lease. A batch whose request fails (etcd unreachable, a
+timeout) fails every unit in it and no other; its leases are revoked, so whatever the request
+may still have written goes too.
+
+A batch never carries two units that touch one key (etcd refuses a request that writes a key
+twice, and a unit's compares must see what an earlier unit wrote): the later unit waits for the
+next batch. etcd's --max-txn-ops (128 by default) bounds the batch: a nested transaction may
+have only as many compares or writes as the limit leaves after the units of the outer one, so
+units + the largest unit's compares (or writes) stay within `max_ops`. A batch also carries at
+most about `max_bytes` of keys and values (etcd's --max-request-bytes is 1.5 MiB by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from libs.state.store import Compare, Op, Store
+
+log = structlog.get_logger(__name__)
+
+MAX_OPS = 128
+MAX_BYTES = 1 << 20
+MAX_INFLIGHT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A unit's outcome: whether its compares held (its writes applied), at which revision."""
+
+    succeeded: bool
+    revision: int
+    # The lease its puts were written with (0: none).
+    lease: int
+    # Wall clock (ms) just before the batch's lease was asked for.
+    created_unix_ms: int
+
+
+# (lease, created_unix_ms) -> the unit's writes.
+Build = Callable[[int, int], Sequence[Op]]
+
+
+@dataclass(slots=True)
+class _Unit:
+    compares: Sequence[Compare]
+    build: Build
+    ttl_s: int
+    writes: frozenset[str]
+    reads: frozenset[str]
+    size: int
+    # Compares or writes, whichever are more: what etcd's --max-txn-ops counts.
+    weight: int
+    future: asyncio.Future[Committed]
+
+
+class CommitBatcher:
+    def __init__(
+        self,
+        store: Store,
+        max_ops: int = MAX_OPS,
+        max_bytes: int = MAX_BYTES,
+        max_inflight: int = MAX_INFLIGHT,
+    ) -> None:
+        if max_ops < 2 or max_inflight < 1:
+            raise ValueError("max_ops must be >= 2 and max_inflight >= 1")
+        self.store = store
+        self.max_ops = max_ops
+        self.max_bytes = max_bytes
+        self.max_inflight = max_inflight
+        self._queue: deque[_Unit] = deque()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._cleanups: set[asyncio.Task[None]] = set()
+        self._closed = False
+        # Counters for metrics and tests.
+        self.batches = 0
+        self.units = 0
+
+    # ---- submitting ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        compares: Sequence[Compare],
+        build: Build,
+        writes: Collection[str],
+        ttl_s: int = 0,
+        size: int = 0,
+    ) -> asyncio.Future[Committed]:
+        """Queue a unit; its future resolves when its batch is committed (or fails with the batch).
+
+        `writes` names every key `build` writes; `size` estimates its bytes. A caller that stops
+        waiting calls `withdraw`, and when the unit had left already, `undo_if_written`."""
+        if self._closed:
+            raise RuntimeError("the commit batcher is closed")
+        keys = frozenset(writes)
+        weight = max(len(compares), len(keys))
+        if 1 + weight > self.max_ops:
+            raise ValueError(f"a unit of {weight} compares or writes does not fit a batch of {self.max_ops}")
+        future: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
+        unit = _Unit(compares, build, ttl_s, keys, frozenset(c.key for c in compares), size, weight, future)
+        self._queue.append(unit)
+        self._kick()
+        return future
+
+    def withdraw(self, future: asyncio.Future[Committed]) -> bool:
+        """Take a unit out before its batch leaves: True if it was still queued (never written)."""
+        for unit in self._queue:
+            if unit.future is future:
+                self._queue.remove(unit)
+                future.cancel()
+                return True
+        return False
+
+    def undo_if_written(self, future: asyncio.Future[Committed], undo: Callable[[Committed], object]) -> None:
+        """For a caller that stops waiting: when the unit turns out written, run `undo(committed)`
+        (a coroutine is run as a task the batcher keeps, and awaits in `close`)."""
+
+        def settled(done: asyncio.Future[Committed]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            committed = done.result()
+            if not committed.succeeded:
+                return
+            outcome = undo(committed)
+            if asyncio.iscoroutine(outcome):
+                task: asyncio.Task[None] = asyncio.ensure_future(outcome)
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+        future.add_done_callback(settled)
+
+    # ---- batching -----------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        while self._queue and len(self._inflight) < self.max_inflight:
+            batch = self._take()
+            if not batch:
+                return
+            task = asyncio.ensure_future(self._send(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        if not self._closed:
+            self._kick()
+
+    def _take(self) -> list[_Unit]:
+        """The next batch, in arrival order; units that clash with it stay queued."""
+        batch: list[_Unit] = []
+        writes: set[str] = set()
+        reads: set[str] = set()
+        size = 0
+        heaviest = 0
+        kept: deque[_Unit] = deque()
+        while self._queue:
+            unit = self._queue.popleft()
+            if unit.future.done():
+                continue  # withdrawn by its caller
+            over = len(batch) + 1 + max(heaviest, unit.weight) > self.max_ops
+            full = over or (bool(batch) and size + unit.size > self.max_bytes)
+            clash = not writes.isdisjoint(unit.writes) or not writes.isdisjoint(unit.reads)
+            clash = clash or not reads.isdisjoint(unit.writes)
+            if full or clash:
+                kept.append(unit)
+                if full:
+                    break
+                continue
+            batch.append(unit)
+            writes |= unit.writes
+            reads |= unit.reads
+            size += unit.size
+            heaviest = max(heaviest, unit.weight)
+        kept.extend(self._queue)
+        self._queue = kept
+        return batch
+
+    async def _send(self, batch: list[_Unit]) -> None:
+        created_ms = int(time.time() * 1000)
+        leases: dict[int, int] = {}
+        try:
+            ttls = sorted({u.ttl_s for u in batch if u.ttl_s > 0})
+            granted = await asyncio.gather(*(self.store.grant_lease(ttl) for ttl in ttls))
+            leases = dict(zip(ttls, granted, strict=True))
+            txns = [(u.compares, u.build(leases.get(u.ttl_s, 0), created_ms)) for u in batch]
+            results, revision = await self.store.txn_each(txns)
+        except BaseException as exc:
+            for unit in batch:
+                if not unit.future.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        unit.future.cancel()
+                    else:
+                        unit.future.set_exception(exc)
+            # Whatever the request may still have written goes with its leases.
+            if leases:
+                await asyncio.shield(self._revoke_quietly(list(leases.values())))
+            if isinstance(exc, Exception):
+                log.warning(
+                    "reservation batch failed", units=len(batch), error=str(exc) or type(exc).__name__
+                )
+                return
+            raise
+        self.batches += 1
+        self.units += len(batch)
+        for unit, succeeded in zip(batch, results, strict=True):
+            if not unit.future.done():
+                unit.future.set_result(
+                    Committed(succeeded, revision, leases.get(unit.ttl_s, 0) if succeeded else 0, created_ms)
+                )
+
+    async def _revoke_quietly(self, leases: list[int]) -> None:
+        for lease in leases:
+            try:
+                await self.store.revoke_lease(lease)
+            except Exception as exc:  # the keys expire with the TTL anyway
+                log.warning("lease revoke failed; keys expire with the TTL", lease=lease, error=str(exc))
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Refuse new units, let the batches in flight finish (within `timeout_s`), fail the rest."""
+        self._closed = True
+        pending = [*self._inflight, *self._cleanups]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=timeout_s)
+        while self._queue:
+            unit = self._queue.popleft()
+            if not unit.future.done():
+                unit.future.set_exception(RuntimeError("the placement advisor is stopping"))
