@@ -47,6 +47,7 @@ import structlog
 
 from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
+from services.nodeagent.jsonmembers import JsonMembers
 from services.nodeagent.nvidiacheckpoint import (
     NvidiaCheckpointError,
     looks_like_nvidia_checkpoint,
@@ -129,10 +130,11 @@ class Checkpoint:
         self._entries: dict[str, ClaimEntry] = {e.claim_uid: e for e in entries}
         self._tombstones: dict[str, Tombstone] = {t.claim_uid: t for t in tombstones}
         self._fragments: dict[str, tuple[ClaimEntry, str]] = {}
-        # The canonical tombstones section and the earliest expiry, kept while tombstones are
-        # unchanged: a prepare's save must not walk the hundreds an unprepare burst leaves.
-        self._tombstone_section: str | None = None
-        self._tombstone_fragments: dict[str, tuple[Tombstone, str]] = {}
+        # The canonical tombstones section, changed with each tombstone, and the earliest expiry:
+        # a save must not walk the thousands an unprepare burst leaves.
+        self._tombstone_text = JsonMembers()
+        for tomb in self._tombstones.values():
+            self._tombstone_text.set(tomb.claim_uid, _tombstone_member(tomb))
         self._earliest_expiry: float | None = None
 
     # ---- loading -------------------------------------------------------------------------
@@ -332,7 +334,8 @@ class Checkpoint:
         if self.is_tombstoned(claim_uid, claim_version=claim_version):
             raise StalePrepareError(claim_uid, "unprepared recently; refusing a stale prepare")
         if self._tombstones.pop(claim_uid, None) is not None:
-            self._tombstones_changed()
+            self._tombstone_text.discard(claim_uid)
+            self._earliest_expiry = None
         entry = ClaimEntry(
             claim_uid=claim_uid,
             state=ClaimState.PREPARE_STARTED,
@@ -394,14 +397,10 @@ class Checkpoint:
             claim_uid=claim_uid, expires_at=self._clock() + self.tombstone_ttl_s, claim_version=version
         )
         self._tombstones[claim_uid] = tomb
-        self._tombstone_section = None
+        self._tombstone_text.set(claim_uid, _tombstone_member(tomb))
         if self._earliest_expiry is not None:
             self._earliest_expiry = min(self._earliest_expiry, tomb.expires_at)
         return entry
-
-    def _tombstones_changed(self) -> None:
-        self._tombstone_section = None
-        self._earliest_expiry = None
 
     def prune_tombstones(self, now: float | None = None) -> int:
         """Forget expired tombstones; returns how many."""
@@ -413,8 +412,7 @@ class Checkpoint:
         expired = [uid for uid, t in self._tombstones.items() if t.expires_at <= now]
         for uid in expired:
             del self._tombstones[uid]
-        if expired:
-            self._tombstone_section = None
+            self._tombstone_text.discard(uid)
         # A lower bound until now (a replaced tombstone may have held it): make it exact.
         self._earliest_expiry = min((t.expires_at for t in self._tombstones.values()), default=None)
         return len(expired)
@@ -432,13 +430,10 @@ class Checkpoint:
         write_atomic(self.path, data, mode=0o600)
 
     def encode(self) -> bytes:
-        """The file content. The checksum covers the canonical JSON of all other fields; it is
-        appended as the last key so the canonical text is produced once (a save per prepare)."""
-        body = self._canonical_unsigned()
-        checksum = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
-        return f'{body[:-1]},"checksum":"{checksum}"}}'.encode()
+        """The file content (see :func:`sign`)."""
+        return sign(self.unsigned_text())
 
-    def _canonical_unsigned(self) -> str:
+    def unsigned_text(self) -> str:
         """Same text as ``_canonical`` of the document without its checksum, but built from
         per-entry fragments cached while entries are unchanged (entries are immutable)."""
         fragments: dict[str, tuple[ClaimEntry, str]] = {}
@@ -452,24 +447,18 @@ class Checkpoint:
             fragments[uid] = (entry, fragment)
             parts.append(f"{_canonical(uid)}:{fragment}")
         self._fragments = fragments
-        if self._tombstone_section is None:
-            # Rebuilt after each unprepare: from per-tombstone texts, so only new ones are encoded.
-            tomb_fragments: dict[str, tuple[Tombstone, str]] = {}
-            for uid in sorted(self._tombstones):
-                tomb = self._tombstones[uid]
-                cached_tomb = self._tombstone_fragments.get(uid)
-                text = (
-                    cached_tomb[1]
-                    if cached_tomb is not None and cached_tomb[0] is tomb
-                    else f"{_canonical(uid)}:{_canonical(_tombstone_to_json(tomb))}"
-                )
-                tomb_fragments[uid] = (tomb, text)
-            self._tombstone_fragments = tomb_fragments
-            self._tombstone_section = ",".join(text for _, text in tomb_fragments.values())
         return (
             f'{{"bootID":{_canonical(self.boot_id)},"entries":{{{",".join(parts)}}},'
-            f'"tombstones":{{{self._tombstone_section}}},"version":{CHECKPOINT_VERSION}}}'
+            f'"tombstones":{{{self._tombstone_text.text()}}},"version":{CHECKPOINT_VERSION}}}'
         )
+
+
+def sign(unsigned: str) -> bytes:
+    """The file content for the canonical text of everything but the checksum: the checksum
+    covers that text and is appended as the last key, so the text is produced once. Pure, so
+    the checkpoint writer hashes off the event loop."""
+    checksum = "sha256:" + hashlib.sha256(unsigned.encode()).hexdigest()
+    return f'{unsigned[:-1]},"checksum":"{checksum}"}}'.encode()
 
 
 def read_boot_id(path: Path) -> str:
@@ -530,6 +519,10 @@ def _entry_to_json(e: ClaimEntry) -> dict[str, Any]:
 
 def _tombstone_to_json(t: Tombstone) -> dict[str, Any]:
     return {"expiresAt": t.expires_at, "claimVersion": t.claim_version}
+
+
+def _tombstone_member(t: Tombstone) -> str:
+    return f"{_canonical(t.claim_uid)}:{_canonical(_tombstone_to_json(t))}"
 
 
 def _decode(raw: bytes) -> tuple[str, list[ClaimEntry], list[Tombstone]]:

@@ -9,7 +9,8 @@ So a save is a request: the caller waits for a write whose content was encoded a
 request, which therefore holds its change. Requests that arrive while a write is in flight share
 the next one. Writes run one at a time, in order, on the checkpoint's own thread (the loop serves
 other calls meanwhile), so the file always ends at the latest state. The content is encoded on
-the loop, where the checkpoint is changed, so every write is a consistent snapshot.
+the loop, where the checkpoint is changed, so every write is a consistent snapshot; hashed and
+written on the thread.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from libs.fsio.atomic import write_atomic
-from services.nodeagent.checkpoint import Checkpoint
+from services.nodeagent.checkpoint import Checkpoint, sign
 
 # A write that takes longer (a hung disk) fails its waiters; they may retry.
 DEFAULT_WRITE_TIMEOUT_S = 10.0
@@ -74,8 +75,8 @@ class CheckpointWriter:
             waiter, self._pending = self._pending, None
             try:
                 self.checkpoint.prune_tombstones()
-                data = self.checkpoint.encode()
-                await loop.run_in_executor(self._executor, self._write, data)
+                text = self.checkpoint.unsigned_text()
+                await loop.run_in_executor(self._executor, self._write, text)
             except BaseException as exc:
                 if not waiter.done():
                     waiter.set_exception(exc if isinstance(exc, Exception) else OSError(str(exc)))
@@ -94,7 +95,8 @@ class CheckpointWriter:
             self._pending.set_exception(OSError(f"checkpoint writer stopped: {type(exc).__name__}"))
         self._pending = None
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, text: str) -> None:
+        data = sign(text)  # the hash of a large file (many tombstones) costs the loop nothing
         path = self.checkpoint.path
         if not self._dir_made:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,11 +59,15 @@ class ClaimDispatcher:
 
     async def prepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         unique = list({c.uid: c for c in claims}.values())
+        if len(unique) == 1:  # kubelet's usual request (one pod, one claim): no task to spawn
+            return {unique[0].uid: await self._prepare_one(unique[0])}
         outcomes = await asyncio.gather(*(self._prepare_one(c) for c in unique))
         return {c.uid: o for c, o in zip(unique, outcomes, strict=True)}
 
     async def unprepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         unique = list({c.uid: c for c in claims}.values())
+        if len(unique) == 1:
+            return {unique[0].uid: await self._unprepare_one(unique[0])}
         errors = await asyncio.gather(*(self._unprepare_one(c) for c in unique))
         return {c.uid: e for c, e in zip(unique, errors, strict=True)}
 
