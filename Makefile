@@ -13,7 +13,7 @@ PLACEMENT_API := computedomain/placement/v1
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
 	@echo "make test   - set up, lint, run the whole test suite"
-	@echo "make setup  - .venv, pinned Python deps, etcd, the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
+	@echo "make setup  - .venv, pinned Python deps, etcd (with etcdctl and etcdutl), the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
 	@echo "make lint   - ruff + mypy + generated-code check + buf lint/breaking"
@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml constraints.txt tools/setup.sh
 
 setup: $(STAMP)
 	@bash tools/etcd/build.sh >/dev/null
+	@bash tools/etcd/build-ctl.sh >/dev/null
 	@bash tools/cdi/build.sh >/dev/null
 	@bash integrations/placement-go/build.sh >/dev/null
 	@bash tools/buf/build.sh >/dev/null

@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import aetcd.exceptions
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
@@ -18,6 +19,7 @@ from libs.runtime.settings import SettingsError, load_settings
 from libs.state.config import EtcdConfig, EtcdSettings
 from libs.state.store import Store, with_retries
 from libs.state.watch import PrefixWatch, Resync
+from tools.controlplane.pki import generate_pki, issue_from_ca
 from tools.etcd.server import EtcdCluster, EtcdServer
 
 WATCHES = 40
@@ -141,3 +143,38 @@ async def test_watches_resume_on_another_member_without_loss_or_repeat(cluster: 
             await asyncio.gather(*followers, return_exceptions=True)
         assert seen == {i: [f"a{i}", f"b{i}"] for i in range(WATCHES)}
         assert watching.client.failovers >= 1 and watching.client.endpoint != leader.endpoint
+
+
+async def test_tls_cluster_fails_over_with_client_certificates(etcd_bin: Path, tmp_path: Path) -> None:
+    """Peer and client TLS, client certificates required: the client verifies each member it moves
+    to and presents its certificate there."""
+    pki = generate_pki(tmp_path / "pki", service_ip="10.0.0.1")
+    member = issue_from_ca(pki.ca, tmp_path / "pki", "etcd", "etcd", ip_addresses=("127.0.0.1",), server=True)
+    cluster = EtcdCluster.create(
+        tmp_path / "etcd", 3, binary=etcd_bin, tls=(member.cert, member.key, pki.ca.cert)
+    )
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        base = config_starting_at(cluster, leader)
+        config = EtcdConfig(
+            endpoint=base.endpoint,
+            prefix=base.prefix,
+            ca_file=str(pki.ca.cert),
+            cert_file=str(pki.admin.cert),
+            key_file=str(pki.admin.key),
+        )
+        async with Store(config) as store:
+            await store.put("/ha/k", pb.Claim(uid="1"))
+            leader.kill()
+            await with_retries(lambda: store.put("/ha/k", pb.Claim(uid="2")), "put", 30.0)
+            assert store.client.endpoint != leader.endpoint
+            got = await store.get("/ha/k", pb.Claim)
+            assert got is not None and got.value.uid == "2"
+        # Without a client certificate every member refuses.
+        async with Store(EtcdConfig(endpoint=base.endpoint, prefix="/ha/", ca_file=str(pki.ca.cert))) as bare:
+            for _ in cluster.members:
+                with pytest.raises(aetcd.exceptions.ConnectionFailedError):
+                    await bare.get("/ha/k", pb.Claim)
+    finally:
+        cluster.destroy()

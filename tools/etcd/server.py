@@ -41,6 +41,15 @@ def etcd_binary() -> Path:
         raise EtcdError(str(exc)) from None
 
 
+def etcd_ctl_tools() -> tuple[Path, Path]:
+    """Paths of the cached etcdctl and etcdutl (tools/etcd/build-ctl.sh), building them on first use."""
+    try:
+        directory = cached_tool("tools/etcd/build-ctl.sh")
+    except BuildError as exc:
+        raise EtcdError(str(exc)) from None
+    return directory / "etcdctl", directory / "etcdutl"
+
+
 @dataclass
 class EtcdServer:
     data_dir: Path
@@ -53,6 +62,8 @@ class EtcdServer:
     key_file: Path | None = None
     trusted_ca_file: Path | None = None
     client_cert_auth: bool = False
+    # TLS between members too, with the same certificate (which then needs clientAuth as well).
+    peer_tls: bool = False
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
@@ -78,7 +89,7 @@ class EtcdServer:
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        return f"{'https' if self.peer_tls else 'http'}://{self.host}:{self.peer_port}"
 
     def command(self) -> list[str]:
         binary = self.binary or etcd_binary()
@@ -103,6 +114,15 @@ class EtcdServer:
                 cmd.append(f"--trusted-ca-file={self.trusted_ca_file}")
             if self.client_cert_auth:
                 cmd.append("--client-cert-auth")
+        if self.peer_tls:
+            if not (self.cert_file and self.trusted_ca_file):
+                raise EtcdError("peer TLS needs cert_file, key_file and trusted_ca_file")
+            cmd += [
+                f"--peer-cert-file={self.cert_file}",
+                f"--peer-key-file={self.key_file}",
+                f"--peer-trusted-ca-file={self.trusted_ca_file}",
+                "--peer-client-cert-auth",
+            ]
         return [c for c in cmd if c] + self.extra_args
 
     def start(self, timeout_s: float = 20.0) -> None:
@@ -214,12 +234,31 @@ class EtcdCluster:
 
     @classmethod
     def create(
-        cls, root: Path, size: int = 3, binary: Path | None = None, extra_args: Sequence[str] = ()
+        cls,
+        root: Path,
+        size: int = 3,
+        binary: Path | None = None,
+        extra_args: Sequence[str] = (),
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> EtcdCluster:
+        """`size` members under `root`; with `tls` (certificate, key, CA) clients and peers talk TLS
+        and must present a certificate of that CA (the certificate serves and is each member's
+        client certificate towards its peers)."""
         if size < 1:
             raise EtcdError(f"an etcd cluster needs at least one member, not {size}")
+        cert, key, ca = tls if tls is not None else (None, None, None)
         members = [
-            EtcdServer(data_dir=root / f"member-{i}", binary=binary, name=f"member-{i}", extra_args=list(extra_args))
+            EtcdServer(
+                data_dir=root / f"member-{i}",
+                binary=binary,
+                name=f"member-{i}",
+                extra_args=list(extra_args),
+                cert_file=cert,
+                key_file=key,
+                trusted_ca_file=ca,
+                client_cert_auth=tls is not None,
+                peer_tls=tls is not None,
+            )
             for i in range(size)
         ]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
