@@ -38,6 +38,7 @@ from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreCl
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.plugin import Plugin, compose_plugin
 from services.nodeagent.settings import AgentSettings
+from services.nodeagent.storebatch import BatchedReads, StoreBatch
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
@@ -96,12 +97,14 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
 
     try:
         claims: ClaimSource
+        batch = StoreBatch(store)
         if settings.claim_source == "kubernetes":
             kube_api = await _kube_api_client(settings)
             claims = KubeClaimSource(kube_api, timeout_s=settings.kube_timeout_s)
         else:
-            claims = StoreClaimSource(store)
-        plugin = compose_plugin(store, settings, hardware, claims, health, metrics)
+            # A prepare reads its claim and its domain at once: one store transaction.
+            claims = StoreClaimSource(BatchedReads(batch))
+        plugin = compose_plugin(store, settings, hardware, claims, health, metrics, batch=batch)
         for name, run in plugin.tasks():
             spawn(name, run)
         if kube_api is not None:

@@ -37,6 +37,7 @@ from services.nodeagent.nodeview import NodeView
 from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.state import STORE_FAILURES, DeviceState
+from services.nodeagent.storebatch import StoreBatch
 
 log = structlog.get_logger(__name__)
 
@@ -119,10 +120,13 @@ def compose_plugin(
     health: Health,
     metrics: AgentMetrics,
     watch: PrefixWatcher = watch_prefix,
+    batch: StoreBatch | None = None,
 ) -> Plugin:
     """The plugin's parts for ``settings.node_name`` (the node, kubelet and CDI paths, prepare
     and checkpoint tuning of `settings`; its etcd, hardware and process settings are the
-    caller's). `watch` opens the views' store watches (a host of many nodes may share them)."""
+    caller's). `watch` opens the views' store watches (a host of many nodes may share them);
+    `batch` sends the prepares' single-key store operations (shared with a store claim source,
+    a claim's read goes with the domain's)."""
     node_view = NodeView(store, settings.node_name, watch=watch)
     daemons = DaemonView(store, settings.node_name, metrics, watch=watch)
     kubelet_dir = settings.kubelet_path
@@ -142,6 +146,7 @@ def compose_plugin(
         metrics=metrics,
         prepare_budget_s=settings.prepare_budget_s,
         checkpoint_fsync=settings.checkpoint_fsync,
+        batch=batch,
     )
     return Plugin(
         node_view=node_view,

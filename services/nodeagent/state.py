@@ -141,6 +141,7 @@ class DeviceState:
         prepare_budget_s: float = DEFAULT_PREPARE_BUDGET_S,
         checkpoint_fsync: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        batch: StoreBatch | None = None,
     ) -> None:
         self.store = store
         self.identity = identity
@@ -159,7 +160,7 @@ class DeviceState:
             checkpoint, fsync=checkpoint_fsync, timeout_s=FILE_IO_TIMEOUT_S, on_saved=self._saved
         )
         # The hot path's reads and writes of single keys, batched with concurrent calls' own.
-        self.batch = StoreBatch(store)
+        self.batch = batch if batch is not None else StoreBatch(store)
         self._clock = clock
         self._domain_locks = KeyedLocks()
         self._channel_major: int | None = None

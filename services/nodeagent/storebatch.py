@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import betterproto
 
-from libs.state.store import Delete, Put, RawKV, Read, Store, TxnResult
+from libs.state.codec import decode
+from libs.state.store import Delete, M, Put, RawKV, Read, Store, TxnResult, Versioned
 
 # etcd refuses transactions of more than 128 operations (its --max-txn-ops default).
 MAX_OPS = 128
@@ -126,6 +127,25 @@ class StoreBatch:
         assert txn.done is not None
         # Shielded: a caller that gives up must not cancel the others' transaction.
         return await asyncio.shield(txn.done)
+
+
+class BatchedReads(Store):
+    """The batch's store whose `get` joins the batch's reads (for a reader written against
+    `Store`, such as the store claim source); everything else is the store's own."""
+
+    def __init__(self, batch: StoreBatch) -> None:  # shares the store's client: no new connection
+        store = batch.store
+        self.config, self.keys, self.client = store.config, store.keys, store.client
+        self.batch = batch
+
+    async def get(self, key: str, cls: type[M], *, strict: bool = False) -> Versioned[M] | None:
+        found = await self.batch.get(key)
+        if found is None:
+            return None
+        value = decode(found.value, cls, key) if strict else self._decode(key, found.value, cls)
+        if value is None:
+            return None
+        return Versioned(key, value, found.mod_revision, found.create_revision, found.lease)
 
 
 def _retrieve(future: asyncio.Future[TxnResult]) -> None:

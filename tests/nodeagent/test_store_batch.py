@@ -6,11 +6,15 @@ import asyncio
 
 import pytest
 
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from services.nodeagent.claimsource import ClaimRef, StoreClaimSource
+from services.nodeagent.errors import ClaimGone
 from services.nodeagent.state import STORE_FAILURES
-from services.nodeagent.storebatch import StoreBatch
+from services.nodeagent.storebatch import BatchedReads, StoreBatch
+from tests.nodeagent.agent_fakes import new_uid, put_claim, put_domain
 from tools.etcd.server import EtcdServer
 
 
@@ -73,7 +77,13 @@ async def test_a_failed_transaction_fails_each_of_its_callers_and_the_next_succe
         results = await asyncio.gather(*(batch.put(k, _record(k)) for k in keys), return_exceptions=True)
         assert all(isinstance(r, STORE_FAILURES) for r in results), results
         private_etcd.start()
-        await asyncio.gather(*(batch.put(k, _record(k)) for k in keys))
+        # As kubelet does: retry until the client has reconnected to the restarted etcd.
+        for _ in range(50):
+            try:
+                await asyncio.gather(*(batch.put(k, _record(k)) for k in keys))
+                break
+            except STORE_FAILURES:
+                await asyncio.sleep(0.2)
         assert all([await store.get(k, pb.PreparedClaim) for k in keys])
 
 
@@ -90,3 +100,18 @@ async def test_a_caller_that_gives_up_does_not_cancel_the_others(store: Store) -
         await third
     # The cancelled caller's write shared the second transaction and was still applied.
     assert await store.get(store.keys.preparation("n1", "c"), pb.PreparedClaim) is not None
+
+
+async def test_a_store_claim_and_its_domain_are_read_in_one_transaction(store: Store) -> None:
+    batch = StoreBatch(store)
+    claims = StoreClaimSource(BatchedReads(batch))
+    domain = await put_domain(store)
+    ref = await put_claim(store, "rack0-tray0", domain.uid)
+    claim, found = await asyncio.gather(claims.resolve(ref), batch.get(store.keys.domain(domain.uid)))
+    assert claim.ref == ref and claim.results_for(DRIVER_NAME, "rack0-tray0")
+    stored = await store.get(store.keys.claim(ref.uid), pb.Claim)
+    assert stored is not None and claim.version == str(stored.mod_revision)
+    assert found is not None and found.key == store.keys.domain(domain.uid)
+    assert batch.transactions == 1
+    with pytest.raises(ClaimGone):
+        await claims.resolve(ClaimRef(ref.namespace, ref.name, new_uid()))
