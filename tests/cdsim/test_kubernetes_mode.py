@@ -9,8 +9,10 @@ nothing left (in Kubernetes and in the store) -> `cdsim down` leaves no process 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import yaml
 from tests.cdsim.cli import cdsim, ok
 from tools.cachedtool import BuildError
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.procscan import KUBE_MARKERS, cluster_processes
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import AGENT_HEALTH_PORT, IMEX_AGENT_HEALTH_PORT
 from tools.controlplane.binaries import ensure_binaries
@@ -301,3 +303,39 @@ def test_down_leaves_no_process_and_frees_the_ports(local_cluster: LocalCluster)
     assert cluster_processes(layout) == []
     busy = [(h, p) for h, p in ports if not port_free(h, p)]
     assert not busy, f"ports still in use after down: {busy}"
+
+
+def test_a_killed_supervisor_takes_the_control_plane_with_it() -> None:
+    """SIGKILL of the supervisor (no stop in order): the control plane goes with it, and `down`
+    finds and ends whatever else is left."""
+    state_dir = Path(tempfile.mkdtemp(prefix="cdk-"))
+    try:
+        ok(
+            cdsim(
+                state_dir,
+                "up",
+                "--kubernetes",
+                "--racks",
+                "1",
+                "--trays",
+                "2",
+                "--address-block",
+                "80",
+                timeout=600,
+            )
+        )
+        layout = StateLayout.at(state_dir)
+        state = RunState.load(layout)
+        assert state is not None
+        os.kill(state.supervisor_pid, signal.SIGKILL)
+
+        def control_plane_alive() -> str:
+            alive = [p for p in cluster_processes(layout) if any(m in p.command for m in KUBE_MARKERS)]
+            return ", ".join(p.command[:60] for p in alive)
+
+        wait_for(control_plane_alive, 30.0, "the control plane to end with its supervisor")
+        ok(cdsim(state_dir, "down", timeout=180))
+        assert cluster_processes(layout) == []
+    finally:
+        cdsim(state_dir, "down", timeout=180)
+        shutil.rmtree(state_dir, ignore_errors=True)
