@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cd-controller starting",
         identity=settings.holder,
         mode=settings.mode,
-        etcd=settings.etcd_endpoint,
+        etcd=settings.endpoint_list(),
         prefix=settings.etcd_prefix,
         leader_lease_ttl_s=settings.leader_lease_ttl_s,
     )
