@@ -21,10 +21,12 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
 from tools.cachedtool import BuildError
-from tools.controlplane.binaries import Binaries, ensure_binaries
+from tools.controlplane.binaries import Binaries, ensure_binaries, supported_minors
 
 _binaries: Binaries | None = None
 _build_error: str | None = None
+# The oldest supported Kubernetes minor's binaries (test_oldest_kubernetes.py), or why they failed.
+_oldest: Binaries | str | None = None
 
 
 def _build() -> None:
@@ -37,9 +39,29 @@ def _build() -> None:
         _build_error = str(exc)
 
 
+def oldest_binaries() -> Binaries:
+    """The control plane of the oldest supported minor (built on first use); fails the test naming
+    the build's error."""
+    global _oldest
+    if _oldest is None:
+        try:
+            _oldest = ensure_binaries(minor=supported_minors()[-1])
+        except BuildError as exc:
+            _oldest = str(exc)
+    if isinstance(_oldest, str):
+        pytest.fail(f"building the oldest Kubernetes control plane failed:\n{_oldest}", pytrace=False)
+    return _oldest
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("e2e_env" in getattr(item, "fixturenames", ()) for item in session.items):
+    fixtures = {f for item in session.items for f in getattr(item, "fixturenames", ())}
+    if "e2e_env" in fixtures:
         _build()
+    if "oldest_env" in fixtures:
+        try:
+            oldest_binaries()
+        except pytest.fail.Exception:
+            pass  # the tests that need them fail with the build's error
 
 
 @pytest.fixture(scope="session")

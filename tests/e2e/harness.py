@@ -3,7 +3,8 @@
 `E2EEnvironment.start()` brings up, in order:
 
 1. the loopback Kubernetes control plane (tools.controlplane) with our CRD and DeviceClass applied
-   from the rendered kustomize base;
+   from the rendered kustomize base (with manifests/components/resource-v1beta1 on Kubernetes
+   older than 1.34, which serves no resource.k8s.io/v1);
 2. our etcd (tools.etcd);
 3. the kubelet shim (tools.kubeletshim, one process for every node): Node objects, leases;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
@@ -42,6 +43,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
 from tests.manifests.kustomize import build as kustomize_build
+from tests.manifests.kustomize import build_kubectl
 from tools.cdsim.layout import StateLayout
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
@@ -51,6 +53,7 @@ from tools.netports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"
+RESOURCE_V1BETA1 = REPO_ROOT / "manifests" / "components" / "resource-v1beta1"
 EXAMPLES_DIR = REPO_ROOT / "tests" / "manifests" / "examples"
 
 DRIVER = "compute-domain.nvidia.com"
@@ -115,15 +118,17 @@ def http_ok(url: str) -> bool:
 
 
 def _address_block_free(cluster: ClusterDescription) -> bool:
-    """Whether no other simulated cluster on this machine uses our racks' IMEX port."""
+    """Whether no other simulated cluster on this machine uses our racks' IMEX port or (another
+    environment of this session, whose domains may be idle) the node agents' health port."""
     for rack in range(cluster.racks):
         for tray in (0, cluster.trays_per_rack - 1):
             address = cluster.node_address(rack, tray)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((address, IMEX_PORT))
-                except OSError:
-                    return False
+            for port in (IMEX_PORT, AGENT_HEALTH_PORT):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    try:
+                        sock.bind((address, port))
+                    except OSError:
+                        return False
     return True
 
 
@@ -311,9 +316,28 @@ class E2EEnvironment:
     def kubectl_apply(self, objects: list[dict[str, Any]]) -> None:
         self.cp.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
 
+    def base_manifests(self) -> list[dict[str, Any]]:
+        """The kustomize base as this control plane's release takes it."""
+        if self.binaries.minor >= 34:
+            return kustomize_build(MANIFESTS_BASE)
+        # As an operator installs on 1.32/1.33: an overlay adding the component (relative paths).
+        overlay = self.root / "manifests-v1beta1"
+        overlay.mkdir(exist_ok=True)
+        (overlay / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(MANIFESTS_BASE, overlay)],
+                    "components": [os.path.relpath(RESOURCE_V1BETA1, overlay)],
+                }
+            )
+        )
+        return build_kubectl(overlay, self.cp.bin_dir / "kubectl")
+
     def apply_base_manifests(self) -> None:
         wanted = {"CustomResourceDefinition", "DeviceClass"}
-        objects = [o for o in kustomize_build(MANIFESTS_BASE) if o.get("kind") in wanted]
+        objects = [o for o in self.base_manifests() if o.get("kind") in wanted]
         assert {o["kind"] for o in objects} == wanted, "the kustomize base lost the CRD or the DeviceClass"
         self.kubectl_apply(objects)
         self.cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")

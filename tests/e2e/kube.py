@@ -8,9 +8,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi, ResourceV1Api
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from libs.kube.resourceapi import device_request, discover_version, resource_path, typed_api
 from tests.e2e.harness import DEVICE_CLASS
 
 T = TypeVar("T")
@@ -97,18 +98,30 @@ async def list_pods(api: ApiClient, namespace: str, selector: str = "") -> list[
     return list((listing or {}).get("items") or [])
 
 
+# API server URL -> the resource.k8s.io version it serves (v1 on 1.34+, v1beta1 on 1.32).
+_served: dict[str, str] = {}
+
+
+async def resource_api(api: ApiClient) -> str:
+    """The resource.k8s.io version this API server serves (asked once per server)."""
+    host = str(api.configuration.host)
+    if host not in _served:
+        _served[host] = await discover_version(api)
+    return _served[host]
+
+
 async def list_claims(api: ApiClient, namespace: str) -> list[dict[str, Any]]:
-    listing = await raw_get(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
+    listing = await raw_get(api, resource_path(await resource_api(api), "resourceclaims", namespace))
     return list((listing or {}).get("items") or [])
 
 
 async def get_claim(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
-    return await raw_get(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+    return await raw_get(api, resource_path(await resource_api(api), "resourceclaims", namespace, name))
 
 
 async def get_template(api: ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     return await raw_get(
-        api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}"
+        api, resource_path(await resource_api(api), "resourceclaimtemplates", namespace, name)
     )
 
 
@@ -182,15 +195,15 @@ async def delete_job(api: ApiClient, namespace: str, name: str) -> None:
     await BatchV1Api(api).delete_namespaced_job(name, namespace, propagation_policy="Background")
 
 
-def channel_claim(name: str, namespace: str, domain_uid: str) -> dict[str, Any]:
+def channel_claim(name: str, namespace: str, domain_uid: str, version: str = "v1") -> dict[str, Any]:
     """A ResourceClaim for our channel whose opaque config names the domain `domain_uid` directly."""
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "devices": {
-                "requests": [{"name": "channel", "exactly": {"deviceClassName": DEVICE_CLASS}}],
+                "requests": [device_request("channel", DEVICE_CLASS, version)],
                 "config": [
                     {
                         "requests": ["channel"],
@@ -238,7 +251,7 @@ async def delete_pod(api: ApiClient, namespace: str, name: str) -> None:
 
 async def delete_claim(api: ApiClient, namespace: str, name: str) -> None:
     try:
-        await ResourceV1Api(api).delete_namespaced_resource_claim(name, namespace)
+        await typed_api(api, await resource_api(api)).delete_namespaced_resource_claim(name, namespace)
     except ApiException as exc:
         if exc.status != 404:
             raise
