@@ -3,15 +3,20 @@ is already READY, through the real unix-socket gRPC of a kubelet-plugin (node-ag
 
 Set-up: a private etcd (unless --etcd-endpoint), a one-rack simulated cluster, the node's two
 processes with simulated hardware (the IMEX agent: node record and daemon; the kubelet plugin),
-a ComputeDomain and an anchor claim prepared first (the node is a member and its daemon READY). Then N distinct claims are prepared one after another, then
-unprepared one after another, each call timed at the client (kubelet's view).
+a ComputeDomain and an anchor claim prepared first (the node is a member and its daemon READY).
+Then `--calls` distinct claims are prepared and unprepared again by `--inflight` concurrent
+callers over one connection (default 16: kubelet sends one call per pod with its claims, pods
+starting together), each caller unpreparing its previous claim after preparing the next; every
+call is timed at the client (kubelet's view). `--inflight 1` is the sequential shape (4 claims
+held). Each process's CPU per call (plugin, etcd, this client) is reported beside the latencies,
+since other processes on a shared machine inflate wall-clock tails.
 
 Production settings: etcd's data on disk with fsync, the kubelet dir (checkpoint) and IMEX work
 dir on disk, the checkpoint saved with the agent's shipped durability (``checkpoint_fsync``
 false: atomic rename, no fsync; docs/operations.md says why), the CDI root on tmpfs as
 ``/var/run/cdi`` is on a node (``--cdi-on-disk`` moves it). The result's ``settings`` records each.
 
-    python -m tools.bench.nodeagent_prepare [--calls 1000] [--out FILE]
+    python -m tools.bench.nodeagent_prepare [--calls 1000] [--inflight 16] [--out FILE]
 """
 
 from __future__ import annotations
