@@ -339,3 +339,48 @@ def test_a_killed_supervisor_takes_the_control_plane_with_it() -> None:
     finally:
         cdsim(state_dir, "down", timeout=180)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_down_during_a_start_stops_it_at_once() -> None:
+    """`cdsim down` while `up --kubernetes` is still starting (minutes on a cold machine) does not
+    wait for the start to finish: everything stops, and `up` reports that it failed."""
+    state_dir = Path(tempfile.mkdtemp(prefix="cdk-"))
+    cluster = ["--racks", "1", "--trays", "2", "--address-block", "80"]
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.cdsim.main",
+            "--state-dir",
+            str(state_dir),
+            "up",
+            "--kubernetes",
+            *cluster,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        layout = StateLayout.at(state_dir)
+
+        def not_starting() -> str:
+            state = RunState.load(layout)
+            return "" if state is not None and state.phase == "starting" else "no run.json in phase starting"
+
+        wait_for(not_starting, 60.0, "the supervisor to be starting")
+        began = time.monotonic()
+        out = ok(cdsim(state_dir, "down", timeout=180))
+        assert "stopped" in out
+        print(f"cdsim down during the start: {time.monotonic() - began:.1f} s")
+        assert time.monotonic() - began < 10.0, "down waited for the start"
+        _, err = up.communicate(timeout=60)
+        assert up.returncode == 1, err
+        assert "stopped (cdsim down or SIGTERM) before it was up" in err
+        assert cluster_processes(layout) == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait(10)
+        cdsim(state_dir, "down", timeout=180)
+        shutil.rmtree(state_dir, ignore_errors=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ import yaml
 
 from libs.contract.names import DRIVER_NAME
 from libs.hardware.cluster import ClusterDescription
+from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import AGENT_KIND, ServiceSpec
@@ -321,6 +323,13 @@ class KubeMode:
         if thread is None:
             return
         thread.stop_requested.set()
+        if not thread.started.is_set():
+            # Still starting (a shutdown during the start): ControlPlane.start cannot be
+            # interrupted, so end its processes (SIGKILL: a graceful etcd takes ~7 s, and a
+            # half-started cluster keeps nothing); its health wait then fails at once.
+            kube_dir = str(self.layout.kube_dir)
+            starting = [p for p in procscan.cluster_processes(self.layout) if procscan.mentions(p, kube_dir)]
+            procscan.kill_all(starting, signal.SIGKILL)
         await asyncio.to_thread(thread.join, 60.0)
         if thread.is_alive():
             log.warning("control plane did not stop in time")

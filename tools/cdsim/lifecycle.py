@@ -181,6 +181,10 @@ def _wait_up(
     while True:
         if supervisor.poll() is not None:
             state = RunState.load(layout)
+            if state is not None and state.phase == "stopped":
+                raise CommandError(
+                    f"stopped (cdsim down or SIGTERM) before it was up; logs in {layout.logs_dir}"
+                )
             detail = state.error if state and state.error else _tail(layout, "supervisor")
             raise CommandError(f"the cluster failed to start:\n{detail}\n(logs in {layout.logs_dir})")
         state = RunState.load(layout)

@@ -15,7 +15,7 @@ from libs.invariants.processes import (
 )
 from tools.cdsim.layout import StateLayout
 
-__all__ = ["IMEX_DAEMON_MARKER", "ProcessEntry", "imex_daemons_under", "list_processes"]
+__all__ = ["IMEX_DAEMON_MARKER", "ProcessEntry", "imex_daemons_under", "list_processes", "mentions"]
 
 ZYGOTE_MARKER = "tools.cdsim.zygote"
 SUPERVISOR_MARKER = "tools.cdsim.supervisor"
