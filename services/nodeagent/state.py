@@ -163,6 +163,7 @@ class DeviceState:
         self.batch = batch if batch is not None else StoreBatch(store)
         self._clock = clock
         self._domain_locks = KeyedLocks()
+        self._domain_headers: dict[str, tuple[int, DomainHeader | None]] = {}
         self._channel_major: int | None = None
         self._ensured_channels: set[int] = set()
 
@@ -216,15 +217,17 @@ class DeviceState:
         channels = channels_for(config.allocation_mode, fabric=fabric)
         major = self._major() if fabric else None
         record_key = self.store.keys.preparation(node.name, ref.uid)
-        record = pb.PreparedClaim(
-            claim_uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            node_name=node.name,
-            domain_uid=config.domain_id,
-            state=pb.PreparedState.PREPARE_STARTED,
-            updated_unix_ms=_now_ms(),
-        )
+
+        def started_record() -> pb.PreparedClaim:  # built only when written (a join, a revert)
+            return pb.PreparedClaim(
+                claim_uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                node_name=node.name,
+                domain_uid=config.domain_id,
+                state=pb.PreparedState.PREPARE_STARTED,
+                updated_unix_ms=_now_ms(),
+            )
 
         async with self._domain_locks.hold(config.domain_id):
             existing = self.checkpoint.get(ref.uid)
@@ -251,7 +254,7 @@ class DeviceState:
             joined_now, index = False, None
             if not membership_held:
                 await self._save_checkpoint()
-                put = asyncio.ensure_future(self.store.put(record_key, record))
+                put = asyncio.ensure_future(self.store.put(record_key, started_record()))
                 try:
                     joined_now, index = await self._join(config.domain_id, ref.namespace, node)
                 finally:
@@ -293,7 +296,7 @@ class DeviceState:
             )
             await self._save_checkpoint()
         except BaseException as exc:
-            await self._revert_completed_record(put, record_key, record)
+            await self._revert_completed_record(put, record_key, started_record())
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
                 self.cdi.remove(ref.uid)
                 raise PermanentError(str(exc)) from None
@@ -339,7 +342,16 @@ class DeviceState:
     async def _get_domain(self, domain_uid: str) -> DomainHeader | None:
         key = self.store.keys.domain(domain_uid)
         found = await self.batch.get(key)
-        return None if found is None else decode_domain_header(found.value, key)
+        if found is None:
+            return None
+        # Read on every prepare (the check must see the record as it is now); decoded again
+        # only when it changed since the last prepare.
+        cached = self._domain_headers.get(key)
+        if cached is not None and cached[0] == found.mod_revision:
+            return cached[1]
+        header = decode_domain_header(found.value, key)
+        self._domain_headers = {key: (found.mod_revision, header)}  # the node's one domain
+        return header
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
         """The claim's one channel config; `PermanentError` naming what is wrong with it."""

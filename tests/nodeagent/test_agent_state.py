@@ -534,3 +534,20 @@ def test_checkpoint_replacement_leaves_no_temp_files(tmp_path: Path) -> None:
     assert target.read_bytes() == b"two" and oct(target.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in target.parent.iterdir()] == ["checkpoint.json"]
     assert remove_stale_temps(target.parent) == []
+
+
+async def test_a_domain_marked_for_deletion_refuses_the_next_prepare_of_a_member_node(
+    store: Store, tmp_path: Path
+) -> None:
+    n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
+    domain = await put_domain(store)
+    first, second = (
+        await put_claim(store, "rack0-tray0", domain.uid),
+        await put_claim(store, "rack0-tray0", domain.uid),
+    )
+    await n.state.prepare(first)  # the node is a member; the domain's record was read and decoded
+    domain.deleting = True
+    await store.put(store.keys.domain(domain.uid), domain)
+    with pytest.raises(PermanentError, match="is being deleted"):
+        await n.state.prepare(second)
+    assert n.reload_checkpoint().get(second.uid) is None
