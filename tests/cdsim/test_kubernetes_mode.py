@@ -149,6 +149,12 @@ def test_up_prints_a_kubeconfig_that_works(local_cluster: LocalCluster) -> None:
         s for s in local_cluster.items("resourceslices") if s["spec"]["driver"] == "compute-domain.nvidia.com"
     ]
     assert {s["spec"]["nodeName"] for s in slices} == {n["metadata"]["name"] for n in nodes}
+    # Owned by their Node, as when kubelet registered the Node first: deleting a Node removes its slice.
+    for piece in slices:
+        owners = piece["metadata"].get("ownerReferences") or []
+        assert [(o["kind"], o["name"]) for o in owners] == [("Node", piece["spec"]["nodeName"])], piece[
+            "metadata"
+        ]
     assert local_cluster.kubectl(
         "get", "deviceclass", "compute-domain-default-channel.nvidia.com", "-o", "name"
     )

@@ -275,6 +275,26 @@ class KubeMode:
         if thread.error:
             raise KubeStartFailed(f"the Kubernetes control plane did not start: {thread.error}")
 
+    @staticmethod
+    def starts_first(spec: ServiceSpec) -> bool:
+        """The kubelet shim: its Nodes exist before the plugins publish ResourceSlices owned by them."""
+        return spec.kind == SHIM_KIND
+
+    async def wait_nodes(self, deadline: float) -> None:
+        """Until the shim has registered a Node for every simulated node."""
+        loop = asyncio.get_running_loop()
+        names = set(self.cluster.node_names())
+        while True:
+            found = await asyncio.to_thread(self._kubectl_json, "get", "nodes")
+            registered = {n["metadata"]["name"] for n in found.get("items") or []}
+            if names <= registered:
+                return
+            if loop.time() > deadline:
+                raise KubeStartFailed(
+                    f"the kubelet shim registered {len(names & registered)}/{len(names)} Nodes in time"
+                )
+            await asyncio.sleep(0.25)
+
     def _kubectl_json(self, *args: str) -> dict[str, Any]:
         proc = self.plane.kubectl(*args, "-o", "json", check=False, timeout_s=KUBECTL_TIMEOUT_S)
         if proc.returncode != 0:

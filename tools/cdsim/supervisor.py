@@ -585,7 +585,17 @@ class Supervisor:
             await asyncio.gather(*(gate.start() for gate in self.gates.values()))
         except OSError as exc:
             raise StartupFailed(f"could not open the nodes' etcd gates: {exc}") from None
-        await asyncio.gather(*(self._start_service(s) for s in self.services.values()))
+        first = [
+            s for s in self.services.values() if self.kube is not None and self.kube.starts_first(s.spec)
+        ]
+        if first and self.kube is not None:
+            # As on a real node, kubelet registers the Node before the plugin publishes its slice.
+            await asyncio.gather(*(self._start_service(s) for s in first))
+            try:
+                await self.kube.wait_nodes(deadline)
+            except RuntimeError as exc:
+                raise StartupFailed(str(exc)) from None
+        await asyncio.gather(*(self._start_service(s) for s in self.services.values() if s not in first))
         if self._startup_failure:
             raise StartupFailed(self._startup_failure)
         await self._wait_all_healthy(deadline)
