@@ -68,6 +68,13 @@ async def test_prepare_single_on_fabric_node(store: Store, tmp_path: Path) -> No
     assert await check_store_invariants(store) == []
 
 
+class _NoRoundTrips:
+    """Stands in for the etcd client's KV stub: any call through it fails the test."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"a repeated prepare made a store round trip ({name})")
+
+
 async def test_repeat_prepare_answers_the_same_without_side_effects(store: Store, tmp_path: Path) -> None:
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
     domain = await put_domain(store)
@@ -75,11 +82,13 @@ async def test_repeat_prepare_answers_the_same_without_side_effects(store: Store
     first = await n.state.prepare(ref)
     before_store, before_files = await store_dump(store), file_tree(tmp_path)
     cp_mtime = checkpoint_path(n.kubelet_dir).stat().st_mtime_ns
-    await store.client.close()  # no store round trip may happen: it would fail now
+    # No store round trip may happen: every KV call (get, put, txn) goes through this stub.
+    kvstub = store.client.kvstub
+    store.client.kvstub = _NoRoundTrips()
     try:
         again = await n.state.prepare(ref)
     finally:
-        await store.client.connect()
+        store.client.kvstub = kvstub
     assert again == first
     assert checkpoint_path(n.kubelet_dir).stat().st_mtime_ns == cp_mtime
     assert file_tree(tmp_path) == before_files
