@@ -136,6 +136,8 @@ def test_up_prints_a_kubeconfig_that_works(local_cluster: LocalCluster) -> None:
     print(f"cdsim up --kubernetes: {local_cluster.up_seconds:.1f} s to a usable KUBECONFIG")
     print(local_cluster.up_output)
     assert local_cluster.kubeconfig.is_relative_to(local_cluster.state_dir)
+    status = ok(cdsim(local_cluster.state_dir, "status"))
+    assert f"export KUBECONFIG={local_cluster.kubeconfig} " in status, status
     nodes = local_cluster.items("nodes")
     assert len(nodes) == RACKS * TRAYS
     cliques = set()

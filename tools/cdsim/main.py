@@ -201,6 +201,10 @@ async def _status(layout: StateLayout, as_json: bool, out: TextIO) -> None:
     # The live dashboard (tools/dashboard), when this cluster runs one.
     doc["dashboard_url"] = dashboard_url(state)
     text = render(doc) + (f"\n  dashboard {doc['dashboard_url']}" if doc["dashboard_url"] else "")
+    # `up --kubernetes`: how to reach its API server again.
+    doc["kubeconfig"] = state.kubeconfig
+    if state.kubeconfig:
+        text += f"\n  kubernetes: export KUBECONFIG={state.kubeconfig} PATH={state.kube_bin_dir}:$PATH"
     out.write((json.dumps(doc, indent=2) if as_json else text) + "\n")
 
 
