@@ -24,8 +24,10 @@ What differs from the two processes, and why:
 * no health HTTP servers, no signal handlers (the host process owns both), no metrics endpoint
   (the plugin's metrics are counted but not served; the IMEX agent's scrape-time daemon gauges
   are not registered);
-* claims come from the store (``claim_source=store``, as in every simulation), so there is no
-  Kubernetes client and no ResourceSlice;
+* claims come from the store (``claim_source=store``, as in every simulation), unless the host
+  runs in Kubernetes mode (`KubeMode`): then, as ``cd-node-agent --claim-source kubernetes
+  --publish-clique-label true`` does, each node reads its claims from the API server and keeps
+  its ResourceSlice and clique label there, through one API client the host's nodes share;
 * the IMEX agent stops its daemons when the host stops it (``stop_daemons_on_exit``; the process
   default leaves them running for its next incarnation);
 * an *inventory-only* node runs just the IMEX agent's node inventory (record on a lease,
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from kubernetes_asyncio.client import ApiClient
 
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
@@ -51,11 +54,12 @@ from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.main import ImexAgent, compose_imex_agent
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
-from services.nodeagent.claimsource import StoreClaimSource
+from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
 from services.nodeagent.driver import dra_socket_path
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.plugin import Plugin, compose_plugin
 from services.nodeagent.registration import registration_socket_path
+from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.state import DeviceState
 
@@ -112,6 +116,15 @@ class AgentOptions:
     imex: ImexSettings = field(default_factory=lambda: ImexSettings(stop_daemons_on_exit=True))
 
 
+@dataclass(frozen=True)
+class KubeMode:
+    """Kubernetes mode of the hosted nodes: the API client they share (the host owns it)."""
+
+    api: ApiClient
+    # Deadline of each API request (cd-node-agent's --kube-timeout-s).
+    timeout_s: float = 10.0
+
+
 class SimAgent:
     """One node's IMEX agent and kubelet plugin, started with :meth:`start`, ended with :meth:`stop`."""
 
@@ -123,7 +136,10 @@ class SimAgent:
         store: Store,
         options: AgentOptions,
         watch: PrefixWatcher = watch_prefix,
+        kube: KubeMode | None = None,
     ) -> None:
+        if kube is not None and options.inventory_only:
+            raise ValueError("an inventory-only node has no plugin to run in Kubernetes mode")
         self.node_name = node_name
         self.layout = layout
         self.store = store
@@ -169,15 +185,28 @@ class SimAgent:
                     register_timeout_s=_REGISTER_WARN_S,
                 ),
                 self.hardware,
-                StoreClaimSource(store),
+                self._claim_source(store, kube),
                 self.health,
                 AgentMetrics(),
                 watch=watch,
             )
         )
+        self.slices: ResourceSlicePublisher | None = (
+            None
+            if kube is None
+            else ResourceSlicePublisher(
+                kube.api,
+                node_name,
+                ResourceSliceSettings(publish_clique_label=True, request_timeout_s=kube.timeout_s),
+            )
+        )
         self._background: list[asyncio.Task[None]] = []
         self._main: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+
+    @staticmethod
+    def _claim_source(store: Store, kube: KubeMode | None) -> ClaimSource:
+        return StoreClaimSource(store) if kube is None else KubeClaimSource(kube.api, timeout_s=kube.timeout_s)
 
     @property
     def inventory(self) -> NodeInventory:
@@ -232,7 +261,11 @@ class SimAgent:
                     self.serving.set()
                 await self._stop.wait()
                 return
-            for name, run in self.plugin.tasks():
+            programs = self.plugin.tasks()
+            if self.slices is not None:
+                slices, view = self.slices, self.plugin.node_view
+                programs.append(("resource-slice", lambda: slices.run(view.changes())))
+            for name, run in programs:
                 plugin_tasks.append(
                     asyncio.create_task(keep_running(name, run, self.health), name=f"{name}-{self.node_name}")
                 )

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.config import load_kube_config
 
 from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.nodeagent.unixsocket import MAX_SOCKET_PATH
 from tools.cdsim import procscan
-from tools.scalesim.agent import AgentLayout, AgentOptions, SimAgent
+from tools.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
 from tools.scalesim.watchhub import WatchHub
 
 log = structlog.get_logger(__name__)
@@ -128,6 +130,20 @@ class LoopLag:
             self._task = None
 
 
+# What the hosted nodes' API requests say they are (the audit log tells them from the kubelet's).
+KUBE_USER_AGENT = "cd-node-agent/scalesim"
+
+
+async def kube_client(kubeconfig: str, nodes: int) -> ApiClient:
+    """One API client for the hosted nodes: a connection each for a share of them at once."""
+    configuration = Configuration()
+    await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = max(16, min(128, nodes // 2))
+    api = ApiClient(configuration)
+    api.user_agent = KUBE_USER_AGENT
+    return api
+
+
 class ScaleHost:
     """Start, hold and stop a set of simulated node agents."""
 
@@ -140,6 +156,8 @@ class ScaleHost:
         options: AgentOptions,
         store_pool: int = 4,
         share_watches: bool = True,
+        kubeconfig: str = "",
+        kube_timeout_s: float = 10.0,
     ) -> None:
         if store_pool < 1:
             raise ValueError(f"store_pool must be >= 1, got {store_pool}")
@@ -165,6 +183,10 @@ class ScaleHost:
         self.hub = WatchHub() if share_watches else None
         self.lag = LoopLag()
         self._sockets: dict[str, str] = {}
+        # Kubernetes mode: claims from the API server, a ResourceSlice per node (see SimAgent).
+        self.kubeconfig = kubeconfig
+        self.kube_timeout_s = kube_timeout_s
+        self.kube: KubeMode | None = None
 
     def layout(self, node: str) -> AgentLayout:
         return AgentLayout(self.state_dir / node)
@@ -182,6 +204,8 @@ class ScaleHost:
         began = time.monotonic()
         self.lag.start()
         await asyncio.gather(*(s.connect() for s in self.stores))
+        if self.kubeconfig and self.kube is None:
+            self.kube = KubeMode(await kube_client(self.kubeconfig, len(self.node_names)), self.kube_timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
                 for first in range(0, len(self.node_names), batch):
@@ -195,6 +219,7 @@ class ScaleHost:
                             self.stores[i % len(self.stores)],
                             self.options,
                             **({"watch": self.hub.watch} if self.hub is not None else {}),
+                            kube=self.kube,
                         )
                         self.agents[node] = agent
                         agent.start()
@@ -246,5 +271,7 @@ class ScaleHost:
         if self.hub is not None:
             await self.hub.close()
         await self.lag.stop()
+        if self.kube is not None:
+            await self.kube.api.close()
         await asyncio.gather(*(s.close() for s in self.stores), return_exceptions=True)
         return len(leftovers)

@@ -1,11 +1,13 @@
 """``python -m tools.scalesim``: host many simulated nodes (both programs each) in this process.
 
     python -m tools.scalesim --racks 15 --nodes 256 --state-dir DIR --etcd-endpoint HOST:PORT \\
-        [--etcd-prefix /cd/v1/] [--inventory-only] [--ready-file FILE]
+        [--etcd-prefix /cd/v1/] [--inventory-only] [--ready-file FILE] [--kubeconfig FILE]
 
 Starts both programs of each node (the first ``--nodes`` nodes spread over the racks, or every node),
 waits until all serve, writes the ready file (JSON: node -> DRA socket, start time, memory) and
-runs until SIGTERM/SIGINT, then stops every node and its IMEX daemons.
+runs until SIGTERM/SIGINT, then stops every node and its IMEX daemons. With ``--kubeconfig`` the
+nodes run in Kubernetes mode: claims are read from that API server, and each node keeps its
+ResourceSlice and clique label there (the Node objects are someone else's: the kubelet shim's).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="agents keep only their node record on a lease (no DRA socket, no IMEX daemon)",
     )
     parser.add_argument(
+        "--kubeconfig",
+        default="",
+        help="Kubernetes mode: read claims from this API server and publish ResourceSlices there",
+    )
+    parser.add_argument("--kube-timeout-s", type=float, default=10.0, help="deadline of each API request")
+    parser.add_argument(
         "--lease-ttl-s",
         type=int,
         default=0,
@@ -95,7 +103,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run under cProfile and write the stats here (shard I of N>1: <stem>.I<suffix>)",
     )
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.kubeconfig and args.inventory_only:
+        parser.error("--kubeconfig needs node agents that serve kubelet: not with --inventory-only")
+    if args.kube_timeout_s <= 0:
+        parser.error(f"--kube-timeout-s must be > 0, got {args.kube_timeout_s}")
+    return args
 
 
 # A settled daemon's probe interval (ImexSettings.poll_interval_ready_s): the others never exceed it.
@@ -186,6 +199,8 @@ async def serve(args: argparse.Namespace) -> int:
         etcd,
         options,
         store_pool=args.store_pool or scale_store_pool(len(nodes)),
+        kubeconfig=args.kubeconfig,
+        kube_timeout_s=args.kube_timeout_s,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
