@@ -5,7 +5,9 @@ each figure is measured and at which settings, the plots, and the hand-written a
 (``tools/bench/analysis.md``, written from profiles; kept beside the code it talks about).
 
 :func:`render` reads nothing but the results (``docs/benchmarks.json``, committed beside the
-report) and that analysis, so the committed report can be checked against the committed results.
+report), that analysis and the suite's list of metrics (a metric the results predate is listed as
+not measured), so the committed report can be checked against the committed results. The growth
+curves (tools/bench/growth.py) are drawn as a plot and stated with their fitted exponents.
 """
 
 from __future__ import annotations
@@ -42,7 +44,17 @@ def table(results: dict[str, Any]) -> str:
             value = f"{value} {m['unit']}"
         met = "yes" if m["met"] else ("**no**" if m["value"] is not None else "**failed**")
         lines.append(f"| `{name}` | {value} | {m['target']} | {met} |")
+    # Metrics of the suite that these results predate (or whose benchmark was not selected).
+    for metric in _suite_metrics():
+        if metric.name not in results["metrics"]:
+            lines.append(f"| `{metric.name}` | not measured | {metric.target} | — |")
     return "\n".join(lines) + "\n"
+
+
+def _suite_metrics() -> list[Any]:
+    from tools.bench.suite import SUITE
+
+    return [m for bench in SUITE for m in bench.metrics]
 
 
 def _extras_table(results: dict[str, Any]) -> str:
@@ -162,10 +174,99 @@ def formation_plot(raw_dir: Path, img_dir: Path) -> Path | None:
     return path
 
 
+_GROWTH_CURVES = (
+    # (results key, x label, y label, extras of the points by size, exponent extra, bound on k)
+    (
+        "formation",
+        "nodes",
+        "formation time, submit to Ready (s)",
+        {18: "growth_formation_18_s", 72: "growth_formation_72_s", 256: "growth_formation_256_s"},
+        "growth_formation_exponent",
+        1.0,
+    ),
+    (
+        "controller",
+        "domains",
+        "controller CPU per store event (ms)",
+        {d: f"controller_cpu_ms_per_event_{d}" for d in (100, 1000, 5000)},
+        "growth_controller_cpu_per_event_exponent",
+        0.0,
+    ),
+)
+
+
+def growth_section(results: dict[str, Any]) -> str:
+    """The two growth curves as numbers and their fitted exponents ("" before they were measured)."""
+    from tools.bench.fit import TOLERANCE, verdict
+
+    extras: dict[str, Any] = results.get("extras", {})
+    metrics: dict[str, Any] = results.get("metrics", {})
+    lines: list[str] = []
+    for _, x, y, by_size, exponent_key, bound in _GROWTH_CURVES:
+        points = {size: (extras.get(key) or {}).get("value") for size, key in by_size.items()}
+        if x == "nodes":
+            points[1008] = (metrics.get("formation_1008_s") or {}).get("value")
+        exponent = (extras.get(exponent_key) or {}).get("value")
+        if exponent is None and all(v is None for v in points.values()):
+            continue
+        cells = ", ".join(f"{size:,} {x}: {fmt(v)}" for size, v in sorted(points.items()))
+        fitted = (
+            f"fitted k = {exponent:.2f} ({verdict(exponent, bound)}: k ≤ {bound:g} within {TOLERANCE})"
+            if exponent is not None
+            else "not fitted"
+        )
+        lines.append(f"- **{y}** against {x} — {cells}; {y.split(' (')[0]} ~ {x}^k, {fitted}.")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def growth_plot(raw_dir: Path, img_dir: Path) -> Path | None:
+    """Both growth curves on log-log axes with their fitted power laws, if the growth benchmark ran."""
+    try:
+        raw = json.loads((raw_dir / "growth.json").read_text())
+    except (OSError, ValueError):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tools.bench.fit import scale_factor
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
+    for ax, (key, x, y, _, _, _) in zip(axes[0], _GROWTH_CURVES, strict=True):
+        fit = raw.get(key, {}).get("fit", {})
+        points = [(float(a), float(b)) for a, b in fit.get("points", [])]
+        if not points:
+            ax.set_visible(False)
+            continue
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, "o", label="measured")
+        if "exponent" in fit:
+            k = float(fit["exponent"])
+            c = scale_factor(points, k)
+            span = [min(xs), max(xs)]
+            ax.plot(span, [c * v**k for v in span], "--", label=f"fit ~ {x}^{k:.2f} ({fit['verdict']})")
+        if key == "formation":
+            ax.axhline(30.0, color="red", linestyle=":", linewidth=1, label="1,008-node target 30 s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    img_dir.mkdir(parents=True, exist_ok=True)
+    path = img_dir / "growth.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def draw_plots(raw_dir: Path, img_dir: Path, docs: Path) -> list[str]:
     """Draw the plots made from raw results; every plot now present, relative to the report."""
     formation_plot(raw_dir, img_dir)
-    present = [img_dir / "formation.png", img_dir / "advisor_stranded.png"]
+    growth_plot(raw_dir, img_dir)
+    present = [img_dir / "formation.png", img_dir / "advisor_stranded.png", img_dir / "growth.png"]
     return [os.path.relpath(p, docs.parent) for p in present if p.exists()]
 
 
@@ -197,6 +298,9 @@ def render(results: dict[str, Any]) -> str:
         out += ["## Plots", ""]
         for rel in plots:
             out += [f"![{Path(rel).stem}]({rel})", ""]
+    growth = growth_section(results)
+    if growth:
+        out += ["## How cost grows", "", growth]
     out += ["## How each figure is measured", "", _methods(results)]
     if ANALYSIS.exists() and not quick:
         out += [ANALYSIS.read_text().strip(), ""]
