@@ -2,7 +2,8 @@
 # End-to-end tests against a real Kubernetes control plane (what `make e2e` runs):
 # tests/e2e (the ComputeDomain scenario on 36 simulated nodes, each running an IMEX agent and a
 # kubelet plugin; isolation, controller restart, every kubelet plugin replaced under a Ready
-# domain, CRD validation, kubelet shim) and tests/k8s (the control plane itself).
+# domain, CRD validation, kubelet shim), a smaller scenario on the oldest supported Kubernetes
+# (1.32), and tests/k8s (the control plane itself). CD_K8S_MINOR=1.32 runs tests/e2e on 1.32.
 #
 # Usage: tools/e2e.sh [pytest arguments]      e.g. tools/e2e.sh -x -k isolation
 # Env:   PYTHON        interpreter with the project installed (default .venv/bin/python)
@@ -24,6 +25,7 @@ fi
 started=$SECONDS
 bash tools/etcd/build.sh >/dev/null
 bash tools/controlplane/build.sh >/dev/null
+bash tools/controlplane/build.sh 1.32 >/dev/null  # the oldest supported release (test_oldest_kubernetes.py)
 built=$SECONDS
 echo "e2e: binaries ready in $((built - started)) s" >&2
 

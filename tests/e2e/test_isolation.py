@@ -33,7 +33,7 @@ async def test_claim_naming_a_domain_of_another_namespace_is_refused_and_changes
     assert before is not None
 
     # kubectl sends compact JSON, as users' tools do (see the RCT note in the controller).
-    claim = kube.channel_claim("borrowed-channel", attacker, cd_uid)
+    claim = kube.channel_claim("borrowed-channel", attacker, cd_uid, await kube.resource_api(api))
     e2e_env.cp.kubectl("create", "-f", "-", input=json.dumps(claim))
     e2e_env.cp.kubectl(
         "create", "-f", "-", input=json.dumps(kube.pod_with_claim("intruder", attacker, "borrowed-channel"))

@@ -10,6 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from libs.hardware.simulated import FaultInjector, SimulatedNodePaths
+from libs.kube.resourceapi import device_attributes, resource_path
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, E2EEnvironment
 
@@ -17,13 +18,14 @@ pytestmark = pytest.mark.e2e
 
 
 async def _slice(api: ApiClient, node: str) -> dict[str, Any] | None:
+    version = await kube.resource_api(api)
     return await kube.raw_get(
-        api, f"/apis/resource.k8s.io/v1/resourceslices/{node}-compute-domain.nvidia.com"
+        api, resource_path(version, "resourceslices", name=f"{node}-compute-domain.nvidia.com")
     )
 
 
 def _clique_attribute(resource_slice: dict[str, Any]) -> str:
-    return str(resource_slice["spec"]["devices"][0]["attributes"]["cliqueID"]["string"])
+    return str(device_attributes(resource_slice["spec"]["devices"][0])["cliqueID"]["string"])
 
 
 async def test_slice_and_label_follow_the_node_off_and_back_onto_the_fabric(

@@ -10,6 +10,7 @@ import uuid
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from libs.kube.resourceapi import device_request
 from tests.e2e import kube
 from tests.e2e.harness import DOMAIN_LABEL, E2EEnvironment
 from tests.e2e.scenario import apply_example_cd
@@ -17,9 +18,9 @@ from tests.e2e.scenario import apply_example_cd
 pytestmark = pytest.mark.e2e
 
 
-def _leftover_template(namespace: str, name: str, cd_uid: str) -> dict:
+def _leftover_template(namespace: str, name: str, cd_uid: str, version: str) -> dict:
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceClaimTemplate",
         "metadata": {
             "name": name,
@@ -27,9 +28,7 @@ def _leftover_template(namespace: str, name: str, cd_uid: str) -> dict:
             "labels": {DOMAIN_LABEL: cd_uid},
             "finalizers": [DOMAIN_LABEL],
         },
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": "x"}}]}}
-        },
+        "spec": {"spec": {"devices": {"requests": [device_request("channel", "x", version)]}}},
     }
 
 
@@ -39,7 +38,12 @@ async def test_sweep_removes_leftovers_of_a_gone_domain_and_keeps_a_live_ones(
     live = await apply_example_cd(api, namespace, "imex-compute-domain.yaml", "live", "live-channel")
     dead_uid = str(uuid.uuid4())
     e2e_env.cp.kubectl(
-        "create", "-f", "-", input=json.dumps(_leftover_template(namespace, "dead-channel", dead_uid))
+        "create",
+        "-f",
+        "-",
+        input=json.dumps(
+            _leftover_template(namespace, "dead-channel", dead_uid, await kube.resource_api(api))
+        ),
     )
     node = e2e_env.node_names[7]
     e2e_env.cp.kubectl("label", "node", node, f"{DOMAIN_LABEL}={dead_uid}")

@@ -5,7 +5,7 @@ newest supported release; versions/v<minor>.mod pins each older one (same cmd/ m
 cached in its own folder, ~/.cache/computedomains/controlplane/<version>/.
 
 CD_K8S_MINOR (e.g. 1.32) chooses the minor of every control plane that does not ask for one, so
-`CD_K8S_MINOR=1.32 make e2e` runs the whole end-to-end suite on 1.32.
+`CD_K8S_MINOR=1.32 .venv/bin/python -m pytest tests/e2e` runs every end-to-end scenario on 1.32.
 """
 
 from __future__ import annotations

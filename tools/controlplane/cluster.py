@@ -6,7 +6,7 @@ and scheduler), waits until each is healthy and writes an admin kubeconfig.
 There is no kubelet: tests create Node objects themselves, the real scheduler
 binds pods to them and allocates DRA devices from the ResourceSlices present.
 
-Manual use:  python -m tools.controlplane.cluster up --dir DIR
+Manual use:  python -m tools.controlplane.cluster up --dir DIR [--kubernetes 1.32]
 """
 
 from __future__ import annotations
