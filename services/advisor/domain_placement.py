@@ -6,7 +6,9 @@ else one node at a time (in the clique with the most room, so the domain can
 grow there). Later pods of the domain may only go to nodes reserved for or
 bound to it; when none of those is left among the scheduler's candidates, one
 more node is reserved in the domain's clique(s). Reservations use fixed ids
-(`cd-<uid>-<n>`), so two advisor replicas cannot both make the first one.
+(`cd-<uid>-<n>`), so two advisor replicas cannot both make the first one. Once its nodes
+are bound to the domain, or the domain is gone, the reaper releases such a reservation
+(`reservation_reaper.py`); a pod of a domain known to be gone is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 
 import structlog
 
+from libs.gen.computedomain.state import v1 as pb
 from services.advisor.advisor import Advisor, ReservationContention
+from services.advisor.domain_presence import DomainPresence
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName
 from services.advisor.reservations import ReservationExists
 
@@ -26,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 SIZE_ANNOTATION = "resource.nvidia.com/computeDomainSize"
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+# The service's extender holds reservations as `extender/<replica identity>`: every replica's
+# reaper recognises those of the others by this prefix.
+EXTENDER_HOLDER_PREFIX = "extender/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +57,28 @@ def next_sequence(domain_uid: str, existing_ids: Iterable[str]) -> int:
 
 
 class DomainPlacer:
-    def __init__(self, advisor: Advisor, ttl_s: int = 300, holder: str = "kube-scheduler-extender") -> None:
+    def __init__(
+        self,
+        advisor: Advisor,
+        ttl_s: int = 300,
+        holder: str = "kube-scheduler-extender",
+        presence: DomainPresence | None = None,
+    ) -> None:
         self.advisor = advisor
         self.ttl_s = ttl_s
         self.holder = holder
+        # Which domains are gone (None: not known; every domain is then taken to be live).
+        self.presence = presence
         self._locks: dict[str, asyncio.Lock] = {}
+
+    def made_by_extender(self, record: pb.Reservation) -> bool:
+        """Whether the reservation is one an extender (this one or another replica's) made for
+        its domain's pods; those of other holders (gRPC clients) are theirs to release."""
+        if not record.domain_uid or not record.id.startswith(f"cd-{record.domain_uid}-"):
+            return False
+        if not record.id.removeprefix(f"cd-{record.domain_uid}-").isdigit():
+            return False
+        return record.holder == self.holder or record.holder.startswith(EXTENDER_HOLDER_PREFIX)
 
     def _lock(self, domain_uid: str) -> asyncio.Lock:
         lock = self._locks.get(domain_uid)
@@ -73,6 +97,11 @@ class DomainPlacer:
         self, domain_uid: str, size: int | None, candidates: Collection[str]
     ) -> Allowance:
         """The candidates a pod of the domain may use, reserving for the domain when needed."""
+        if self.presence is not None and self.presence.is_gone(domain_uid):
+            # Its claims could not be prepared anyway; a reservation would only be released again.
+            return Allowance(
+                frozenset(), (), f"ComputeDomain {domain_uid} is being deleted", resolvable=False
+            )
         async with self._lock(domain_uid):
             for _ in range(3):
                 try:

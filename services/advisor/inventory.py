@@ -123,6 +123,8 @@ class Inventory:
         self._changed = asyncio.Event()
         self._waiting = False
         self.synced: set[str] = set()
+        # Told the uid of every domain whose bindings or reservations changed (the reaper).
+        self.on_domain_change: Callable[[str], None] | None = None
 
     # ---- change notification ---------------------------------------------------------
 
@@ -357,6 +359,10 @@ class Inventory:
             self._drop_hint(node)
         self._refresh(node)
         self._bump()
+        if self.on_domain_change is not None:
+            for uid in (old, domain_uid):
+                if uid:
+                    self.on_domain_change(uid)
 
     def resync_bindings(self, items: Iterable[tuple[str, str]]) -> None:
         fresh = dict(items)
@@ -409,6 +415,10 @@ class Inventory:
         self._refresh_all(touched)
         if old is not None or record is not None:
             self._bump()
+        if self.on_domain_change is not None:
+            for uid in {old.domain_uid if old else "", record.domain_uid if record else ""}:
+                if uid:
+                    self.on_domain_change(uid)
 
     def reservation_revision(self, reservation_id: str) -> int:
         """The revision at which the reservation's record was written, as far as we know (0: unknown)."""

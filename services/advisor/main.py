@@ -1,7 +1,8 @@
 """`cd-placement-advisor`: the PlacementAdvisor gRPC service and the kube-scheduler extender.
 
 One process: the store-fed inventory, gRPC on TCP (and/or a unix socket) with the standard
-health and reflection services beside the API, the extender over HTTP, and the /healthz,
+health and reflection services beside the API, the extender over HTTP (with the reaper that
+releases its reservations once bound or once their domain is gone), and the /healthz,
 /readyz, /metrics side server. Ready once
 the inventory has listed the store. SIGTERM/SIGINT stop the listeners, let
 in-flight calls finish (bounded), then stop the watches.
@@ -29,7 +30,8 @@ from libs.runtime.settings import load_settings_or_exit
 from libs.state.store import Store, with_retries
 from services.advisor.advisor import Advisor, AdvisorConfig
 from services.advisor.auth import server_tls_context, track_client_identity
-from services.advisor.domain_placement import DomainPlacer
+from services.advisor.domain_placement import EXTENDER_HOLDER_PREFIX, DomainPlacer
+from services.advisor.domain_presence import DomainPresence
 from services.advisor.domain_sources import (
     CachedTemplateSource,
     KubeTemplateSource,
@@ -41,6 +43,7 @@ from services.advisor.extender import Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
 from services.advisor.metrics import AdvisorMetrics
+from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.settings import AdvisorSettings
 from services.advisor.standard_services import standard_services
 from services.advisor.transport import CorkedServer
@@ -156,10 +159,25 @@ class AdvisorService:
                 log.info("gRPC listening", socket=s.grpc_unix_socket)
 
             if s.extender_enabled:
+                presence = DomainPresence()
+                placer = DomainPlacer(
+                    self.advisor,
+                    ttl_s=s.extender_reservation_ttl_s,
+                    holder=f"{EXTENDER_HOLDER_PREFIX}{s.holder}",
+                    presence=presence,
+                )
+                # Releases the extender's reservations once bound or once their domain is gone.
+                reaper = ReservationReaper(placer, presence, self.metrics)
+                reaper.attach()
+                for coro, name in (
+                    (presence.follow(self.store), "domain-presence"),
+                    (reaper.run(), "reaper"),
+                ):
+                    task = asyncio.create_task(coro, name=name)
+                    self.health.watch_task(name, task)
+                    tasks.append(task)
                 extender = Extender(
-                    DomainPlacer(
-                        self.advisor, ttl_s=s.extender_reservation_ttl_s, holder=f"extender/{s.holder}"
-                    ),
+                    placer,
                     await self._template_source(),
                     StoreDomainSizes(self.store),
                     self.metrics,

@@ -26,6 +26,13 @@ class AdvisorMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.extender_releases = prom.Counter(
+            "cd_advisor_extender_reservations_released_total",
+            "Extender reservations released before their TTL, by reason (served: every node bound to "
+            "the domain; domain-deleted; domain-absent: no record of the domain in the store).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.invalid_requests = prom.Counter(
             "cd_advisor_invalid_requests_total",
             "Requests refused as invalid, by field.",

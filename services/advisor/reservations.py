@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import aetcd.exceptions
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import encode_payload
 from libs.state.protowire import bytes_field
-from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
+from libs.state.store import TRANSIENT_ERRORS, Absent, Compare, Delete, Op, Put, Store, Unchanged
 from services.advisor.commit_batcher import CommitBatcher
 
 log = structlog.get_logger(__name__)
@@ -203,6 +204,30 @@ async def remove_in_one_txn(
     keys = [op.key for op in ops]
     committed = await batcher.submit(compares, lambda _lease, _ms: ops, keys, 0, 64 * len(ops))
     return committed.revision if committed.succeeded else None
+
+
+async def remove_if_unchanged(
+    store: Store, rid: str, nodes: Sequence[str], revision: int, batcher: CommitBatcher | None = None
+) -> int | None:
+    """Remove the reservation written at `revision`, whatever its size: the revision of the
+    removal (0 when it was removed by revoking its lease, whose answer names no revision: the
+    watch shows it), or None when the record is gone or not that one any more (another writer
+    released it, or wrote a new one under the id: that one stays). A reservation of more than one
+    transaction's nodes has a lease of its own, so revoking it removes that reservation only."""
+    if fits_one_txn(nodes):
+        return await remove_in_one_txn(store, rid, nodes, revision, batcher)
+    current = await store.get(store.keys.reservation(rid), pb.Reservation)
+    if current is None or current.mod_revision != revision or not current.lease:
+        return None
+    try:
+        await store.client.revoke_lease(current.lease)
+    except TRANSIENT_ERRORS:
+        raise
+    except aetcd.exceptions.ClientError as exc:
+        # etcd's "requested lease not found": another writer revoked it, or it expired.
+        log.info("reservation lease already gone", reservation=rid, lease=current.lease, error=str(exc))
+        return None
+    return 0
 
 
 async def _write_chunked(
