@@ -263,6 +263,10 @@ def test_example_reaches_ready_and_leaves_nothing(local_cluster: LocalCluster, e
         spec_text = "".join(p.read_text() for p in kube.layout.node(node).cdi_root.glob("*"))
         assert "channel2047" in spec_text, "allocationMode All should inject all 2048 channels"
 
+    # Every pod is bound, so the advisor released what it had reserved for them (with its
+    # default TTL, 300 s, the nodes would otherwise stay reserved past the delete below).
+    wait_for(lambda: reservations(kube), 30.0, "the advisor to release the reservations its pods served")
+
     kube.kubectl("delete", "-n", namespace, "-f", path, "--wait=true", "--timeout=120s")
 
     def left() -> str:
@@ -271,9 +275,9 @@ def test_example_reaches_ready_and_leaves_nothing(local_cluster: LocalCluster, e
         return str(found) if found else ""
 
     wait_for(left, GONE_TIMEOUT_S, f"everything of {example} to be gone from {namespace}")
-    # The advisor's reservations of the domains' nodes lapse (tools/cdsim/kubeplane.py,
-    # EXTENDER_RESERVATION_TTL_S), so the next example finds every node free.
-    wait_for(lambda: reservations(kube), GONE_TIMEOUT_S, "the advisor's reservations to lapse")
+    # The advisor released its reservations for the domains' pods (once the pods were bound, or
+    # when the domain went; its TTL is 300 s), so the next example finds every node free.
+    wait_for(lambda: reservations(kube), GONE_TIMEOUT_S, "the advisor's reservations to be released")
     assert "nothing of any domain is left" in ok(
         cdsim(kube.state_dir, "check", "--idle", "--settle", "30", timeout=120)
     )

@@ -66,7 +66,8 @@ def test_services_run_in_kubernetes_mode_and_the_shim_is_added(tmp_path: Path) -
     assert _value(advisor, "--extender-enabled") == "true"
     assert _value(advisor, "--extender-port") == "4242"
     assert _value(advisor, "--template-source") == "kubernetes"
-    assert _value(advisor, "--extender-reservation-ttl-s") == "15"
+    # The advisor's default TTL: it releases a domain's reservations once they served.
+    assert "--extender-reservation-ttl-s" not in advisor
     # The IMEX agents do not talk to Kubernetes: unchanged.
     for argv in by_kind["imex-agent"]:
         assert "--kubeconfig" not in argv

@@ -72,10 +72,6 @@ PRELOAD_MODULES = ("tools.kubeletshim.service",)
 # A GB200 compute tray has 4 GPUs: advertised as the device plugin would, so that pods asking for
 # `nvidia.com/gpu` schedule (nothing backs them; only IMEX channels are simulated).
 GPUS_PER_NODE = "4"
-# The advisor holds the nodes it chose for a domain's pods until this passes, also after they
-# bound and after the domain is deleted (its default, 300 s, would keep a deleted job's nodes
-# from the next one for minutes); here a domain's pods are placed within seconds.
-EXTENDER_RESERVATION_TTL_S = 15
 # Cold control plane + services on a loaded two-core machine.
 STARTUP_TIMEOUT_S = 300.0
 KUBECTL_TIMEOUT_S = 60.0
@@ -144,7 +140,6 @@ def kubernetes_specs(
             argv = set_flag(argv, "--extender-host", "127.0.0.1")
             argv = set_flag(argv, "--extender-port", str(extender_port))
             argv = set_flag(argv, "--template-source", "kubernetes")
-            argv = set_flag(argv, "--extender-reservation-ttl-s", str(EXTENDER_RESERVATION_TTL_S))
             argv = set_flag(argv, "--kubeconfig", kc)
         out.append(dataclasses.replace(spec, argv=argv))
     shim_argv = [
