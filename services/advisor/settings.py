@@ -26,7 +26,10 @@ class AdvisorSettings(EtcdSettings):
     extender_filter_verb: str = setting("filter", "filterVerb of the extender")
     extender_prioritize_verb: str = setting("prioritize", "prioritizeVerb of the extender")
     extender_reservation_ttl_s: int = setting(
-        300, "how long nodes reserved for a domain's pods are held before they bind", validate=positive
+        300,
+        "longest time nodes reserved for a domain's pods are held (released sooner once all are bound "
+        "to the domain, or when the domain is deleted)",
+        validate=positive,
     )
     template_source: str = setting(
         "store",
