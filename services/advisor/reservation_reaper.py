@@ -186,7 +186,8 @@ class ReservationReaper:
             self._wake.clear()
             if loop.time() >= next_sweep:
                 self._prune_absent()
-                self._dirty.update(inv.reservations_by_domain)
+                # "" gathers the reservations of no domain (gRPC clients'): none is the extender's.
+                self._dirty.update(uid for uid in inv.reservations_by_domain if uid)
                 next_sweep = loop.time() + self.sweep_period_s
             domains, self._dirty = self._dirty, set()
             failed = await self.reap(domains)
