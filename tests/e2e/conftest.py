@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 from kubernetes_asyncio import config as k8s_config
@@ -79,20 +80,20 @@ def e2e_env() -> Iterator[E2EEnvironment]:
         env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
 
 
-@pytest.fixture
-async def api(e2e_env: E2EEnvironment) -> AsyncIterator[ApiClient]:
-    """An admin ApiClient for the environment's API server."""
-    api = await k8s_config.new_client_from_config(config_file=str(e2e_env.cp.kubeconfig))
+@asynccontextmanager
+async def admin_api(env: E2EEnvironment) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient for an environment's API server."""
+    api = await k8s_config.new_client_from_config(config_file=str(env.cp.kubeconfig))
     try:
         yield api
     finally:
         await api.close()
 
 
-@pytest.fixture
-async def e2e_store(e2e_env: E2EEnvironment) -> AsyncIterator[Store]:
-    """The services' store (default prefix) on the environment's etcd."""
-    store = Store(EtcdConfig(endpoint=e2e_env.etcd.endpoint, timeout_s=5.0))
+@asynccontextmanager
+async def services_store(env: E2EEnvironment) -> AsyncIterator[Store]:
+    """The services' store (default prefix) on an environment's etcd."""
+    store = Store(EtcdConfig(endpoint=env.etcd.endpoint, timeout_s=5.0))
     await store.connect()
     try:
         yield store
@@ -100,23 +101,40 @@ async def e2e_store(e2e_env: E2EEnvironment) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def _new_namespace(api: ApiClient, prefix: str) -> str:
+@asynccontextmanager
+async def fresh_namespace(api: ApiClient, prefix: str) -> AsyncIterator[str]:
+    """A new namespace named `prefix`-<random>, deleted afterwards (without waiting)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     await CoreV1Api(api).create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name)))
-    return name
+    try:
+        yield name
+    finally:
+        await CoreV1Api(api).delete_namespace(name)
+
+
+@pytest.fixture
+async def api(e2e_env: E2EEnvironment) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient for the environment's API server."""
+    async with admin_api(e2e_env) as client:
+        yield client
+
+
+@pytest.fixture
+async def e2e_store(e2e_env: E2EEnvironment) -> AsyncIterator[Store]:
+    """The services' store (default prefix) on the environment's etcd."""
+    async with services_store(e2e_env) as store:
+        yield store
 
 
 @pytest.fixture
 async def namespace(api: ApiClient) -> AsyncIterator[str]:
-    """A fresh namespace for the test (deleted afterwards, without waiting)."""
-    name = await _new_namespace(api, "e2e")
-    yield name
-    await CoreV1Api(api).delete_namespace(name)
+    """A fresh namespace for the test."""
+    async with fresh_namespace(api, "e2e") as name:
+        yield name
 
 
 @pytest.fixture
 async def other_namespace(api: ApiClient) -> AsyncIterator[str]:
     """A second fresh namespace (another tenant)."""
-    name = await _new_namespace(api, "tenant")
-    yield name
-    await CoreV1Api(api).delete_namespace(name)
+    async with fresh_namespace(api, "tenant") as name:
+        yield name

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1ObjectMeta
+from kubernetes_asyncio.client import ApiClient
 
 from libs.invariants.checker import check_store_invariants
-from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.e2e import kube
-from tests.e2e.conftest import oldest_binaries
+from tests.e2e.conftest import admin_api, fresh_namespace, oldest_binaries, services_store
 from tests.e2e.harness import DEVICE_CLASS, DRIVER, E2EEnvironment, iter_lines
 from tests.e2e.scenario import (
     apply_example_cd,
@@ -51,29 +48,20 @@ def oldest_env() -> Iterator[E2EEnvironment]:
 
 @pytest.fixture
 async def oldest_api(oldest_env: E2EEnvironment) -> AsyncIterator[ApiClient]:
-    api = await k8s_config.new_client_from_config(config_file=str(oldest_env.cp.kubeconfig))
-    try:
+    async with admin_api(oldest_env) as api:
         yield api
-    finally:
-        await api.close()
 
 
 @pytest.fixture
 async def oldest_store(oldest_env: E2EEnvironment) -> AsyncIterator[Store]:
-    store = Store(EtcdConfig(endpoint=oldest_env.etcd.endpoint, timeout_s=5.0))
-    await store.connect()
-    try:
+    async with services_store(oldest_env) as store:
         yield store
-    finally:
-        await store.close()
 
 
 @pytest.fixture
 async def oldest_namespace(oldest_api: ApiClient) -> AsyncIterator[str]:
-    name = f"e2e-oldest-{uuid.uuid4().hex[:6]}"
-    await CoreV1Api(oldest_api).create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name)))
-    yield name
-    await CoreV1Api(oldest_api).delete_namespace(name)
+    async with fresh_namespace(oldest_api, "e2e-oldest") as name:
+        yield name
 
 
 def _server_minor(env: E2EEnvironment) -> str:
