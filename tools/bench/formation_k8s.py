@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -53,7 +54,7 @@ from tools.bench.auditlog import BENCH_USER_AGENT, AuditReader, summarize
 from tools.bench.k8senv import KubeEnvironment, KubeSettings
 from tools.cdsim import procscan
 from tools.controlplane.binaries import ensure_binaries
-from tools.kubeletshim.apijson import watch_events
+from tools.kubeletshim.apijson import read_json, watch_events
 
 TARGET_S = 30.0
 TARGET_WRITES_PER_NODE = 2.0
@@ -76,6 +77,7 @@ class Formation:
     writes: dict[str, Any]
     teardown_s: float = 0.0
     teardown_writes: dict[str, Any] | None = None
+    watch_restarts: int = 0  # the benchmark's own watches resumed after the server ended them
     # How long the teardown then waited for the advisor's reservations of the domain to expire.
     reservations_expired_after_s: float = 0.0
 
@@ -141,8 +143,9 @@ def domain_ready(cd: dict[str, Any], nodes: int) -> bool:
 class Driver:
     """Plays the user against the API server (its own client, its own user agent)."""
 
-    def __init__(self, api: ApiClient, env: KubeEnvironment, store: Store) -> None:
+    def __init__(self, api: ApiClient, env: KubeEnvironment, store: Store, timeout_s: float) -> None:
         self.api = api
+        self.timeout_s = timeout_s
         self.store = store
         self.env = env
         self.nodes = len(env.node_names)
@@ -151,6 +154,7 @@ class Driver:
         self.custom: Any = CustomObjectsApi(api)
         self.audit = AuditReader(env.audit_log)
         self.resource_version = ""
+        self.watch_restarts = 0
 
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
@@ -191,8 +195,51 @@ class Driver:
                 raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
             await asyncio.sleep(0.1)
 
+    async def why_unbound(self, job: str) -> str:
+        """What the scheduler last said about an unbound pod of `job` (for a failed formation)."""
+        listing = await self.get(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=bench-job%3D{job}")
+        for pod in (listing or {}).get("items") or []:
+            if not (pod.get("spec") or {}).get("nodeName"):
+                conditions = (pod.get("status") or {}).get("conditions") or []
+                said = [
+                    f"{c.get('reason')}: {c.get('message')}"
+                    for c in conditions
+                    if c.get("type") == "PodScheduled"
+                ]
+                return f"pod {pod['metadata']['name']} unbound; scheduler: {said or 'nothing yet'}"
+        return "every pod is bound"
+
+    async def follow(self, lister: Any, handle: Any) -> None:
+        """List, then watch from the list's resourceVersion, as an informer does: a watch the
+        server ends is resumed where it stopped, one whose version expired (410) lists again."""
+        version = ""
+        while True:
+            if not version:
+                listing = await read_json(lister(_preload_content=False, _request_timeout=_REQUEST_TIMEOUT_S))
+                for item in listing.get("items") or []:
+                    handle(item)
+                version = str(listing["metadata"]["resourceVersion"])
+            call = lister(
+                watch=True, resource_version=version, allow_watch_bookmarks=True,
+                timeout_seconds=int(_FORMATION_TIMEOUT_S), _preload_content=False,
+                _request_timeout=_FORMATION_TIMEOUT_S + 30,
+            )  # fmt: skip
+            try:
+                async for event in watch_events(call):
+                    obj = event.get("object") or {}
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK":
+                        handle(obj)
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                version = ""
+            self.watch_restarts += 1
+            await asyncio.sleep(0.05)
+
     async def form(self, rep: int) -> Formation:
         cd, template, job = f"cd-{rep}", f"cd-{rep}-channel", f"job-{rep}"
+        self.watch_restarts = 0
         began = time.time()
         await self.custom.create_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, PLURAL, domain_object(cd, template, self.nodes),
@@ -213,33 +260,33 @@ class Driver:
             if len(running) >= self.nodes and ready_at:
                 done.set()
 
-        async def follow_pods() -> None:
-            call = self.core.list_namespaced_pod(
-                NAMESPACE, label_selector=f"bench-job={job}", watch=True, timeout_seconds=int(_FORMATION_TIMEOUT_S),
-                _preload_content=False, _request_timeout=_FORMATION_TIMEOUT_S + 30,
-            )  # fmt: skip
-            async for event in watch_events(call):
-                pod = event.get("object") or {}
-                name = (pod.get("metadata") or {}).get("name", "")
-                now = time.perf_counter()
-                if (pod.get("spec") or {}).get("nodeName"):
-                    scheduled.setdefault(name, now)
-                if pod_running(pod):
-                    running.setdefault(name, now)
+        def on_pod(pod: dict[str, Any]) -> None:
+            name = (pod.get("metadata") or {}).get("name", "")
+            now = time.perf_counter()
+            if (pod.get("spec") or {}).get("nodeName"):
+                scheduled.setdefault(name, now)
+            if pod_running(pod):
+                running.setdefault(name, now)
+            check()
+
+        def on_domain(obj: dict[str, Any]) -> None:
+            if not ready_at and domain_ready(obj, self.nodes):
+                ready_at.append(time.perf_counter())
                 check()
 
-        async def follow_domain() -> None:
-            call = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, NAMESPACE, PLURAL, field_selector=f"metadata.name={cd}", watch=True,
-                timeout_seconds=int(_FORMATION_TIMEOUT_S), _preload_content=False,
-                _request_timeout=_FORMATION_TIMEOUT_S + 30,
-            )  # fmt: skip
-            async for event in watch_events(call):
-                if not ready_at and domain_ready(event.get("object") or {}, self.nodes):
-                    ready_at.append(time.perf_counter())
-                    check()
-
-        watchers = [asyncio.create_task(follow_pods()), asyncio.create_task(follow_domain())]
+        pods = functools.partial(self.core.list_namespaced_pod, NAMESPACE, label_selector=f"bench-job={job}")
+        domains = functools.partial(
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            PLURAL,
+            field_selector=f"metadata.name={cd}",
+        )
+        watchers = [
+            asyncio.create_task(self.follow(pods, on_pod)),
+            asyncio.create_task(self.follow(domains, on_domain)),
+        ]
         try:
             await asyncio.sleep(0.2)  # both watches open before t0
             t0 = time.perf_counter()
@@ -249,17 +296,21 @@ class Driver:
             finished = asyncio.ensure_future(done.wait())
             try:
                 await asyncio.wait(
-                    {finished, *watchers}, timeout=_FORMATION_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+                    {finished, *watchers}, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
                 finished.cancel()
             if not done.is_set():
-                for w in watchers:
-                    if w.done() and w.exception() is not None:
-                        raise RuntimeError(f"watch failed: {w.exception()!r}")
+                ended = [
+                    f"{name} watch {'failed: ' + repr(w.exception()) if w.exception() else 'ended'}"
+                    for name, w in zip(("pod", "ComputeDomain"), watchers, strict=True)
+                    if w.done()
+                ]
                 raise RuntimeError(
+                    f"{await self.why_unbound(job)}\n"
                     f"formation {rep} not done: {len(scheduled)}/{self.nodes} pods bound, "
                     f"{len(running)}/{self.nodes} Running, domain {'Ready' if ready_at else 'not Ready'}"
+                    f"{' (' + '; '.join(ended) + ')' if ended else ''}"
                 )
         finally:
             for w in watchers:
@@ -275,6 +326,7 @@ class Driver:
             scheduled_s=max(scheduled.values()) - t0,
             first_running_s=min(running.values()) - t0,
             writes=writes,
+            watch_restarts=self.watch_restarts,
         )
 
     async def teardown(self, rep: int, formation: Formation, another_follows: bool) -> None:
@@ -329,12 +381,12 @@ async def api_client(kubeconfig: Path) -> ApiClient:
     return api
 
 
-async def drive(env: KubeEnvironment, reps: int) -> list[Formation]:
+async def drive(env: KubeEnvironment, reps: int, timeout_s: float) -> list[Formation]:
     api = await api_client(env.plane.kubeconfig)
     store = Store(EtcdConfig(endpoint=env.etcd_endpoint, prefix=env.prefix, timeout_s=10.0))
     await store.connect()
     try:
-        driver = Driver(api, env, store)
+        driver = Driver(api, env, store, timeout_s)
         await driver.ensure_namespace()
         out: list[Formation] = []
         for rep in range(reps):
@@ -390,11 +442,25 @@ def main(argv: list[str] | None = None) -> int:
         default=100,
         help="kube-controller-manager's and kube-scheduler's client QPS (burst twice that; 0 = their defaults)",
     )
+    parser.add_argument(
+        "--extender-node-names",
+        action="store_true",
+        help="configure the extender nodeCacheCapable (node names instead of whole Nodes; shipped: off)",
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=_FORMATION_TIMEOUT_S, help="give up on a formation after this long"
+    )
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if args.reps < 1 or args.nodes < 1 or args.host_processes < 1 or args.client_qps < 0:
-        parser.error("--reps, --nodes and --host-processes must be >= 1, --client-qps >= 0")
+    if (
+        args.reps < 1
+        or args.nodes < 1
+        or args.host_processes < 1
+        or args.client_qps < 0
+        or args.timeout_s <= 0
+    ):
+        parser.error("--reps, --nodes and --host-processes must be >= 1, --client-qps >= 0, --timeout-s > 0")
     if args.nodes > args.racks * 18:
         parser.error(f"{args.nodes} nodes do not fit in {args.racks} racks of 18")
     settings = KubeSettings(
@@ -404,25 +470,31 @@ def main(argv: list[str] | None = None) -> int:
         mesh_tls=args.mesh == "tls",
         client_qps=args.client_qps,
         client_burst=2 * args.client_qps,
+        node_cache_capable=args.extender_node_names,
     )
     binaries = ensure_binaries()
     base = simenv.scratch_dir("fk-")
     load_before = round(os.getloadavg()[0], 2)
     env: KubeEnvironment | None = None
+    ok = False
     try:
         with simenv.private_etcd(base) as etcd:
             env = KubeEnvironment(base, binaries, settings, etcd.endpoint, f"/bench-{uuid.uuid4().hex[:8]}/")
             env.start()
             try:
-                formations = asyncio.run(drive(env, args.reps))
+                formations = asyncio.run(drive(env, args.reps, args.timeout_s))
                 status = env.host.status() if env.host else {}
             finally:
                 env.stop()
+        ok = True
     finally:
         leftovers = simenv.kill_leftover_daemons(base)
         if leftovers:
             print(f"warning: {leftovers} IMEX daemons outlived the scale hosts", file=sys.stderr)
-        simenv.remove_tree(base)
+        if ok:
+            simenv.remove_tree(base)
+        else:
+            print(f"[formation_k8s] failed; logs kept in {base}", file=sys.stderr, flush=True)
     result: dict[str, Any] = {
         "benchmark": "formation_k8s",
         "settings": {
@@ -437,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             "host_processes": settings.host_processes,
             "controller_manager_and_scheduler_qps": args.client_qps or "defaults",
             "extender_node_cache_capable": settings.node_cache_capable,
+            "scheduler_percentage_of_nodes_to_score": settings.percentage_of_nodes_to_score,
             "kubelet_shim_retry": f"{settings.shim_retry_initial_s}-{settings.shim_retry_cap_s} s",
             "cpu_count": os.cpu_count(),
         },
