@@ -110,7 +110,11 @@ class ForkServer:
         try:
             proc.stdin.write(line)
             proc.stdin.flush()
-            ready, _, _ = select.select([proc.stdout], [], [], _ANSWER_TIMEOUT_S)
+            # poll, not select: select refuses descriptors >= 1024, and a process hosting
+            # hundreds of nodes (tools/scalesim) holds more than that.
+            poller = select.poll()
+            poller.register(proc.stdout, select.POLLIN)
+            ready = poller.poll(_ANSWER_TIMEOUT_S * 1000)
             reply = proc.stdout.readline() if ready else b""
         except OSError as exc:
             raise ForkServerError(f"fork server gone: {exc}") from exc
