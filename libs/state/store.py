@@ -66,9 +66,10 @@ class Versioned(Generic[M]):
 
 @dataclass(frozen=True, slots=True)
 class Absent:
-    """Compare: the key does not exist."""
+    """Compare: the key does not exist (with `prefix`: no key under it exists)."""
 
     key: str
+    prefix: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +206,10 @@ def _add_compares(into: Any, compares: Sequence[Compare]) -> None:
         if isinstance(c, Absent):
             message.target = rpc.Compare.CREATE
             message.create_revision = 0
+            if c.prefix:
+                # etcd holds a range compare true when every key in the range meets it, and when
+                # the range is empty; no key has create revision 0, so: no key under the prefix.
+                message.range_end = _prefix_end(message.key)
         elif isinstance(c, Unchanged):
             message.target = rpc.Compare.MOD
             message.mod_revision = c.mod_revision

@@ -375,7 +375,9 @@ class DomainReconciler:
             return ok
         if isinstance(action, DeleteDomain):
             ok, _ = await self._fenced_txn(
-                [Unchanged(k.domain(uid), action.domain_revision)],
+                # The plan saw no member, but each resource has its own watch: a join the members
+                # watch has not shown yet must fail the deletion, not be orphaned by it.
+                [Unchanged(k.domain(uid), action.domain_revision), Absent(k.members(uid), prefix=True)],
                 [
                     Delete(k.domain(uid)),
                     Delete(k.daemons(uid), prefix=True),

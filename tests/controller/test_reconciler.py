@@ -13,7 +13,7 @@ from libs.invariants.checker import check_domain_gone, check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.election import Leadership
 from libs.state.store import Store
-from services.controller.actions import ReleaseMember
+from services.controller.actions import DeleteDomain, ReleaseMember
 from services.controller.reconciler import FenceLost
 from tests.controller.harness import (
     AgentDouble,
@@ -366,6 +366,25 @@ async def test_orphan_release_is_refused_when_the_domain_exists_after_all(
         assert not await controller._apply("d1", stale_view_decision, controller._leadership)
         assert await store.get(store.keys.member("d1", a.name), pb.Member) is not None
         assert await store.get(store.keys.node_binding(a.name), pb.NodeBinding) is not None
+        await a.stop()
+
+
+async def test_a_deletion_decided_before_the_view_saw_a_join_removes_nothing(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    """Each resource has its own watch: the domains watch may show the deletion before the members
+    watch shows a join made before it. The plan then sees no member; the store must refuse."""
+    async with running_controller(etcd_config) as controller:
+        await create_domain(store, "d1")
+        (a,) = await agents(store, 1)
+        await a.prepare("d1", "ns")
+        await request_deletion(store, "d1")
+        domain = await store.get(store.keys.domain("d1"), pb.ComputeDomain)
+        assert domain is not None and domain.value.deleting and controller._leadership is not None
+        stale_view_decision = DeleteDomain(domain.mod_revision)
+        assert not await controller._apply("d1", stale_view_decision, controller._leadership)
+        assert await store.get(store.keys.domain("d1"), pb.ComputeDomain) is not None
+        assert await store.get(store.keys.member("d1", a.name), pb.Member) is not None
         await a.stop()
 
 

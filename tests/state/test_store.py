@@ -11,7 +11,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import UndecodableValue, encode, kind_of
 from libs.state.config import EtcdConfig
 from libs.state.lease import KeptLease
-from libs.state.store import FirstAbsent, Put, Store
+from libs.state.store import Absent, FirstAbsent, Put, Store
 from libs.state.watch import Resync, WatchEvent, watch_prefix
 from tests.conftest import unique_prefix
 from tools.etcd.server import EtcdServer
@@ -235,6 +235,19 @@ async def test_first_absent_applies_the_first_alternative_whose_guard_is_free(st
     third = await store.txn([], [FirstAbsent(alternatives)])
     assert third.succeeded and third.chosen is None  # every guard taken: nothing written
     assert (await store.get(k.node("g0"), pb.Node)).value.name == "g0"  # type: ignore[union-attr]
+
+
+async def test_a_prefix_absence_holds_only_while_no_key_is_under_the_prefix(store: Store) -> None:
+    k = store.keys
+    members, marker = k.members("dom-a"), k.node("marker")
+    neighbour = k.member("dom-ab", "n1")  # a uid that extends this one is another prefix
+    await store.put(neighbour, pb.Member(node_name="n1"))
+    empty = await store.txn([Absent(members, prefix=True)], [Put(marker, pb.Node(name="empty"))])
+    assert empty.succeeded
+    await store.put(k.member("dom-a", "n0"), pb.Member(node_name="n0"))
+    held = await store.txn([Absent(members, prefix=True)], [Put(marker, pb.Node(name="held"))])
+    assert not held.succeeded
+    assert (await store.get(marker, pb.Node)).value.name == "empty"  # type: ignore[union-attr]
 
 
 def test_hand_written_envelope_is_what_betterproto_writes() -> None:
