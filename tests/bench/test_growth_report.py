@@ -10,7 +10,7 @@ import pytest
 
 from tools.bench import growth, report, run
 from tools.bench.auditlog import AuditReader, parse_line, summarize
-from tools.bench.fit import fit_exponent, verdict
+from tools.bench.fit import fit_exponent, top_exponent, verdict
 from tools.bench.suite import GROWTH
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,6 +20,13 @@ def test_the_fitted_exponent_is_the_power_of_the_growth() -> None:
     assert fit_exponent([(18, 0.9), (72, 3.6), (256, 12.8), (1008, 50.4)]) == pytest.approx(1.0)
     assert fit_exponent([(100, 0.3), (1000, 0.3), (5000, 0.3)]) == pytest.approx(0.0, abs=1e-12)
     assert fit_exponent([(10, 1.0), (100, 100.0)]) == pytest.approx(2.0)
+    # Flat small sizes pull the fit down; the slope between the largest two does not hide the rise.
+    flat_then_steep = [(18, 1.0), (72, 1.0), (256, 1.0), (1024, 16.0)]
+    assert fit_exponent(flat_then_steep) < 1.0 and top_exponent(flat_then_steep) == pytest.approx(2.0)
+    assert (
+        growth.curve([{"nodes": x, "s": y} for x, y in flat_then_steep], "nodes", "s", 1.0)["verdict"]
+        == "worse than linear"
+    )
     assert verdict(1.05, 1.0) == "linear or better"
     assert verdict(1.3, 1.0) == "worse than linear"
     assert verdict(0.25, 0.0) == "worse than linear"
@@ -166,8 +173,8 @@ def test_growth_curves_are_reported_with_their_fits_and_drawn(tmp_path: Path) ->
     assert results["extras"]["controller_cpu_ms_per_event_1000"]["value"] == pytest.approx(0.2 * 1000**0.4)
     text = report.render(results)
     assert "## How cost grows" in text
-    assert "fitted k = 0.80 (linear or better: k ≤ 1 within 0.1)" in text
-    assert "fitted k = 0.40 (worse than linear: k ≤ 0 within 0.1)" in text
+    assert "fitted k = 0.80, 0.80 between the two largest sizes (linear or better: k ≤ 1 within 0.1)" in text
+    assert "fitted k = 0.40, 0.40 between the two largest sizes (worse than linear: k ≤ 0 within 0.1)" in text
     plot = report.growth_plot(tmp_path, tmp_path / "img")
     assert plot is not None and plot.stat().st_size > 10_000
 

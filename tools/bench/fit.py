@@ -21,6 +21,16 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
     return sxy / sxx
 
 
+def top_exponent(points: list[tuple[float, float]]) -> float:
+    """The slope on log-log axes between the two largest sizes: how cost grows where it is largest
+    (a fit over all sizes is pulled down by the fixed costs of the small ones)."""
+    usable = sorted((x, y) for x, y in points if x > 0 and y > 0)
+    if len({x for x, _ in usable}) < 2:
+        raise ValueError(f"a growth fit needs at least two sizes with positive values, got {points}")
+    (x1, y1), (x2, y2) = usable[-2], usable[-1]
+    return (math.log(y2) - math.log(y1)) / (math.log(x2) - math.log(x1))
+
+
 def scale_factor(points: list[tuple[float, float]], exponent: float) -> float:
     """c of value ~ c * size^k for a fitted k (the geometric mean of value / size^k)."""
     logs = [math.log(y) - exponent * math.log(x) for x, y in points if x > 0 and y > 0]

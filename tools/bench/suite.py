@@ -588,6 +588,12 @@ GROWTH = Benchmark(
             "Formation time ~ nodes^k, k fitted by least squares on log-log axes over the sizes "
             "(k ≤ 1: linear or better).",
         ),
+        Extra(
+            "growth_formation_top_exponent",
+            "",
+            _at("formation", "fit", "top_exponent"),
+            "Formation time: the log-log slope between the two largest sizes (256 and 1,008 nodes).",
+        ),
         *(
             Extra(
                 f"controller_cpu_ms_per_event_{d}",
@@ -605,6 +611,12 @@ GROWTH = Benchmark(
             _at("controller", "fit", "exponent"),
             "Controller CPU per event ~ domains^k, fitted likewise (k ≤ 0: its total work grows no "
             "faster than the events it handles).",
+        ),
+        Extra(
+            "growth_controller_cpu_per_event_top_exponent",
+            "",
+            _at("controller", "fit", "top_exponent"),
+            "Controller CPU per event: the log-log slope between the two largest sizes (1,000 and 5,000 domains).",
         ),
     ),
 )
