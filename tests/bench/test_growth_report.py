@@ -11,7 +11,7 @@ import pytest
 from tools.bench import growth, report, run
 from tools.bench.auditlog import AuditReader, parse_line, summarize
 from tools.bench.fit import fit_exponent, top_exponent, verdict
-from tools.bench.suite import GROWTH
+from tools.bench.scaling import GROWTH
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,7 @@ The control plane's etcd keeps its data on disk and fsyncs, as a production cont
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -209,7 +210,7 @@ class KubeEnvironment:
             proc = subprocess.Popen(
                 [sys.executable, *argv],
                 cwd=simenv.REPO,
-                env=simenv._child_env(),
+                env={**os.environ, "PYTHONPATH": str(simenv.REPO)},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

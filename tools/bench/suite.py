@@ -10,75 +10,10 @@ a few minutes, and their figures say nothing about the targets.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from tools.bench.benchmark import Benchmark, Extra, Metric, Raw, at, get_path, own_settings
+from tools.bench.scaling import FORMATION_K8S, GROWTH
 
-Raw = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    target: str  # the project's target, as docs/benchmarks.md states it
-    threshold: float
-    at_most: bool  # True: value <= threshold meets the target; False: value >= threshold
-    extract: Callable[[Raw], float]
-    method: str
-    # What this metric measures beyond its benchmark's settings (e.g. the RPC shape).
-    settings: Mapping[str, Any] = field(default_factory=dict)
-
-    def met(self, value: float) -> bool:
-        compare = operator.le if self.at_most else operator.ge
-        return bool(compare(value, self.threshold))
-
-
-@dataclass(frozen=True)
-class Extra:
-    """A figure reported beside the targets (no target of its own)."""
-
-    name: str
-    unit: str
-    extract: Callable[[Raw], float]
-    method: str
-    settings: Mapping[str, Any] = field(default_factory=dict)
-
-
-def own_settings(raw: Raw) -> Mapping[str, Any]:
-    """The settings a benchmark wrote into its result."""
-    return dict(raw["settings"])
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    module: str
-    full_args: tuple[str, ...]
-    quick_args: tuple[str, ...]
-    full_timeout_s: float
-    quick_timeout_s: float
-    metrics: tuple[Metric, ...]
-    extras: tuple[Extra, ...] = ()
-    # Argument naming a PNG the benchmark draws (the runner passes a path), if any.
-    plot_arg: str = ""
-    plot_name: str = ""
-    summary: str = ""
-    # The settings the run was measured at, read from its result.
-    settings: Callable[[Raw], Mapping[str, Any]] = own_settings
-
-
-def _get(raw: Raw, *path: str | int) -> Any:
-    value: Any = raw
-    for key in path:
-        value = value[key]
-    return value
-
-
-def _at(*path: str | int) -> Callable[[Raw], float]:
-    """Extract the number at `path` of the result."""
-    return lambda raw: float(_get(raw, *path))
+__all__ = ["REQUIRED_METRICS", "SUITE", "Benchmark", "Extra", "Metric", "Raw", "own_settings"]
 
 
 def _largest_size(raw: Raw) -> Raw:
@@ -89,7 +24,7 @@ def _largest_size(raw: Raw) -> Raw:
 
 
 def _formation_large(raw: Raw) -> float:
-    return float(_get(raw, "formation_256", "ready_p50_s"))
+    return float(get_path(raw, "formation_256", "ready_p50_s"))
 
 
 _FORMATION_FULL = ("--reps", "10", "--nodes-256", "256", "--racks-256", "15", "--reps-256", "3")
@@ -113,7 +48,7 @@ FORMATION = Benchmark(
             "≤ 1.0 s",
             1.0,
             True,
-            lambda raw: float(_get(raw, "formation_18", "ready_p50_s")),
+            lambda raw: float(get_path(raw, "formation_18", "ready_p50_s")),
             "Median over repetitions of: ComputeDomain and 18 allocated channel claims written to the store "
             "(t0) → NodePrepareResources on each node's DRA socket, all at once, kubelet-style retries "
             "(a prepare answers once the node joined and its IMEX daemon is READY) → the controller's "
@@ -139,25 +74,25 @@ FORMATION = Benchmark(
         Extra(
             "formation_18_prepared_p50_s",
             "s",
-            lambda raw: float(_get(raw, "formation_18", "prepared_p50_s")),
+            lambda raw: float(get_path(raw, "formation_18", "prepared_p50_s")),
             "18-node formation: t0 → the last NodePrepareResources answered (median).",
         ),
         Extra(
             "formation_256_prepared_s",
             "s",
-            lambda raw: float(_get(raw, "formation_256", "prepared_p50_s")),
+            lambda raw: float(get_path(raw, "formation_256", "prepared_p50_s")),
             "256-node job: t0 → the last NodePrepareResources answered (median).",
         ),
         Extra(
             "formation_256_host_rss_mb",
             "MB",
-            lambda raw: float(_get(raw, "formation_256", "host", "rss_mb")),
+            lambda raw: float(get_path(raw, "formation_256", "host", "rss_mb")),
             "Resident memory of the scale-mode host running the 256 agents (daemons are processes of their own).",
         ),
         Extra(
             "formation_256_max_loop_lag_s",
             "s",
-            lambda raw: float(_get(raw, "formation_256", "host", "max_loop_lag_s")),
+            lambda raw: float(get_path(raw, "formation_256", "host", "max_loop_lag_s")),
             "Largest event-loop delay of the scale-mode host (every hosted agent shares it).",
         ),
     ),
@@ -178,7 +113,7 @@ PREPARE = Benchmark(
             "≤ 5 ms",
             5.0,
             True,
-            lambda raw: float(_get(raw, "prepare", "p99_ms")),
+            lambda raw: float(get_path(raw, "prepare", "p99_ms")),
             "99th percentile of NodePrepareResources for one claim, timed at the client over the DRA unix "
             "socket of a node-agent process whose node already runs a READY IMEX daemon for the domain "
             "(16 calls in flight over one connection, one claim each, as kubelet sends them for pods starting "
@@ -193,7 +128,7 @@ PREPARE = Benchmark(
             "≤ 5 ms",
             5.0,
             True,
-            lambda raw: float(_get(raw, "unprepare", "p99_ms")),
+            lambda raw: float(get_path(raw, "unprepare", "p99_ms")),
             "Same for NodeUnprepareResources (the node keeps the domain: another claim holds it).",
         ),
     ),
@@ -216,7 +151,7 @@ ADVISOR_PACKING = Benchmark(
             "≥ 0.30 (30 % fewer stranded nodes)",
             0.30,
             False,
-            lambda raw: float(_get(_largest_size(raw), "verdict", "stranded_reduction_vs_first_fit")),
+            lambda raw: float(get_path(_largest_size(raw), "verdict", "stranded_reduction_vs_first_fit")),
             "Reference trace replayed on ~10,000 nodes against the default policy (BEST_FIT) and FIRST_FIT "
             "through the advisor's real decision path: 1 - stranded(BEST_FIT) / stranded(FIRST_FIT), where "
             "stranded = free healthy nodes in cliques whose free count is below the trace's median "
@@ -228,7 +163,7 @@ ADVISOR_PACKING = Benchmark(
             "≥ 0.99",
             0.99,
             False,
-            lambda raw: float(_get(_largest_size(raw), "results", "BEST_FIT", "single_clique_fit_rate")),
+            lambda raw: float(get_path(_largest_size(raw), "results", "BEST_FIT", "single_clique_fit_rate")),
             "Same replay: placed jobs of ≤ 18 nodes that got a single clique / all placed jobs of ≤ 18 "
             "nodes (BEST_FIT, ~10,000 nodes).",
         ),
@@ -253,7 +188,7 @@ def _advisor_metrics() -> tuple[Metric, ...]:
                 "≤ 1 ms",
                 1.0,
                 True,
-                _at("shapes", shape, "open_loop", "p99_ms"),
+                at("shapes", shape, "open_loop", "p99_ms"),
                 f"{rpc}: a cd-placement-advisor process following a store of 10,008 nodes (70 % bound to "
                 "domains); a client process sends dry-run Place requests (a decision, no write) open-loop "
                 "at 2,000 decisions/s; p99 of the latency from the scheduled send time to the answer.",
@@ -265,7 +200,7 @@ def _advisor_metrics() -> tuple[Metric, ...]:
                 "≤ 5 ms",
                 5.0,
                 True,
-                _at("shapes", shape, "open_loop_reserve", "p99_ms"),
+                at("shapes", shape, "open_loop_reserve", "p99_ms"),
                 f"{rpc}: the same mix and rate with reserve=true, as a scheduler places: each answer "
                 "comes after its reservation (a lease and a guarded transaction) is written to etcd. "
                 "The client releases each reservation as its answer arrives (untimed, same advisor and "
@@ -278,7 +213,7 @@ def _advisor_metrics() -> tuple[Metric, ...]:
                 "≥ 2,000/s",
                 2000.0,
                 False,
-                _at("shapes", shape, "saturation", "decisions_per_s"),
+                at("shapes", shape, "saturation", "decisions_per_s"),
                 f"{rpc}: same set-up, dry-run, closed loop with 16 requests in flight: the decisions/s "
                 "the advisor sustains.",
                 {"rpc": rpc, "reservation": "none (dry run)"},
@@ -293,7 +228,7 @@ def _advisor_metrics() -> tuple[Metric, ...]:
                     "≤ 10 ms",
                     10.0,
                     True,
-                    _at("extender", f"{verb}_{payload}", "p99_ms"),
+                    at("extender", f"{verb}_{payload}", "p99_ms"),
                     f"The advisor's kube-scheduler extender, {verb.capitalize()} verb over HTTP, one call at "
                     f"a time as kube-scheduler makes them, ExtenderArgs with the pod and the candidates "
                     f"({what}): the 500 feasible nodes kube-scheduler sends at 10,008 nodes with its "
@@ -318,7 +253,7 @@ ADVISOR_GRPC = Benchmark(
         Extra(
             f"advisor_reserve_achieved_per_s_10k_{shape}",
             "decisions/s",
-            _at("shapes", shape, "open_loop_reserve", "decisions_per_s"),
+            at("shapes", shape, "open_loop_reserve", "decisions_per_s"),
             f"{rpc}: reserving decisions answered per second while 2,000/s were offered.",
             {"rpc": rpc},
         )
@@ -341,7 +276,7 @@ CONTROLLER = Benchmark(
             "≥ 500/s",
             500.0,
             False,
-            lambda raw: float(_get(raw, "churn", "events_per_s")),
+            lambda raw: float(get_path(raw, "churn", "events_per_s")),
             "One cd-controller process over a store of 10,000 nodes and 1,000 domains that churn "
             "(deleted and formed again by 32 drivers playing users and node agents). Store events "
             "the controller handled per second (its own counter) while they churn live: bounded by "
@@ -354,7 +289,7 @@ CONTROLLER = Benchmark(
             "≥ 500/s",
             500.0,
             False,
-            lambda raw: float(_get(raw, "backlog", "events_per_s")),
+            lambda raw: float(get_path(raw, "backlog", "events_per_s")),
             "Same store: the rate at which the controller works off a backlog of events built while "
             "it was stopped (its capacity).",
             {"phase": "backlog after a stop"},
@@ -365,7 +300,7 @@ CONTROLLER = Benchmark(
             "≤ 300 MB",
             300.0,
             True,
-            lambda raw: float(_get(raw, "rss_mb", "with_population")),
+            lambda raw: float(get_path(raw, "rss_mb", "with_population")),
             "Resident memory of the controller once it has converged 10,000 node records and 1,000 "
             "domains of 4 members each to Ready.",
         ),
@@ -374,7 +309,7 @@ CONTROLLER = Benchmark(
         Extra(
             "controller_rss_mb_peak",
             "MB",
-            lambda raw: float(_get(raw, "rss_mb", "peak_during_churn")),
+            lambda raw: float(get_path(raw, "rss_mb", "peak_during_churn")),
             "Controller: peak resident memory during churn.",
         ),
     ),
@@ -393,32 +328,32 @@ SCALE_INVENTORY = Benchmark(
         Extra(
             "scale_inventory_nodes",
             "nodes",
-            lambda raw: float(_get(raw, "node_records_after_hold")),
+            lambda raw: float(get_path(raw, "node_records_after_hold")),
             "Node records on their own leases in the store after holding the inventory (556 racks: 10,008 "
             "inventory-only agents in one scale-mode host).",
         ),
         Extra(
             "scale_inventory_host_rss_mb",
             "MB",
-            lambda raw: float(_get(raw, "host_rss_mb")),
+            lambda raw: float(get_path(raw, "host_rss_mb")),
             "Resident memory of the scale-mode host holding those nodes.",
         ),
         Extra(
             "scale_inventory_controller_rss_mb",
             "MB",
-            lambda raw: float(_get(raw, "controller_rss_mb")),
+            lambda raw: float(get_path(raw, "controller_rss_mb")),
             "Resident memory of a cd-controller following that inventory.",
         ),
         Extra(
             "scale_inventory_register_s",
             "s",
-            lambda raw: float(_get(raw, "register_all_s")),
+            lambda raw: float(get_path(raw, "register_all_s")),
             "Time until every node record was in the store (agents start 500 at a time).",
         ),
         Extra(
             "scale_inventory_lease_losses",
             "leases",
-            lambda raw: float(_get(raw, "lease_losses")),
+            lambda raw: float(get_path(raw, "lease_losses")),
             "Node leases lost while holding (each would make a node look dead; must be 0).",
         ),
     ),
@@ -437,7 +372,7 @@ FORMATION_TLS = Benchmark(
         Extra(
             "formation_18_tls_p50_s",
             "s",
-            lambda raw: float(_get(raw, "formation_18", "ready_p50_s")),
+            lambda raw: float(get_path(raw, "formation_18", "ready_p50_s")),
             "formation_18_p50_s with mutual TLS: each node's key, certificate request and signed "
             "certificate before its daemon starts, then TLS handshakes with its peers.",
         ),
@@ -450,176 +385,6 @@ FORMATION_TLS = Benchmark(
     ),
 )
 
-
-def _k8s(*path: str | int) -> Callable[[Raw], float]:
-    return _at("formation", *path)
-
-
-FORMATION_K8S = Benchmark(
-    name="formation_k8s",
-    module="tools.bench.formation_k8s",
-    full_args=("--nodes", "256", "--racks", "15", "--reps", "3"),
-    quick_args=("--nodes", "4", "--racks", "1", "--reps", "1"),
-    # Start-up of 256 nodes, three formations and teardowns, and between formations the wait for
-    # the advisor's reservations of the deleted domain to expire (their TTL, 300 s).
-    full_timeout_s=3000,
-    quick_timeout_s=240,
-    summary="ComputeDomain formation on a real Kubernetes control plane (Indexed Job, scheduler extender, kubelet shim)",
-    metrics=(
-        Metric(
-            "k8s_formation_256_s",
-            "s",
-            "≤ 30 s",
-            30.0,
-            True,
-            _k8s("formation_p50_s"),
-            "A real kube-apiserver, kube-controller-manager and kube-scheduler (with the placement "
-            "advisor's extender, nodeCacheCapable false as shipped) on loopback; our etcd, a "
-            "cd-controller in Kubernetes mode and the advisor; 256 Nodes over 15 racks of simulated "
-            "NVL72 hardware played by the kubelet shim, their IMEX agents and kubelet plugins in "
-            "scale-mode hosts in Kubernetes mode (claims read from the API server, a ResourceSlice "
-            "and clique label per node). The ComputeDomain (numNodes 256) is created and its "
-            "ResourceClaimTemplate awaited; then from creating an Indexed Job of 256 pods (all in "
-            "parallel, each claiming the channel through the template) until every pod is Running "
-            "(the shim marks it so once NodePrepareResources answered for its claim) and the "
-            "ComputeDomain's status is Ready with 256 nodes, both seen through API watches. "
-            "Median of the repetitions.",
-        ),
-        Metric(
-            "k8s_writes_per_node",
-            "writes/node",
-            "≤ 2 per node",
-            2.0,
-            True,
-            _k8s("writes_per_node_max"),
-            "Same formations: API server writes (create, update, patch, delete) made by our "
-            "components (the cd-controller, the node agents), counted in the API server's audit "
-            "log by user agent from the ComputeDomain's creation until 3 s after the formation "
-            "was done, divided by the nodes; the largest count of the repetitions.",
-        ),
-    ),
-    extras=(
-        Extra(
-            "k8s_formation_256_scheduled_s",
-            "s",
-            _k8s("scheduled_p50_s"),
-            "Kubernetes formation: Job created → the last pod bound to a node (median).",
-        ),
-        Extra(
-            "k8s_formation_256_prepared_s",
-            "s",
-            _k8s("prepared_p50_s"),
-            "Kubernetes formation: Job created → the last pod Running (its claim prepared; median).",
-        ),
-        Extra(
-            "k8s_formation_256_ready_s",
-            "s",
-            _k8s("ready_p50_s"),
-            "Kubernetes formation: Job created → the ComputeDomain Ready (median).",
-        ),
-        Extra(
-            "k8s_apiserver_writes_per_node_all",
-            "writes/node",
-            lambda raw: (
-                float(_get(raw, "formation", "formations", 0, "writes", "all"))
-                / float(_get(raw, "formation", "nodes"))
-            ),
-            "Kubernetes formation: every component's API server writes in the same window, per node "
-            "(the scheduler's bindings and allocations, the controller manager's pods and claims, "
-            "the kubelet shim's pod status and node leases, ours), first repetition.",
-        ),
-        Extra(
-            "k8s_teardown_256_s",
-            "s",
-            _k8s("teardown_p50_s"),
-            "Kubernetes formation: Job deleted → pods and claims gone, then ComputeDomain deleted → "
-            "gone (its finalizer released) and no IMEX daemon left (median).",
-        ),
-    ),
-)
-
-
-def _growth_size(key: str, size_key: str, size: int, value: str) -> Callable[[Raw], float]:
-    def extract(raw: Raw) -> float:
-        for point in raw[key]["sizes"]:
-            if int(point[size_key]) == size:
-                return float(point[value])
-        raise KeyError(f"no {key} point at {size_key} {size}")
-
-    return extract
-
-
-GROWTH = Benchmark(
-    name="growth",
-    module="tools.bench.growth",
-    full_args=("--nodes", "18,72,256,1008", "--domains", "100,1000,5000"),
-    quick_args=("--nodes", "4,8", "--reps", "1", "--domains", "20,60", "--churn-seconds", "2"),
-    full_timeout_s=5400,
-    quick_timeout_s=300,
-    summary="How cost grows: formation time against nodes, controller CPU per store event against domains",
-    metrics=(
-        Metric(
-            "formation_1008_s",
-            "s",
-            "≤ 30 s",
-            30.0,
-            True,
-            _at("formation", "largest_ready_p50_s"),
-            "The formation of formation_256_s (simulation: scale-mode hosts, one cd-controller, "
-            "private etcd, plaintext mesh) for one job of 1,008 nodes over 56 racks (56 IMEX "
-            "cliques, 1,008 daemon processes): from writing the domain and claims to the domain "
-            "Ready.",
-        ),
-    ),
-    extras=(
-        *(
-            Extra(
-                f"growth_formation_{n}_s",
-                "s",
-                _growth_size("formation", "nodes", n, "ready_p50_s"),
-                f"Growth curve: formation of {n} nodes ({max(1, -(-n // 18))} racks), submit → Ready (median).",
-            )
-            for n in (18, 72, 256)
-        ),
-        Extra(
-            "growth_formation_exponent",
-            "",
-            _at("formation", "fit", "exponent"),
-            "Formation time ~ nodes^k, k fitted by least squares on log-log axes over the sizes "
-            "(k ≤ 1: linear or better).",
-        ),
-        Extra(
-            "growth_formation_top_exponent",
-            "",
-            _at("formation", "fit", "top_exponent"),
-            "Formation time: the log-log slope between the two largest sizes (256 and 1,008 nodes).",
-        ),
-        *(
-            Extra(
-                f"controller_cpu_ms_per_event_{d}",
-                "ms",
-                _growth_size("controller", "domains", d, "cpu_ms_per_event"),
-                f"One cd-controller over {d:,} formed domains of 4 members (and 25 % more nodes than "
-                "members): its CPU time (user + system) from the start of 15 s of churn by 32 drivers "
-                "until it caught up, per store event it handled.",
-            )
-            for d in (100, 1000, 5000)
-        ),
-        Extra(
-            "growth_controller_cpu_per_event_exponent",
-            "",
-            _at("controller", "fit", "exponent"),
-            "Controller CPU per event ~ domains^k, fitted likewise (k ≤ 0: its total work grows no "
-            "faster than the events it handles).",
-        ),
-        Extra(
-            "growth_controller_cpu_per_event_top_exponent",
-            "",
-            _at("controller", "fit", "top_exponent"),
-            "Controller CPU per event: the log-log slope between the two largest sizes (1,000 and 5,000 domains).",
-        ),
-    ),
-)
 
 SUITE: tuple[Benchmark, ...] = (
     FORMATION,
