@@ -14,6 +14,7 @@ are bound to the domain, or the domain is gone, the reaper releases such a reser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -175,6 +176,15 @@ class DomainPlacer:
             what = f"one more node for ComputeDomain {domain_uid} in clique(s) {', '.join(cliques)}"
         try:
             decision = await self.advisor.place(request)
+            if not decision.feasible and not held:
+                # kube-scheduler stops filtering once it has found enough feasible nodes for one
+                # pod (percentageOfNodesToScore): the nodes it did not send were not refused, only
+                # not looked at. The domain's other pods may land there, so a domain larger than the
+                # sample is placed on the candidates' cliques, then on the whole fabric.
+                for wider in self._wider_than(candidate_set):
+                    decision = await self.advisor.place(dataclasses.replace(request, candidate_nodes=wider))
+                    if decision.feasible:
+                        break
         except InvalidRequest as exc:
             return Allowance(frozenset(), cliques, f"cannot place {what}: {exc}", resolvable=False)
         except ReservationContention as exc:
@@ -194,6 +204,19 @@ class DomainPlacer:
         return Allowance(
             reserved & candidate_set, new_cliques, self._outside_message(domain_uid, new_cliques), False
         )
+
+    def _wider_than(self, candidates: frozenset[str]) -> list[frozenset[str] | None]:
+        """Larger candidate sets to try, smallest first: every node of the candidates' cliques,
+        then every node (None)."""
+        inv = self.advisor.inventory
+        cliques = set(self._cliques_of(candidates))
+        same_cliques = frozenset(name for name, entry in inv.nodes.items() if entry.clique in cliques)
+        out: list[frozenset[str] | None] = []
+        if len(same_cliques) > len(candidates):
+            out.append(same_cliques)
+        if len(inv.nodes) > max(len(candidates), len(same_cliques)):
+            out.append(None)
+        return out
 
     @staticmethod
     def _outside_message(domain_uid: str, cliques: tuple[str, ...]) -> str:

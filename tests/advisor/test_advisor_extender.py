@@ -183,6 +183,27 @@ async def test_reservation_respects_the_schedulers_candidates(env: Env) -> None:
     assert len(result["NodeNames"]) == 3 and all(n.startswith("rack3-") for n in result["NodeNames"])
 
 
+async def test_a_domain_larger_than_the_schedulers_sample_is_placed_on_the_candidates_clique(env: Env) -> None:
+    """kube-scheduler sends only the feasible nodes it found before it stopped looking
+    (percentageOfNodesToScore); the rest of the clique was not refused."""
+    env.sizes.mapping[DOMAIN] = 18
+    sample = [f"rack2-tray{t}" for t in range(9)]
+    result = await env.filter(pod_args(sample))
+    assert sorted(result["NodeNames"]) == sorted(sample)
+    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    assert sorted(reservation.node_names) == sorted(f"rack2-tray{t}" for t in range(18))
+
+
+async def test_a_domain_larger_than_the_candidates_cliques_is_placed_on_the_fabric(env: Env) -> None:
+    env.sizes.mapping[DOMAIN] = 40
+    sample = [f"rack1-tray{t}" for t in range(5)]
+    result = await env.filter(pod_args(sample))
+    assert sorted(result["NodeNames"]) == sorted(sample)
+    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    assert len(reservation.node_names) == 40 and set(sample) <= set(reservation.node_names)
+    assert len({env.clique_of(n) for n in reservation.node_names}) == 3
+
+
 async def test_no_room_in_any_clique_fails_the_nodes_with_the_reason(env: Env) -> None:
     env.sizes.mapping[DOMAIN] = 10
     for rack in range(4):  # leave 8 free per clique
