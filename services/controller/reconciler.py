@@ -25,9 +25,10 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import run_all
+from libs.state.codec import UndecodableValue, decode
 from libs.state.election import Leadership
 from libs.state.membership import activate_member, mark_member_lost
-from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
+from libs.state.store import Absent, Compare, Delete, Op, Put, Read, Store, Unchanged
 from libs.state.watch import Resync, WatchEvent, watch_prefix
 from services.controller.actions import (
     Action,
@@ -391,10 +392,36 @@ class DomainReconciler:
             if ok:
                 self.mesh_signer.forget(uid)
                 log.info("domain torn down", cd_uid=uid)
+            else:
+                await self._remove_undecodable_members(uid, leadership)
             return ok
         if isinstance(action, SecureMesh | SignMeshCertificate | DeleteMeshCredentials):
             return await self.mesh_signer.apply(uid, action, leadership, self._fenced_txn)
         raise TypeError(f"unknown action {action!r}")
+
+    async def _remove_undecodable_members(self, uid: str, leadership: Leadership) -> None:
+        """A value no version of us can read under the members of a deleted domain would hold its
+        record forever (the teardown compares that no member is left; the view, and so the plan,
+        never shows such a value). When nothing else is left there, remove it, logged with its key."""
+        prefix = self.keys.members(uid)
+        result = await self.store.txn([], [Read(prefix, prefix=True)])
+        kvs = result.reads[0] if result.reads else []
+        unreadable = []
+        for kv in kvs:
+            try:
+                decode(kv.value, pb.Member, kv.key)
+            except UndecodableValue as exc:
+                unreadable.append((kv, exc.reason))
+        if not unreadable or len(unreadable) < len(kvs):
+            return  # a real member the view has not shown yet: the plan waits for it
+        ok, _ = await self._fenced_txn(
+            [Unchanged(kv.key, kv.mod_revision) for kv, _ in unreadable],
+            [Delete(kv.key) for kv, _ in unreadable],
+            leadership,
+        )
+        if ok:
+            for kv, reason in unreadable:
+                log.warning("undecodable member value of a deleted domain removed", cd_uid=uid, key=kv.key, reason=reason)
 
     async def _claim_held(self, uid: str, action: ActivateMember) -> Compare | None:
         """A compare that one of the claims the decision saw is still prepared for this domain."""

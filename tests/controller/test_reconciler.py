@@ -278,6 +278,27 @@ async def test_teardown_leaves_no_record(store: Store, etcd_config: EtcdConfig) 
             await a.stop()
 
 
+async def test_an_undecodable_value_among_the_members_does_not_hold_a_deleted_domain(
+    store: Store, etcd_config: EtcdConfig
+) -> None:
+    uid = f"td-{uuid.uuid4().hex}"
+    garbage_key = store.keys.member(uid, "garbage")
+    async with running_controller(etcd_config):
+        await create_domain(store, uid)
+        (a,) = await agents(store, 1)
+        await a.prepare(uid, "ns")
+        await store.client.put(garbage_key.encode(), b"\x00not a record of ours")
+        await request_deletion(store, uid)
+        await a.unprepare_all()
+
+        async def gone() -> bool:
+            return not await check_domain_gone(store, uid)
+
+        await eventually(gone, "the domain to be torn down", timeout_s=10)
+        assert await store.client.get(garbage_key.encode()) is None
+        await a.stop()
+
+
 async def test_teardown_completes_when_a_member_node_is_dead(store: Store, etcd_config: EtcdConfig) -> None:
     uid = f"td-{uuid.uuid4().hex}"
     async with running_controller(etcd_config):
