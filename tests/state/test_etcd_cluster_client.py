@@ -80,7 +80,8 @@ async def test_leader_killed_the_client_moves_to_a_survivor_and_keeps_writing(cl
         leader.kill()
         revision = await with_retries(lambda: store.put("/ha/after", pb.Claim(uid="after")), "put", 30.0)
         assert store.client.endpoint != leader.endpoint
-        assert store.client.failovers == 1
+        # A survivor may itself time out while the others elect a leader: the client can move twice.
+        assert store.client.failovers >= 1
         got = await store.get("/ha/before", pb.Claim)
         assert got is not None and got.value.uid == "before"
         assert revision > got.mod_revision
@@ -107,6 +108,7 @@ async def test_watches_resume_on_another_member_without_loss_or_repeat(cluster: 
         config_starting_at(cluster, leader)
     ) as writing:
         seen: dict[int, list[str]] = {i: [] for i in range(WATCHES)}
+        revisions: dict[int, list[int]] = {i: [] for i in range(WATCHES)}
         ready = [asyncio.Event() for _ in range(WATCHES)]
         both = [asyncio.Event() for _ in range(WATCHES)]
 
@@ -115,7 +117,9 @@ async def test_watches_resume_on_another_member_without_loss_or_repeat(cluster: 
                 if isinstance(event, Resync):
                     ready[i].set()
                 elif event.value is not None:
-                    seen[i].append(event.value.uid)
+                    revisions[i].append(event.revision)
+                    if not seen[i] or seen[i][-1] != event.value.uid:
+                        seen[i].append(event.value.uid)
                     if len(seen[i]) >= 2:
                         both[i].set()
 
@@ -141,6 +145,9 @@ async def test_watches_resume_on_another_member_without_loss_or_repeat(cluster: 
             for task in followers:
                 task.cancel()
             await asyncio.gather(*followers, return_exceptions=True)
+        # A put whose answer was lost with the leader is sent again by the writer's retry: the same
+        # value may be written twice, at two revisions. A replayed event would repeat a revision.
+        assert all(r == sorted(set(r)) for r in revisions.values()), revisions
         assert seen == {i: [f"a{i}", f"b{i}"] for i in range(WATCHES)}
         assert watching.client.failovers >= 1 and watching.client.endpoint != leader.endpoint
 
