@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 from kubernetes_asyncio import config as k8s_config
@@ -79,11 +80,18 @@ def control_plane(
         cp.stop()
 
 
-@pytest.fixture
-async def k8s_api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
-    """An admin ApiClient for the session's control plane, closed after the test."""
-    api = await k8s_config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+@asynccontextmanager
+async def admin_api(cp: ControlPlane) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient for a control plane, closed on exit."""
+    api = await k8s_config.new_client_from_config(config_file=str(cp.kubeconfig))
     try:
         yield api
     finally:
         await api.close()
+
+
+@pytest.fixture
+async def k8s_api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient for the session's control plane, closed after the test."""
+    async with admin_api(control_plane) as api:
+        yield api

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1ObjectMeta
 
 from libs.kube.resourceapi import ServedVersion, discover_version, resource_path
@@ -28,6 +27,7 @@ from services.nodeagent.resourceslice import (
     live_slice_content,
     slice_content,
 )
+from tests.k8s.conftest import admin_api
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import NAMESPACE
 from tests.manifests.test_resource_versions import render_v1beta1_overlay
@@ -57,11 +57,8 @@ def oldest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture
 async def oldest_api(oldest: ControlPlane) -> AsyncIterator[ApiClient]:
-    api = await k8s_config.new_client_from_config(config_file=str(oldest.kubeconfig))
-    try:
+    async with admin_api(oldest) as api:
         yield api
-    finally:
-        await api.close()
 
 
 def test_each_release_gets_what_it_needs_to_serve_dra() -> None:
