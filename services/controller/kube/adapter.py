@@ -466,6 +466,9 @@ class KubeAdapter:
                 await self._write_status(uid, cr, cr_status(entry.status))
             # The teardown's last step deletes the record; its watch event queues this CD again.
             return
+        # The view may not show a record written a moment ago: only the store can say it is gone.
+        if await self.store.get(self.store.keys.domain(uid), pb.ComputeDomain) is not None:
+            raise _Retry(f"domain {uid} is in the store but not in the view yet")
         # The domain's record is gone, so it has no member left: no Node may keep its label once
         # the finalizer goes (asked of the API, not the cache, which may miss a former leader's).
         await self.labeler.remove_all(uid, meta["name"], meta["namespace"])
