@@ -93,6 +93,9 @@ class ImexSupervisor:
         self._members: dict[str, tuple[pb.Member, int]] = {}
         # The same members by clique: a reconcile reads only its own clique's (<= 18).
         self._cliques: dict[str, dict[str, tuple[pb.Member, int]]] = {}
+        # Each member's clique, read from its record once: every member of a large domain sees
+        # every other's changes, and a message field read costs microseconds.
+        self._clique_of: dict[str, str] = {}
         self._members_synced = False
         self._members_task: asyncio.Task[None] | None = None
         # Replaced on every readiness change; waiters hold the old one (set = look again).
@@ -189,42 +192,43 @@ class ImexSupervisor:
             if self._members_uid != domain_uid:
                 return
             if isinstance(event, Resync):
-                self._members, self._cliques = {}, {}
+                self._members, self._cliques, self._clique_of = {}, {}, {}
                 for item in event.items:
                     self._set_member(Keys.last_segment(item.key), (item.value, item.mod_revision))
                 self._members_synced = True
                 self._wake.set()
                 continue
             name = Keys.last_segment(event.key)
-            before = self._set_member(name, None if event.value is None else (event.value, event.revision))
-            if self._concerns_me(name, before[0] if before else None, event.value):
+            entry = None if event.value is None else (event.value, event.revision)
+            before, after = self._set_member(name, entry)
+            if self._concerns_me(name, before, after):
                 self._wake.set()
 
-    def _set_member(self, name: str, entry: tuple[pb.Member, int] | None) -> tuple[pb.Member, int] | None:
-        """Put (or with None remove) a member in both views; returns the entry it replaced."""
-        before = self._members.pop(name, None)
-        if before is not None:
-            bucket = self._cliques.get(before[0].clique_id)
+    def _set_member(self, name: str, entry: tuple[pb.Member, int] | None) -> tuple[str | None, str | None]:
+        """Put (or with None remove) a member in both views; its clique before and after."""
+        before = self._clique_of.pop(name, None)
+        if self._members.pop(name, None) is not None and before is not None:
+            bucket = self._cliques.get(before)
             if bucket is not None:
                 bucket.pop(name, None)
                 if not bucket:
-                    del self._cliques[before[0].clique_id]
-        if entry is not None:
-            self._members[name] = entry
-            self._cliques.setdefault(entry[0].clique_id, {})[name] = entry
-        return before
+                    del self._cliques[before]
+        if entry is None:
+            return before, None
+        after = entry[0].clique_id
+        self._members[name] = entry
+        self._clique_of[name] = after
+        self._cliques.setdefault(after, {})[name] = entry
+        return before, after
 
-    def _concerns_me(self, name: str, before: pb.Member | None, after: pb.Member | None) -> bool:
-        """Whether a member change can alter this node's daemon: its own record, or a member of its
-        clique (other cliques never reach its slots; waking every member on every join of a large
-        domain would cost O(N^2))."""
+    def _concerns_me(self, name: str, before: str | None, after: str | None) -> bool:
+        """Whether a member change (its clique before and after) can alter this node's daemon: its
+        own record, or a member of its clique (other cliques never reach its slots; waking every
+        member on every join of a large domain would cost O(N^2))."""
         if name == self.node_name:
             return True
-        mine = self._members.get(self.node_name)
-        if mine is None:
-            return False
-        clique = mine[0].clique_id
-        return any(m is not None and m.clique_id == clique for m in (before, after))
+        clique = self._clique_of.get(self.node_name)
+        return clique is not None and clique in (before, after)
 
     def _follow_members_of(self, domain_uid: str | None) -> None:
         if self._members_uid == domain_uid:
@@ -233,7 +237,7 @@ class ImexSupervisor:
             self._members_task.cancel()
             self._members_task = None
         self._members_uid = domain_uid
-        self._members, self._cliques = {}, {}
+        self._members, self._cliques, self._clique_of = {}, {}, {}
         self._members_synced = False
         if domain_uid is not None:
             self._members_task = asyncio.create_task(

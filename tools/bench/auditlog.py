@@ -121,3 +121,16 @@ def summarize(writes: list[Write], nodes: int) -> dict[str, Any]:
         "by_component": dict(by_component.most_common()),
         "other_agents": dict(Counter(w.agent for w in writes if w.component == "other").most_common(5)),
     }
+
+
+def stages(writes: list[Write], t0: float) -> dict[str, list[float]]:
+    """When each kind of write happened, relative to `t0` (unix seconds): first, median and last
+    of each `component verb resource` with at least one write, in order of first appearance. It
+    shows where a formation waits (pods made, claims made, claims allocated, pods bound, ...)."""
+    times: dict[str, list[float]] = {}
+    for w in sorted(writes, key=lambda w: w.at):
+        times.setdefault(f"{w.component} {w.verb} {w.resource}", []).append(w.at - t0)
+    return {
+        kind: [round(ts[0], 2), round(ts[len(ts) // 2], 2), round(ts[-1], 2), len(ts)]
+        for kind, ts in times.items()
+    }

@@ -50,7 +50,7 @@ from libs.kube.resourceapi import discover_version, resource_path
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-from tools.bench.auditlog import BENCH_USER_AGENT, AuditReader, summarize
+from tools.bench.auditlog import BENCH_USER_AGENT, AuditReader, stages, summarize
 from tools.bench.k8senv import KubeEnvironment, KubeSettings
 from tools.cdsim import procscan
 from tools.controlplane.binaries import ensure_binaries
@@ -80,6 +80,8 @@ class Formation:
     watch_restarts: int = 0  # the benchmark's own watches resumed after the server ended them
     # How long the teardown then waited for the advisor's reservations of the domain to expire.
     reservations_expired_after_s: float = 0.0
+    # Every component's writes by kind: [first, median, last] seconds after t0, and how many.
+    write_stages: dict[str, list[float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in vars(self).items()}
@@ -289,7 +291,7 @@ class Driver:
         ]
         try:
             await asyncio.sleep(0.2)  # both watches open before t0
-            t0 = time.perf_counter()
+            t0, t0_wall = time.perf_counter(), time.time()
             await self.batch.create_namespaced_job(
                 NAMESPACE, job_object(job, template, self.nodes), _request_timeout=_REQUEST_TIMEOUT_S
             )
@@ -318,7 +320,8 @@ class Driver:
             await asyncio.gather(*watchers, return_exceptions=True)
         t_prepared, t_ready = max(running.values()), ready_at[0]
         await asyncio.sleep(_SETTLE_S)
-        writes = summarize(self.audit.between(began, time.time()), self.nodes)
+        window = self.audit.between(began, time.time())
+        writes = summarize(window, self.nodes)
         return Formation(
             formation_s=max(t_prepared, t_ready) - t0,
             prepared_s=t_prepared - t0,
@@ -327,6 +330,7 @@ class Driver:
             first_running_s=min(running.values()) - t0,
             writes=writes,
             watch_restarts=self.watch_restarts,
+            write_stages=stages(window, t0_wall),
         )
 
     async def teardown(self, rep: int, formation: Formation, another_follows: bool) -> None:

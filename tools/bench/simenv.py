@@ -322,6 +322,10 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 
 
 def remove_tree(path: Path) -> None:
+    """Remove a run's scratch directory; CD_BENCH_KEEP=1 keeps it (its logs) and says where."""
+    if os.environ.get("CD_BENCH_KEEP") == "1":
+        print(f"[bench] kept {path} (CD_BENCH_KEEP=1)", file=sys.stderr, flush=True)
+        return
     shutil.rmtree(path, ignore_errors=True)
 
 
