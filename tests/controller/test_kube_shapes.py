@@ -13,6 +13,7 @@ from services.controller.kube.computedomain import (
     domain_from_cr,
     finalizers_patch,
     spec_from_cr,
+    status_transition,
 )
 from services.controller.kube.events import transition_events
 from services.controller.kube.resourceclaimtemplate import build_rct, owner_uid
@@ -138,6 +139,18 @@ def test_store_status_maps_to_cr_status_fields() -> None:
     assert not cr_status_differs(written, cr_status(status))
     assert cr_status_differs(None, written)
     assert cr_status_differs({**written, "status": "NotReady"}, written)
+
+
+def test_only_a_transition_skips_the_status_write_pacing() -> None:
+    """The node list and messages change on every join of a formation: those rewrites are paced;
+    Ready, a condition's status or reason, and the mesh mode are written at once."""
+    waiting = _status(False, "WaitingForNodes", "1 of 2")
+    more = {**_status(False, "WaitingForNodes", "2 of 2"), "nodes": [{"name": "n1"}], "nodeCount": 1}
+    assert cr_status_differs(waiting, more) and not status_transition(waiting, more)
+    assert status_transition(None, waiting)
+    assert status_transition(waiting, _status(True, "AllNodesReady", "2 of 2"))
+    assert status_transition(waiting, _status(False, "ImexDaemonFailed", "n1: exited"))
+    assert status_transition(waiting, {**waiting, "imexMesh": "tls"})
 
 
 def test_finalizer_patch_adds_and_removes_only_ours_guarded_by_resource_version() -> None:

@@ -497,6 +497,8 @@ class E2EEnvironment:
             "prioritizeVerb": "prioritize",
             "weight": 1,
             "enableHTTPS": False,
+            # Whole Node objects here (the shipped configuration sends names: cdsim's Kubernetes
+            # mode runs that), so the real kube-scheduler exercises both shapes.
             "nodeCacheCapable": False,
             "ignorable": False,
             "httpTimeout": "10s",

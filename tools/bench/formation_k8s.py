@@ -447,9 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         help="kube-controller-manager's and kube-scheduler's client QPS (burst twice that; 0 = their defaults)",
     )
     parser.add_argument(
-        "--extender-node-names",
+        "--extender-whole-nodes",
         action="store_true",
-        help="configure the extender nodeCacheCapable (node names instead of whole Nodes; shipped: off)",
+        help="configure the extender not nodeCacheCapable (whole Nodes instead of names; shipped: names)",
     )
     parser.add_argument(
         "--timeout-s", type=float, default=_FORMATION_TIMEOUT_S, help="give up on a formation after this long"
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         mesh_tls=args.mesh == "tls",
         client_qps=args.client_qps,
         client_burst=2 * args.client_qps,
-        node_cache_capable=args.extender_node_names,
+        node_cache_capable=not args.extender_whole_nodes,
     )
     binaries = ensure_binaries()
     base = simenv.scratch_dir("fk-")

@@ -71,7 +71,7 @@ class KubeSettings:
     # Client rate limits of kube-controller-manager and kube-scheduler (0 = their defaults).
     client_qps: int
     client_burst: int
-    node_cache_capable: bool = False  # as manifests/README.md configures the extender
+    node_cache_capable: bool = True  # as manifests/README.md configures the extender
     percentage_of_nodes_to_score: int = 100
     shim_retry_initial_s: float = 0.25
     shim_retry_cap_s: float = 4.0

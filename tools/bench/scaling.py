@@ -31,7 +31,7 @@ FORMATION_K8S = Benchmark(
             True,
             _k8s("formation_p50_s"),
             "A real kube-apiserver, kube-controller-manager and kube-scheduler (with the placement "
-            "advisor's extender, nodeCacheCapable false as shipped, percentageOfNodesToScore 100 so "
+            "advisor's extender, nodeCacheCapable as shipped, percentageOfNodesToScore 100 so "
             "that the extender sees every free node; client QPS 100 for it and the controller "
             "manager) on loopback, their etcd fsyncing on disk; our etcd, a "
             "cd-controller in Kubernetes mode and the advisor; 256 Nodes over 15 racks of simulated "

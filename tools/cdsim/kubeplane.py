@@ -99,7 +99,8 @@ def extender_config(port: int) -> dict[str, Any]:
         "prioritizeVerb": "prioritize",
         "weight": 1,
         "enableHTTPS": False,
-        "nodeCacheCapable": False,
+        # As manifests/README.md configures it: node names only (the advisor has its own inventory).
+        "nodeCacheCapable": True,
         # Not ignorable: without the advisor a domain's pods could land in two cliques.
         "ignorable": False,
         "httpTimeout": "10s",

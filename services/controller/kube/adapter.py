@@ -56,6 +56,7 @@ from services.controller.kube.computedomain import (
     has_finalizer,
     is_deleting,
     status_patch,
+    status_transition,
 )
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
 from services.controller.kube.fence import fence_writes
@@ -68,6 +69,10 @@ from services.controller.workqueue import QueueShutDown, WorkQueue
 log = structlog.get_logger(__name__)
 
 _CALL_TIMEOUT_S = 30.0
+# A CR's status is rewritten at most this often while only its node list changes (a 256-node
+# formation changed it ~100 times in 30 s, each write a 256-entry status through the API server);
+# a transition (Ready, a condition's status) is written at once.
+STATUS_MIN_INTERVAL_S = 1.0
 # Server-side end of each watch request; the informer resumes from the last resourceVersion.
 _WATCH_TIMEOUT_S = 300
 # ResourceApiUnavailable: the API server serves no resource.k8s.io version we speak (yet).
@@ -124,6 +129,8 @@ class KubeAdapter:
         self.queue: WorkQueue[str] = WorkQueue()
         # CD uids whose RCT is known to exist, so a reconcile does not ask the API every time.
         self._templates_ok: set[str] = set()
+        # When each CD's status was last written (loop time), to pace node-list-only rewrites.
+        self._status_written: dict[str, float] = {}
         self.resource_version = ""
         self.relists = 0
 
@@ -236,6 +243,7 @@ class KubeAdapter:
                 uid = raw["metadata"]["uid"]
                 if event["type"] == "DELETED":
                     self.crs.pop(uid, None)
+                    self._status_written.pop(uid, None)
                 elif _newer_or_same(raw, self.crs.get(uid)):
                     self.crs[uid] = raw
                 self.queue.add(uid)
@@ -390,6 +398,13 @@ class KubeAdapter:
         current = cr.get("status")
         if not cr_status_differs(current, desired):
             return
+        now = asyncio.get_running_loop().time()
+        last = self._status_written.get(uid)
+        if last is not None and now - last < STATUS_MIN_INTERVAL_S and not status_transition(current, desired):
+            # The later pass writes the status of its moment.
+            self.queue.add_after(uid, last + STATUS_MIN_INTERVAL_S - now)
+            return
+        self._status_written[uid] = now
         meta = cr["metadata"]
         updated = await self._on_conflict_reread(
             cr,
@@ -476,6 +491,7 @@ class KubeAdapter:
         if name:
             await remove_template(self.api, meta["namespace"], name, uid, await self.served.get())
         self._templates_ok.discard(uid)
+        self._status_written.pop(uid, None)
         try:
             await self._patch_cr(cr, finalizers_patch(cr, present=False))
         except ApiException as exc:

@@ -113,6 +113,18 @@ def cr_status_differs(current: dict[str, Any] | None, desired: dict[str, Any]) -
     return any(current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions", "imexMesh"))
 
 
+def status_transition(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
+    """Whether `desired` changes what a user waits for: status.status, a condition's type, status
+    or reason (what events report), or the mesh mode; not merely the node list, the node count or
+    a message. Pure."""
+
+    def summary(s: dict[str, Any]) -> tuple[Any, ...]:
+        conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in s.get("conditions") or [])
+        return s.get("status"), s.get("imexMesh"), conditions
+
+    return summary(current or {}) != summary(desired)
+
+
 def has_finalizer(cr: dict[str, Any]) -> bool:
     return FINALIZER in (cr.get("metadata", {}).get("finalizers") or [])
 
