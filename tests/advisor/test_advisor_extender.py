@@ -233,6 +233,18 @@ async def test_node_objects_mode_returns_node_objects(env: Env) -> None:
     assert result["Nodes"]["items"][0] == node_object(kept[0], env.clique_of(kept[0]))
 
 
+async def test_a_pod_not_ours_gets_every_node_object_back_unchanged(env: Env) -> None:
+    """Kept Nodes are returned as the bytes they came as (not re-encoded): escapes and non-ASCII
+    text in a label survive."""
+    nodes = [node_object(n, env.clique_of(n)) for n in env.names[:4]]
+    nodes[1]["metadata"]["labels"]["note"] = 'quote " and é and \\u2028 \u2028'
+    args = pod_args([], no_claims=True)
+    args["NodeNames"] = None
+    args["Nodes"] = {"metadata": {}, "items": nodes}
+    result = await env.filter(args)
+    assert result["Nodes"]["items"] == nodes and result["FailedNodes"] == {}
+
+
 async def test_go_style_case_insensitive_keys_are_accepted(env: Env) -> None:
     args = pod_args(env.names[:3], no_claims=True)
     lowered = {"pod": args["Pod"], "nodes": None, "nodenames": args["NodeNames"]}
