@@ -155,9 +155,20 @@ class AdvisorProcess:
     port: int
     extender_port: int
 
+    # etcd's process, whose CPU per decision is reported beside the advisor's.
+    etcd_pid: int = 0
+
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
+
+    def etcd_cpu_seconds(self) -> float:
+        return cpu_seconds(self.etcd_pid) if self.etcd_pid else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_advisor(endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0) -> AdvisorProcess:
@@ -646,11 +657,12 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    cpu0 = advisor.cpu_seconds()
+    cpu0, etcd0 = advisor.cpu_seconds(), advisor.etcd_cpu_seconds()
     started = time.perf_counter()
     results = pool.map(_client, jobs)
     elapsed = time.perf_counter() - started
     cpu = advisor.cpu_seconds() - cpu0
+    etcd_cpu = advisor.etcd_cpu_seconds() - etcd0
     latencies = [x for r in results for x in r["latencies"]]
     lags = [x for r in results for x in r["lags"]]
     from_send = [x for r in results for x in r["from_send"]]
@@ -665,6 +677,8 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         "max_ms": round(max(latencies) * 1e3, 3) if latencies else 0.0,
         "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if latencies else 0.0,
         "server_cpu_ms_per_decision": round(cpu / max(len(latencies), 1) * 1e3, 4),
+        # etcd's share: the reservation writes and the client's releases (dry runs: the watch only).
+        "etcd_cpu_ms_per_decision": round(etcd_cpu / max(len(latencies), 1) * 1e3, 4),
         # What one otherwise idle core could sustain at this CPU cost per decision.
         "per_core_capacity_per_s": round(len(latencies) / cpu, 1) if cpu > 0 else 0.0,
         "elapsed_s": round(elapsed, 2),
@@ -682,6 +696,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         nodes = asyncio.run(seed_store(etcd.endpoint, prefix, args.racks, args.busy, args.seed))
         report["nodes"] = nodes
         advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log")
+        advisor.etcd_pid = etcd.process.pid if etcd.process is not None else 0
         try:
             requests = request_mix(512, args.seed)
             reserving = request_mix(512, args.seed, reserve=True)

@@ -250,14 +250,31 @@ ADVISOR_GRPC = Benchmark(
     summary="Placement through the advisor at 10,000 nodes: gRPC decisions, reservations, the scheduler extender",
     metrics=_advisor_metrics(),
     extras=tuple(
-        Extra(
-            f"advisor_reserve_achieved_per_s_10k_{shape}",
-            "decisions/s",
-            at("shapes", shape, "open_loop_reserve", "decisions_per_s"),
-            f"{rpc}: reserving decisions answered per second while 2,000/s were offered.",
-            {"rpc": rpc},
-        )
+        extra
         for shape, rpc in _SHAPES.items()
+        for extra in (
+            Extra(
+                f"advisor_reserve_achieved_per_s_10k_{shape}",
+                "decisions/s",
+                at("shapes", shape, "open_loop_reserve", "decisions_per_s"),
+                f"{rpc}: reserving decisions answered per second while 2,000/s were offered.",
+                {"rpc": rpc},
+            ),
+            Extra(
+                f"advisor_reserve_cpu_ms_per_decision_{shape}",
+                "ms",
+                at("shapes", shape, "open_loop_reserve", "server_cpu_ms_per_decision"),
+                f"{rpc}: the advisor process's CPU time per reserving decision (the release included).",
+                {"rpc": rpc},
+            ),
+            Extra(
+                f"advisor_reserve_etcd_cpu_ms_per_decision_{shape}",
+                "ms",
+                at("shapes", shape, "open_loop_reserve", "etcd_cpu_ms_per_decision"),
+                f"{rpc}: etcd's CPU time per reserving decision (the write and the release).",
+                {"rpc": rpc},
+            ),
+        )
     ),
 )
 
