@@ -56,7 +56,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor import wire
-from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, scratch_dir, stop_process
+from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_P99_MS = 1.0
@@ -690,6 +690,13 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     base = scratch_dir("advisor-grpc-bench-")
+    try:
+        return _bench(args, base)
+    finally:
+        remove_tree(base)  # etcd's data and the advisor's log (CD_BENCH_KEEP=1 keeps them)
+
+
+def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     prefix = "/bench/"
     report: dict[str, Any] = {"benchmark": "advisor_grpc", "racks": args.racks, "busy": args.busy}
     with private_etcd(base) as etcd:
