@@ -428,4 +428,7 @@ REQUIRED_METRICS = (
     "controller_events_per_s_live",
     "controller_events_per_s_backlog",
     "controller_rss_mb_10k",
+    "k8s_formation_256_s",
+    "k8s_writes_per_node",
+    "formation_1008_s",
 )
