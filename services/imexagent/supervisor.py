@@ -96,6 +96,8 @@ class ImexSupervisor:
         # Each member's clique, read from its record once: every member of a large domain sees
         # every other's changes, and a message field read costs microseconds.
         self._clique_of: dict[str, str] = {}
+        # The domain whose record of this node was read directly (once per binding).
+        self._own_member_read: str | None = None
         self._members_synced = False
         self._members_task: asyncio.Task[None] | None = None
         # Replaced on every readiness change; waiters hold the old one (set = look again).
@@ -199,6 +201,9 @@ class ImexSupervisor:
                 self._wake.set()
                 continue
             name = Keys.last_segment(event.key)
+            known = self._members.get(name)
+            if known is not None and event.revision < known[1]:
+                continue  # older than this node's own record as read directly
             entry = None if event.value is None else (event.value, event.revision)
             before, after = self._set_member(name, entry)
             if self._concerns_me(name, before, after):
@@ -230,6 +235,18 @@ class ImexSupervisor:
         clique = self._clique_of.get(self.node_name)
         return clique is not None and clique in (before, after)
 
+    async def _read_own_member(self, domain_uid: str) -> None:
+        """The binding names a domain, but the members view has no record of this node yet: read
+        it once. The join wrote both in one transaction; the view comes from a watch, which can
+        lag (etcd's slow watchers; a scale host's shared feed), and the daemon waited for it
+        seconds at a time in a 256-pod formation."""
+        if self._own_member_read == domain_uid or self.node_name in self._members:
+            return
+        found = await self.store.get(self.keys.member(domain_uid, self.node_name), pb.Member)
+        self._own_member_read = domain_uid
+        if found is not None and self._members_uid == domain_uid and self.node_name not in self._members:
+            self._set_member(self.node_name, (found.value, found.mod_revision))
+
     def _follow_members_of(self, domain_uid: str | None) -> None:
         if self._members_uid == domain_uid:
             return
@@ -237,6 +254,7 @@ class ImexSupervisor:
             self._members_task.cancel()
             self._members_task = None
         self._members_uid = domain_uid
+        self._own_member_read = None
         self._members, self._cliques, self._clique_of = {}, {}, {}
         self._members_synced = False
         if domain_uid is not None:
@@ -285,6 +303,8 @@ class ImexSupervisor:
         self._follow_members_of(binding.domain_uid if binding is not None else None)
         if binding is not None and not self._members_synced:
             return  # the members watch has not listed yet: decide nothing on half a view
+        if binding is not None:
+            await self._read_own_member(binding.domain_uid)
         membership = self._current_membership()
         desired = membership.desired
         if not self._recovered:

@@ -20,15 +20,17 @@ import aiohttp
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.simulated import prepare_node_dirs
+from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.imex import slots
 from libs.imex.config import SIM_HOSTS_FILE
 from libs.imex.simulator import client as simclient
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from libs.state.watch import Resync, watch_prefix
 from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
+from services.imexagent.supervisor import ImexSupervisor
 from tests.imexagent.imex_rack import FAST, Rack, eventually, free_cluster, kill_daemons_under, pid_alive
 from tools.netports import free_port
 
@@ -382,3 +384,33 @@ async def test_a_peer_joining_while_the_hosts_file_is_written_still_reaches_it(
     names = slots.slot_names(UID, a.sim.clique)
     hosts = hosts_of(a.dir(UID))
     assert (hosts[names[1]], hosts[names[2]]) == (b.sim.address, c.sim.address)
+
+
+async def test_a_members_watch_lagging_behind_the_binding_does_not_hold_the_daemon(rack: Rack) -> None:
+    """The join writes the binding and the member record together, but the members watch can
+    lag (etcd's slow watchers; a scale host's shared feed): the agent reads its own record
+    instead of waiting, and the watch, once it catches up, changes nothing."""
+    caught_up = asyncio.Event()
+
+    def lagging(store: Store, prefix: str, cls: type, *args: object, **kwargs: object) -> AsyncIterator[object]:
+        async def stream() -> AsyncIterator[object]:
+            if prefix == store.keys.members(UID):
+                yield Resync([], 0)  # a view from before the join
+                await caught_up.wait()
+            async for item in watch_prefix(store, prefix, cls, *args, **kwargs):  # type: ignore[arg-type]
+                yield item
+
+        return stream()
+
+    a = rack.node(0)
+    hardware = SimulatedNodeHardware(rack.cluster, a.name, rack.base / "hw" / a.name)
+    a.supervisor = ImexSupervisor(rack.store, a.name, hardware, a.work_dir, rack.settings, watch=lagging)
+    a.task = asyncio.create_task(a.supervisor.run())
+    await rack.join(UID, a, 0, mesh_mode=pb.MeshMode.PLAINTEXT)
+    first = await rack.ready_status(UID, a, node_id=0)
+    assert not caught_up.is_set() and first.pid > 0
+    caught_up.set()
+    await eventually(lambda: a.supervisor is not None and a.supervisor.member(a.name) is not None)
+    await asyncio.sleep(0.5)
+    again = await rack.ready_status(UID, a, node_id=0)
+    assert (again.pid, again.instance, again.restarts) == (first.pid, first.instance, 0)
