@@ -19,7 +19,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription, SimulatedNode
 from libs.hardware.simulated import SimulatedNodeHardware
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
-from libs.state.store import Delete, Store
+from libs.state.store import Delete, Put, Store
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor
 
@@ -165,10 +165,12 @@ class Rack:
             namespace="default",
             mesh_mode=mesh_mode,
         )
-        await self.store.put(
-            keys.node_binding(node.name), pb.NodeBinding(node_name=node.name, domain_uid=uid)
+        # One transaction, as the node agent's join writes them: an agent never sees the binding
+        # without its member record.
+        binding = pb.NodeBinding(node_name=node.name, domain_uid=uid)
+        await self.store.txn(
+            [], [Put(keys.node_binding(node.name), binding), Put(keys.member(uid, node.name), member)]
         )
-        await self.store.put(keys.member(uid, node.name), member)
 
     async def set_state(self, uid: str, node: Node, state: pb.MemberState) -> None:
         key = self.store.keys.member(uid, node.name)
