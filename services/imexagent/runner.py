@@ -581,6 +581,13 @@ class DomainDaemon:
             return
         if result.succeeded:
             self._reported = _Reported(fields, now)
+            log.debug(
+                "daemon status written",
+                cd_uid=self.uid,
+                node=self.node,
+                state=pb.DaemonState(record.state).name,
+                revision=result.revision,
+            )
         else:
             # Our member record changed (left, lost, deleted): the supervisor re-reads and decides.
             self._reported.fence_failed_at = fence

@@ -186,6 +186,12 @@ class ImexSupervisor:
                 self._binding = event.value
             else:
                 continue
+            log.debug(
+                "binding seen",
+                node=self.node_name,
+                cd_uid=self._binding.domain_uid if self._binding is not None else None,
+                resync=isinstance(event, Resync),
+            )
             self._wake.set()
 
     async def _watch_members(self, domain_uid: str) -> None:

@@ -91,6 +91,7 @@ class DaemonView:
         self.follow(domain_uid)
         if self.ready(domain_uid, node_id):
             return True
+        log.debug("waiting for the daemon", cd_uid=domain_uid, node=self.node_name)
         try:
             async with asyncio.timeout(timeout_s):
                 while not self.ready(domain_uid, node_id):
@@ -123,6 +124,14 @@ class DaemonView:
             applies, status = status_of(key, event)
             if not applies or self.domain_uid != domain_uid:
                 continue
+            if not self._synced or status != self.status:
+                log.debug(
+                    "daemon status seen",
+                    cd_uid=domain_uid,
+                    node=self.node_name,
+                    state=pb.DaemonState(status.state).name if status is not None else None,
+                    resync=isinstance(event, Resync),
+                )
             self.status, self._synced = status, True
             self._export(domain_uid, status)
             self._notify()

@@ -235,7 +235,7 @@ class KubeEnvironment:
         self._spawn(
             "controller",
             [
-                "-m", "services.controller.main", *self._common(), "--log-level=warning",
+                "-m", "services.controller.main", *self._common(), f"--log-level={simenv.log_level()}",
                 "--identity=bench-controller", "--mode=kubernetes", f"--kubeconfig={self.plane.kubeconfig}",
                 f"--imex-mesh-tls={str(self.settings.mesh_tls).lower()}",
                 "--health-host=127.0.0.1", f"--health-port={port}",
@@ -248,7 +248,7 @@ class KubeEnvironment:
         self._spawn(
             "advisor",
             [
-                "-m", "services.advisor.main", *self._common(), "--log-level=warning",
+                "-m", "services.advisor.main", *self._common(), f"--log-level={simenv.log_level()}",
                 "--identity=bench-advisor", "--grpc-host=127.0.0.1", f"--grpc-port={free_port()}",
                 "--extender-enabled=true", "--extender-host=127.0.0.1", f"--extender-port={self.extender_port}",
                 "--template-source=kubernetes", f"--kubeconfig={self.plane.kubeconfig}",
@@ -279,7 +279,7 @@ class KubeEnvironment:
             [
                 "-m", "tools.kubeletshim", f"--kubeconfig={self.plane.kubeconfig}", f"--nodes-file={nodes_file}",
                 f"--retry-initial-s={s.shim_retry_initial_s}", f"--retry-cap-s={s.shim_retry_cap_s}",
-                "--log-format=json", "--log-level=warning",
+                "--log-format=json", f"--log-level={simenv.log_level()}",
             ],
         )  # fmt: skip
         proc = self.processes["kubeletshim"]

@@ -183,7 +183,7 @@ def start_controller(
         sys.executable, "-m", "services.controller.main",
         f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}",
         "--identity=bench-controller", "--health-host=127.0.0.1", f"--health-port={port}",
-        "--log-format=json", "--log-level=warning", f"--imex-mesh-tls={str(mesh_tls).lower()}",
+        "--log-format=json", f"--log-level={log_level()}", f"--imex-mesh-tls={str(mesh_tls).lower()}",
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
@@ -288,6 +288,7 @@ def start_host(
                 f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}", f"--ready-file={ready}",
                 f"--start-timeout-s={timeout_s}",
                 *(["--inventory-only"] if inventory_only else []),
+                f"--log-level={log_level()}",
                 *extra_args,
             ]  # fmt: skip
             with log.open("wb") as out:
@@ -319,6 +320,15 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+def log_level() -> str:
+    """Our processes' log level in a benchmark: warning, or CD_BENCH_LOG_LEVEL (info or debug gives
+    per-node timelines, at a cost in CPU that changes the figures)."""
+    level = os.environ.get("CD_BENCH_LOG_LEVEL", "warning")
+    if level not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"CD_BENCH_LOG_LEVEL must be debug, info, warning or error, got {level!r}")
+    return level
 
 
 def remove_tree(path: Path) -> None:
