@@ -29,6 +29,7 @@ from libs.state.store import Store
 from services.nodeagent.unixsocket import MAX_SOCKET_PATH
 from tools.cdsim import procscan
 from tools.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
+from tools.scalesim.pollfeed import PrefixPoller
 from tools.scalesim.watchhub import WatchHub
 
 log = structlog.get_logger(__name__)
@@ -156,6 +157,7 @@ class ScaleHost:
         options: AgentOptions,
         store_pool: int = 4,
         share_watches: bool = True,
+        directory_poll_s: float = 0.1,
         kubeconfig: str = "",
         kube_timeout_s: float = 10.0,
     ) -> None:
@@ -180,13 +182,23 @@ class ScaleHost:
         self.stores = [Store(etcd) for _ in range(min(store_pool, max(1, len(nodes))))]
         self.agents: dict[str, SimAgent] = {}
         self.start_s = 0.0
-        self.hub = WatchHub() if share_watches else None
+        # The shared directory feeds (a domain's members) are read every `directory_poll_s` on a
+        # client of their own (tools/scalesim/watchhub.py says why).
+        self.feed_store = Store(etcd) if share_watches else None
+        self.hub = (
+            WatchHub(directory_watch=PrefixPoller(directory_poll_s), directory_store=self.feed_store)
+            if share_watches
+            else None
+        )
         self.lag = LoopLag()
         self._sockets: dict[str, str] = {}
         # Kubernetes mode: claims from the API server, a ResourceSlice per node (see SimAgent).
         self.kubeconfig = kubeconfig
         self.kube_timeout_s = kube_timeout_s
         self.kube: KubeMode | None = None
+
+    def _clients(self) -> list[Store]:
+        return [*self.stores, *([self.feed_store] if self.feed_store is not None else [])]
 
     def layout(self, node: str) -> AgentLayout:
         return AgentLayout(self.state_dir / node)
@@ -203,7 +215,7 @@ class ScaleHost:
             raise ValueError(f"batch must be >= 1, got {batch}")
         began = time.monotonic()
         self.lag.start()
-        await asyncio.gather(*(s.connect() for s in self.stores))
+        await asyncio.gather(*(s.connect() for s in self._clients()))
         if self.kubeconfig and self.kube is None:
             self.kube = KubeMode(await kube_client(self.kubeconfig, len(self.node_names)), self.kube_timeout_s)
         try:
@@ -273,5 +285,5 @@ class ScaleHost:
         await self.lag.stop()
         if self.kube is not None:
             await self.kube.api.close()
-        await asyncio.gather(*(s.close() for s in self.stores), return_exceptions=True)
+        await asyncio.gather(*(s.close() for s in self._clients()), return_exceptions=True)
         return len(leftovers)
