@@ -40,6 +40,8 @@ class DomainPresence:
 
     def __init__(self, on_gone: Callable[[str], None] | None = None, max_gone: int = MAX_GONE) -> None:
         self.present: set[str] = set()
+        # spec.numNodes of the present domains whose record was read (0: not set).
+        self._num_nodes: dict[str, int] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()
         self.max_gone = max_gone
         self.on_gone = on_gone
@@ -55,10 +57,16 @@ class DomainPresence:
     def is_gone(self, uid: str) -> bool:
         return uid in self._gone
 
+    def num_nodes(self, uid: str) -> int | None:
+        """A present domain's spec.numNodes, 0 when it sets none; None when no record of it was
+        read (unknown, gone, or only its key seen)."""
+        return self._num_nodes.get(uid)
+
     # ---- updates (the feed calls these; tests may too) ------------------------------------
 
     def mark_gone(self, uid: str, why: str) -> None:
         self.present.discard(uid)
+        self._num_nodes.pop(uid, None)
         if uid in self._gone:
             return
         self._gone[uid] = None
@@ -76,6 +84,7 @@ class DomainPresence:
             self.mark_gone(uid, "marked deleting")
         elif uid not in self._gone:
             self.present.add(uid)
+            self._num_nodes[uid] = max(0, int(record.spec.num_nodes))
 
     def resync(self, records: dict[str, DomainGate], unreadable: Collection[str] = ()) -> None:
         """A full listing: domains seen before and missing from it were deleted meanwhile.

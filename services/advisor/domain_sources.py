@@ -21,6 +21,7 @@ import structlog
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as state_pb
 from libs.state.store import Store
+from services.advisor.domain_presence import DomainPresence
 
 log = structlog.get_logger(__name__)
 
@@ -117,10 +118,18 @@ class StoreTemplateSource:
 
 
 class StoreDomainSizes:
-    def __init__(self, store: Store) -> None:
+    """A domain's spec.numNodes from the domain view the advisor follows (`DomainPresence`); read
+    from the store only for a domain that view has not seen yet (just created). The read cost a
+    store round trip on every Filter and Prioritize call: about a tenth of the extender's CPU."""
+
+    def __init__(self, store: Store, presence: DomainPresence | None = None) -> None:
         self.store = store
+        self.presence = presence
 
     async def num_nodes(self, domain_uid: str) -> int | None:
+        known = self.presence.num_nodes(domain_uid) if self.presence is not None else None
+        if known is not None:
+            return known or None
         found = await self.store.get(self.store.keys.domain(domain_uid), state_pb.ComputeDomain)
         if found is None or found.value.spec.num_nodes <= 0:
             return None

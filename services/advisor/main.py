@@ -179,7 +179,7 @@ class AdvisorService:
                 extender = Extender(
                     placer,
                     await self._template_source(),
-                    StoreDomainSizes(self.store),
+                    StoreDomainSizes(self.store, presence),
                     self.metrics,
                 )
                 app = build_extender_app(

@@ -410,8 +410,11 @@ def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
     return data
 
 
-def bench_extender(port: int, endpoint: str, prefix: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench_extender(
+    advisor: AdvisorProcess, endpoint: str, prefix: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """p50/p99 of Filter and Prioritize, for node names and for whole Node objects."""
+    port = advisor.extender_port
     cluster = ClusterDescription(racks=args.racks, seed=f"grpc-bench-{args.seed}")
     nodes = {n.name: n for n in cluster.nodes()}
     names = list(nodes)
@@ -450,6 +453,8 @@ def bench_extender(port: int, endpoint: str, prefix: str, args: argparse.Namespa
         "domains": len(domains),
         "calls": args.extender_calls,
         "body_kb": {p: round(statistics.fmean(v) / 1024, 1) for p, v in sizes.items()},
+        # Waited for the advisor and etcd to be idle (the gRPC phases' work digested) first.
+        "settled_s": wait_quiet(advisor),
     }
     for verb in ("filter", "prioritize"):
         for payload, payload_bodies in bodies.items():
@@ -656,7 +661,24 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
 
+def wait_quiet(
+    advisor: AdvisorProcess, busy_below: float = 0.05, window_s: float = 0.5, cap_s: float = 60.0
+) -> float:
+    """Wait until the advisor and etcd together use less than `busy_below` of a core over
+    `window_s` (at most `cap_s`); the seconds waited. A phase that starts while the previous one's
+    work is still being digested (a reserving phase's releases and their watch events) would
+    measure both."""
+    began = time.monotonic()
+    while time.monotonic() - began < cap_s:
+        before = advisor.cpu_seconds() + advisor.etcd_cpu_seconds()
+        time.sleep(window_s)
+        if advisor.cpu_seconds() + advisor.etcd_cpu_seconds() - before < busy_below * window_s:
+            break
+    return round(time.monotonic() - began, 2)
+
+
 def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    settled_s = wait_quiet(advisor)
     cpu0, etcd0 = advisor.cpu_seconds(), advisor.etcd_cpu_seconds()
     started = time.perf_counter()
     results = pool.map(_client, jobs)
@@ -685,6 +707,8 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         "p99_from_send_ms": round(_pct(from_send, 0.99) * 1e3, 3),
         "client_send_lag_p50_ms": round(_pct(lags, 0.50) * 1e3, 3),
         "client_send_lag_p99_ms": round(_pct(lags, 0.99) * 1e3, 3),
+        # How long the phase waited for the advisor and etcd to be idle before it started.
+        "settled_s": settled_s,
     }
 
 
@@ -785,7 +809,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                     print(f"{shape}: {json.dumps(phases)}", file=sys.stderr)
                 report["shapes"] = shapes
             if args.extender_calls:
-                report["extender"] = bench_extender(advisor.extender_port, etcd.endpoint, prefix, args)
+                report["extender"] = bench_extender(advisor, etcd.endpoint, prefix, args)
             report["loadavg_after"] = os.getloadavg()
         finally:
             stop_process(advisor.proc)
