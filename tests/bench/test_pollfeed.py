@@ -63,15 +63,16 @@ async def test_a_key_changed_twice_between_two_reads_is_delivered_once_with_its_
     store: Store,
 ) -> None:
     keys = store.keys
-    feed = PolledPrefix(store, keys.node_bindings(), pb.NodeBinding, interval_s=0.5)
+    # The first read comes 2 s after the listing: both writes land before it, even on a busy machine.
+    feed = PolledPrefix(store, keys.node_bindings(), pb.NodeBinding, interval_s=2.0)
     assert isinstance(await next_item(feed), Resync)
     await store.put(keys.node_binding("a"), binding("a", "d1"))
     newest = await store.put(keys.node_binding("a"), binding("a", "d2"))
-    event = await next_item(feed)
+    event = await next_item(feed, timeout_s=10.0)
     assert isinstance(event, WatchEvent)
     assert (event.key, event.value, event.revision) == (keys.node_binding("a"), binding("a", "d2"), newest)
     with pytest.raises(TimeoutError):
-        await next_item(feed, timeout_s=1.0)  # nothing else happened: nothing else is delivered
+        await next_item(feed, timeout_s=2.5)  # the next read finds nothing new: nothing is delivered
 
 
 async def test_the_hub_reads_directories_with_the_directory_watch_on_its_own_client(store: Store) -> None:
