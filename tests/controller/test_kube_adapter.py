@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import structlog.testing
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, ResourceV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -29,6 +30,7 @@ from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store
+from services.controller.kube import adapter as adapter_module
 from services.controller.kube.adapter import KubeAdapter
 from services.controller.kube.resourceclaimtemplate import build_rct
 from services.controller.metrics import ControllerMetrics
@@ -272,6 +274,61 @@ async def test_status_is_written_back_with_events(
         for a in agents:
             await a.unprepare_all()
             await a.stop()
+
+
+async def test_node_list_rewrites_are_paced_and_the_last_one_still_lands(
+    api: ApiClient,
+    namespace: str,
+    store: Store,
+    etcd_config: EtcdConfig,
+    crd_installed: ControlPlane,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Members joining every 0.3 s change the CR's node list each time. Unpaced, each change is a
+    status write through the API server; paced (as shipped), at most one a second, and the list
+    still ends complete."""
+    writes: dict[float, int] = {}
+    async with kube_controller(etcd_config, crd_installed.kubeconfig):
+        for interval_s in (0.0, adapter_module.STATUS_MIN_INTERVAL_S):
+            monkeypatch.setattr(adapter_module, "STATUS_MIN_INTERVAL_S", interval_s)
+            name = f"paced-{int(interval_s * 10)}"
+            created = await CustomObjectsApi(api).create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, cd_body(namespace, name, f"{name}-channel", num_nodes=8)
+            )
+            uid = created["metadata"]["uid"]
+
+            async def node_count(name: str = name) -> int | None:
+                cd = await get_cd(api, namespace, name)
+                status = (cd or {}).get("status")
+                return len(status.get("nodes") or []) if status else None
+
+            await wait_for(node_count, "the first status")
+            await wait_for(lambda uid=uid: _domain_in_store(store, uid), "the store record")
+            octet = 30 + int(interval_s * 10)
+            agents = [
+                AgentDouble(store, f"kp{octet}-{i}", CLIQUE, f"127.0.{octet}.{i + 1}") for i in range(8)
+            ]
+            with structlog.testing.capture_logs() as logs:
+                for a in agents:
+                    await a.start()
+                    await a.prepare(uid, namespace)
+                    await asyncio.sleep(0.3)
+                await wait_for(lambda: _eight(node_count), "all 8 nodes on the CR")
+            writes[interval_s] = sum(
+                1 for e in logs if e["event"] == "computedomain status written" and e.get("cd_uid") == uid
+            )
+            for a in agents:
+                await a.unprepare_all()
+                await a.stop()
+    unpaced, paced = writes[0.0], writes[adapter_module.STATUS_MIN_INTERVAL_S]
+    assert unpaced >= 6, (
+        f"the control wrote only {unpaced} times: the joins did not change the list one by one"
+    )
+    assert paced <= 4, f"{paced} status writes for 8 joins over 2.4 s, paced at one a second"
+
+
+async def _eight(count: Callable[[], Awaitable[int | None]]) -> bool | None:
+    return True if await count() == 8 else None
 
 
 async def test_deletion_is_held_until_teardown_ends(
