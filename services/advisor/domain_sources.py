@@ -122,12 +122,12 @@ class StoreDomainSizes:
     from the store only for a domain that view has not seen yet (just created). The read cost a
     store round trip on every Filter and Prioritize call: about a tenth of the extender's CPU."""
 
-    def __init__(self, store: Store, presence: DomainPresence | None = None) -> None:
+    def __init__(self, store: Store, presence: DomainPresence) -> None:
         self.store = store
         self.presence = presence
 
     async def num_nodes(self, domain_uid: str) -> int | None:
-        known = self.presence.num_nodes(domain_uid) if self.presence is not None else None
+        known = self.presence.num_nodes(domain_uid)
         if known is not None:
             return known or None
         found = await self.store.get(self.store.keys.domain(domain_uid), state_pb.ComputeDomain)

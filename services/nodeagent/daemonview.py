@@ -124,14 +124,11 @@ class DaemonView:
             applies, status = status_of(key, event)
             if not applies or self.domain_uid != domain_uid:
                 continue
-            if not self._synced or status != self.status:
-                log.debug(
-                    "daemon status seen",
-                    cd_uid=domain_uid,
-                    node=self.node_name,
-                    state=pb.DaemonState(status.state).name if status is not None else None,
-                    resync=isinstance(event, Resync),
-                )
+            state = status.state if status is not None else None
+            if not self._synced or state != (self.status.state if self.status is not None else None):
+                # A state change only: comparing whole records on every status write costs more.
+                name = pb.DaemonState(state).name if state is not None else None
+                log.debug("daemon status seen", cd_uid=domain_uid, node=self.node_name, state=name)
             self.status, self._synced = status, True
             self._export(domain_uid, status)
             self._notify()
