@@ -59,11 +59,12 @@ class PrefixWatch(Generic[M]):
         prefix: str,
         cls: type[M],
         backoff: Backoff | None = None,
-        known: Callable[[str, int], bool] | None = None,
+        known: Callable[[str, int, bytes], bool] | None = None,
     ) -> None:
         self.store = store
         self.prefix = prefix
-        # known(key, revision): the consumer holds this put already (it wrote it); skip it undecoded.
+        # known(key, revision, value): the consumer holds this put already (it wrote it), or takes
+        # its raw value over: skip it undecoded.
         self.known = known
         self.cls = cls
         self.backoff = backoff or Backoff(initial=0.05, cap=2.0)
@@ -139,7 +140,7 @@ class PrefixWatch(Generic[M]):
                     if (
                         self.known is not None
                         and raw.kind != aetcd.rtypes.EventKind.DELETE
-                        and self.known(raw.kv.key.decode(), revision)
+                        and self.known(raw.kv.key.decode(), revision, raw.kv.value)
                     ):
                         continue
                     yield self._to_event(raw)
@@ -197,6 +198,6 @@ async def _create_watch(store: Store, prefix: str, start_revision: int) -> aetcd
 
 
 def watch_prefix(
-    store: Store, prefix: str, cls: type[M], known: Callable[[str, int], bool] | None = None
+    store: Store, prefix: str, cls: type[M], known: Callable[[str, int, bytes], bool] | None = None
 ) -> PrefixWatch[M]:
     return PrefixWatch(store, prefix, cls, known=known)

@@ -43,6 +43,7 @@ from services.advisor.reservations import (
     Written,
     delete_reservation,
     fits_one_txn,
+    new_reservation_id,
     remove_in_one_txn,
     write_reservation,
 )
@@ -425,11 +426,15 @@ class Advisor:
     ) -> Written | None:
         """Hold the nodes locally, write the reservation; None after a conflict (taken nodes hidden)."""
         inv = self.inventory
+        rid = reservation_id or new_reservation_id()
         token = inv.hold(nodes)
+        inv.begin_write(rid)
+        applied = 0
         try:
-            written = await write_reservation(
-                store, nodes, cliques, domain_uid, holder, ttl, reservation_id, self.batcher
-            )
+            written = await write_reservation(store, nodes, cliques, domain_uid, holder, ttl, rid, self.batcher)
+            # The record is applied before the hold goes, so its nodes never look free in between.
+            inv.apply_reservation(rid, written.record, written.revision)
+            applied = written.revision
         except ReservationConflict as exc:
             self.metrics.reservations.labels("conflict").inc()
             log.info(
@@ -447,8 +452,8 @@ class Advisor:
         except BaseException:
             inv.release_hold(token)
             raise
-        # Likewise the record is applied before the hold goes.
-        inv.apply_reservation(written.record.id, written.record, written.revision)
+        finally:
+            inv.end_write(rid, applied)
         inv.release_hold(token)
         self.metrics.reservations.labels("created").inc()
         return written
@@ -521,7 +526,8 @@ class Advisor:
             if removed_at is not None:
                 inv.apply_reservation(reservation_id, None, removed_at)
                 self.metrics.reservations.labels("released").inc()
-                log.info("reservation released", reservation=reservation_id, nodes=len(record.node_names))
+                # Counted in the metrics; at debug level each one (a scheduler releases thousands a second).
+                log.debug("reservation released", reservation=reservation_id, nodes=len(record.node_names))
                 return True, list(record.node_names)
         removed = await delete_reservation(store, reservation_id)
         if removed is None:

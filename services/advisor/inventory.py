@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.runtime.cancellation import cancel_until_done
+from libs.state.codec import UndecodableValue, decode
 from libs.state.keys import Keys
-from libs.state.store import Store, Versioned
-from libs.state.watch import Resync, WatchEvent, watch_prefix
+from libs.state.watch import WatchEvent
 from services.advisor.clique_index import CliqueFree, CliqueIndex
 from services.advisor.model import natural_key
+from services.advisor.own_echoes import HeldEcho, OwnEchoes
 from services.advisor.policies import fragmentation, fragmentation_terms
 
 log = structlog.get_logger(__name__)
@@ -101,6 +101,7 @@ class Inventory:
         self.reservations_by_domain: dict[str, set[str]] = {}
         self._reservation_rev: dict[str, int] = {}
         self._reservation_tombstones: dict[str, int] = {}
+        self.own_echoes = OwnEchoes()
         # In-flight reservations of this process: node -> hold token.
         self._holds: dict[str, int] = {}
         self._hold_nodes: dict[int, list[str]] = {}
@@ -386,8 +387,8 @@ class Inventory:
         )
         if revision and revision < known:
             return
-        if record is not None and revision and revision == known and reservation_id in self.reservations:
-            return  # the watch's echo of what this advisor applied when it wrote it
+        if revision and revision == known and (record is not None) == (reservation_id in self.reservations):
+            return  # the watch's echo of what this advisor applied when it wrote (or removed) it
         old = self.reservations.pop(reservation_id, None)
         touched: set[str] = set()
         if old is not None:
@@ -574,82 +575,42 @@ class Inventory:
     def ready(self) -> bool:
         return {"nodes", "bindings", "reservations"} <= self.synced
 
-    # ---- the store feed -------------------------------------------------------------------
+    # ---- this process's own writes, and their echoes ---------------------------------------
 
-    def start_feeds(
-        self, store: Store, on_ready: Callable[[], None] | None = None
-    ) -> list[asyncio.Task[None]]:
-        """Start the three watch tasks that keep the index current; stop them with `cancel_until_done`."""
-        keys: Keys = store.keys
+    def begin_write(self, reservation_id: str) -> None:
+        """This process starts writing the reservation: its watch echo is held back (`own_echoes`)."""
+        self.own_echoes.begin(reservation_id)
 
-        def mark(source: str) -> None:
-            was_ready = self.ready
-            self.synced.add(source)
-            if self.ready and not was_ready:
-                log.info(
-                    "inventory synced",
-                    nodes=len(self.nodes),
-                    cliques=len(self.cliques),
-                    bound=len(self.bound),
-                    reservations=len(self.reservations),
-                )
-                if on_ready is not None:
-                    on_ready()
+    def end_write(self, reservation_id: str, applied_revision: int) -> None:
+        """The write is over; the writer applied the record written at `applied_revision` (0:
+        nothing). An echo held back for any other revision is applied now."""
+        echo = self.own_echoes.end(reservation_id, applied_revision)
+        if echo is not None:
+            self.apply_reservation(reservation_id, _decoded_reservation(echo), echo.revision)
 
-        async def nodes() -> None:
-            async for item in watch_prefix(store, keys.nodes(), pb.Node):
-                if isinstance(item, Resync):
-                    self.resync_nodes((Keys.last_segment(v.key), v.value) for v in item.items)
-                    mark("nodes")
-                else:
-                    self._on_node_event(item)
+    def skips_reservation_put(self, key: str, revision: int, value: bytes) -> bool:
+        """The watch's put of a reservation record, before it is decoded: True when the watch may
+        skip it (this process holds that record already, or holds the echo back while writing it)."""
+        rid = Keys.last_segment(key)
+        if self._reservation_rev.get(rid) == revision and rid in self.reservations:
+            return True
+        return self.own_echoes.hold(rid, key, revision, value)
 
-        async def bindings() -> None:
-            async for item in watch_prefix(store, keys.node_bindings(), pb.NodeBinding):
-                if isinstance(item, Resync):
-                    self.resync_bindings((Keys.last_segment(v.key), v.value.domain_uid) for v in item.items)
-                    mark("bindings")
-                else:
-                    node = Keys.last_segment(item.key)
-                    self.apply_binding(node, item.value.domain_uid if item.value is not None else None)
-
-        def known(key: str, revision: int) -> bool:
-            rid = Keys.last_segment(key)
-            return self._reservation_rev.get(rid) == revision and rid in self.reservations
-
-        async def reservations() -> None:
-            async for item in watch_prefix(store, keys.reservations(), pb.Reservation, known):
-                if isinstance(item, Resync):
-                    self.resync_reservations(_reservation_items(item.items), item.revision)
-                    mark("reservations")
-                else:
-                    self.apply_reservation(Keys.last_segment(item.key), item.value, item.revision)
-                    if len(self._reservation_tombstones) > 256:
-                        self._prune_tombstones(item.revision)
-
-        return [
-            asyncio.create_task(nodes(), name="inventory-nodes"),
-            asyncio.create_task(bindings(), name="inventory-bindings"),
-            asyncio.create_task(reservations(), name="inventory-reservations"),
-        ]
-
-    async def follow(self, store: Store, on_ready: Callable[[], None] | None = None) -> None:
-        """Keep the index current from the store until cancelled (cancel once; it stops its watches)."""
-        feeds = self.start_feeds(store, on_ready)
-        try:
-            done, _ = await asyncio.wait(feeds, return_when=asyncio.FIRST_EXCEPTION)
-            for feed in done:
-                feed.result()  # a feed only ends by failing: re-raise its error
-            raise RuntimeError("inventory feed ended")
-        finally:
-            await cancel_until_done(feeds)
-
-    def _on_node_event(self, event: WatchEvent[pb.Node]) -> None:
-        self.apply_node(Keys.last_segment(event.key), event.value)
+    def apply_reservation_event(self, event: WatchEvent[pb.Reservation]) -> None:
+        rid = Keys.last_segment(event.key)
+        if event.value is None:
+            self.own_echoes.deleted(rid)
+        self.apply_reservation(rid, event.value, event.revision)
+        if len(self._reservation_tombstones) > 256:
+            self._prune_tombstones(event.revision)
 
 
-def _reservation_items(items: Iterable[Versioned[pb.Reservation]]) -> list[tuple[str, pb.Reservation, int]]:
-    return [(Keys.last_segment(v.key), v.value, v.mod_revision) for v in items]
+def _decoded_reservation(echo: HeldEcho) -> pb.Reservation | None:
+    try:
+        return decode(echo.value, pb.Reservation, echo.key)
+    except UndecodableValue as exc:
+        log.error("undecodable value written", key=echo.key, reason=exc.reason)
+        return None
 
 
 def free_names_view(inventory: Inventory, cliques: Iterable[str]) -> Mapping[str, list[str]]:

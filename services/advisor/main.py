@@ -42,6 +42,7 @@ from services.advisor.domain_sources import (
 from services.advisor.extender import Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
+from services.advisor.inventory_feeds import start_feeds
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.settings import AdvisorSettings
@@ -128,7 +129,7 @@ class AdvisorService:
         grpc_servers: list[Server] = []
         extender_runner: web.AppRunner | None = None
         try:
-            feeds = self.inventory.start_feeds(self.store, on_ready=self._on_synced)
+            feeds = start_feeds(self.inventory, self.store, on_ready=self._on_synced)
             for feed in feeds:
                 self.health.watch_task(feed.get_name(), feed)
             tasks.extend(feeds)

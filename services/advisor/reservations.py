@@ -110,7 +110,8 @@ async def write_reservation(
         written = await _write_batched(store, batcher, rid, nodes, clique_ids, domain_uid, holder, ttl_s)
     else:
         written = await _write_chunked(store, rid, nodes, clique_ids, domain_uid, holder, ttl_s)
-    log.info(
+    # Counted in the advisor's metrics; at debug level each one (thousands a second under load).
+    log.debug(
         "reservation written",
         reservation=rid,
         cd_uid=domain_uid or None,

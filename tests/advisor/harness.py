@@ -1,18 +1,25 @@
-"""Run real advisor services (gRPC + extender + health) against the test etcd (test helper)."""
+"""Run real advisor services (gRPC + extender + health), or an in-process Advisor, against the test
+etcd (test helper)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
 from grpclib.client import Channel
 
 from libs.gen.computedomain.placement import v1 as pp
+from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
+from libs.state.store import Store
+from services.advisor.advisor import Advisor
+from services.advisor.inventory import Inventory
+from services.advisor.inventory_feeds import follow
 from services.advisor.main import AdvisorService
 from services.advisor.settings import AdvisorSettings
+from tests.advisor.fleet import put_nodes
 
 
 def settings_for(etcd_config: EtcdConfig, **overrides: object) -> AdvisorSettings:
@@ -64,3 +71,23 @@ async def running_advisor(settings: AdvisorSettings) -> AsyncIterator[Running]:
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=20.0)
+
+
+@contextlib.asynccontextmanager
+async def advisor_on_store(store: Store, records: Sequence[pb.Node]) -> AsyncIterator[Advisor]:
+    """An in-process Advisor whose inventory follows `store`, after `records` were written there."""
+    await put_nodes(store, records)
+    inventory = Inventory()
+    ready = asyncio.Event()
+    feeds = asyncio.create_task(follow(inventory, store, ready.set))
+    try:
+        await asyncio.wait_for(ready.wait(), 20)
+        advisor = Advisor(inventory, store)
+        try:
+            yield advisor
+        finally:
+            await advisor.close()
+    finally:
+        feeds.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeds

@@ -28,6 +28,7 @@ from services.advisor.domain_sources import (
 )
 from services.advisor.extender import Extender, build_extender_app
 from services.advisor.inventory import Inventory
+from services.advisor.inventory_feeds import start_feeds
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -87,7 +88,7 @@ async def env(store: Store) -> AsyncIterator[Env]:
     records = cluster_records(CLUSTER)
     await put_nodes(store, records)
     inventory = Inventory()
-    feeds = inventory.start_feeds(store)
+    feeds = start_feeds(inventory, store)
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
     templates = StaticTemplateSource({("team-a", "trainer-channel"): DOMAIN})
     sizes = StaticDomainSizes({})

@@ -17,6 +17,7 @@ from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.clique_index import CliqueFree, CliqueIndex
 from services.advisor.inventory import Inventory
+from services.advisor.inventory_feeds import start_feeds
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName, Reason
 from services.advisor.reservations import write_reservation
 from tests.advisor.fleet import bind, cluster_records, filled_inventory, node_record, put_nodes
@@ -169,7 +170,7 @@ def test_thousand_node_inventory_decides_fast() -> None:
 
 async def _follow(store: Store) -> tuple[Inventory, list[asyncio.Task[None]]]:
     inventory = Inventory()
-    feeds = inventory.start_feeds(store)
+    feeds = start_feeds(inventory, store)
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
     return inventory, feeds
 

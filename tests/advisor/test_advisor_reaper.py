@@ -28,6 +28,7 @@ from services.advisor.advisor import Advisor
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.inventory import Inventory
+from services.advisor.inventory_feeds import start_feeds
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
@@ -320,7 +321,7 @@ async def reaper_setup(
 ) -> AsyncIterator[tuple[DomainPlacer, ReservationReaper]]:
     """An advisor's inventory, domain presence, extender placer and reaper on the store."""
     inventory = Inventory()
-    tasks = inventory.start_feeds(store)
+    tasks = start_feeds(inventory, store)
     presence = DomainPresence()
     placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, presence=presence)
     reaper = ReservationReaper(placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2)

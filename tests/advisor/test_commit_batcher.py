@@ -19,28 +19,18 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Absent, Op, Put, Store
 from services.advisor.advisor import Advisor
 from services.advisor.commit_batcher import CommitBatcher
-from services.advisor.inventory import Inventory
 from services.advisor.model import Mode, PlacementRequest
 from services.advisor.reservations import guard_values
 from tests.advisor.fleet import cluster_records, put_nodes
-from tests.advisor.harness import running_advisor, settings_for
+from tests.advisor.harness import advisor_on_store, running_advisor, settings_for
 
 CLUSTER = ClusterDescription(racks=40, trays_per_rack=18, seed="batcher-test")
 
 
 @pytest.fixture
 async def advisor(store: Store) -> AsyncIterator[Advisor]:
-    await put_nodes(store, cluster_records(CLUSTER))
-    inventory = Inventory()
-    ready = asyncio.Event()
-    follow = asyncio.create_task(inventory.follow(store, ready.set))
-    await asyncio.wait_for(ready.wait(), 20)
-    adv = Advisor(inventory, store)
-    yield adv
-    await adv.close()
-    follow.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await follow
+    async with advisor_on_store(store, cluster_records(CLUSTER)) as adv:
+        yield adv
 
 
 def _reserve(num_nodes: int, ttl_s: int = 60, domain: str = "") -> PlacementRequest:
