@@ -429,7 +429,13 @@ def bench_extender(
         body = json.dumps({"Pod": pod_object(k, template, 0), "Nodes": None, "NodeNames": names}).encode()
         reply = json.loads(_post(conn, "/filter", body))
         if reply["Error"] or not reply["NodeNames"]:
-            raise RuntimeError(f"domain {k}: first Filter reserved nothing: {reply['Error']}")
+            failed = {**(reply["FailedNodes"] or {}), **(reply["FailedAndUnresolvableNodes"] or {})}
+            why = reply["Error"] or next(iter(failed.values()), "no candidate was kept")
+            raise RuntimeError(
+                f"ComputeDomain cd-{k}: the Filter of its first pod kept no node: {why}. With "
+                f"--racks {args.racks} --busy {args.busy} its nodes may not be free in one clique: "
+                "lower --busy or add racks"
+            )
         held.append(list(reply["NodeNames"]))
     bodies: dict[str, list[bytes]] = {"node_names": [], "nodes": []}
     sizes: dict[str, list[int]] = {"node_names": [], "nodes": []}
