@@ -33,6 +33,10 @@ def fake(name: str, *args: str, timeout_s: float = 60.0, threshold: float = 5.0)
     )
 
 
+def no_wait() -> float:
+    return 0.0
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -70,7 +74,7 @@ def test_failed_and_hung_benchmarks_are_reported_without_losing_the_others(tmp_p
 
 def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:
     benches = [fake("fast", "--mode", "ok", "--value", "9"), fake("broken", "--mode", "fail")]
-    outcomes = [run.run_one(b, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img") for b in benches]
+    outcomes = [run.run_one(b, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img", settle=no_wait) for b in benches]
     results = {
         **run.collect(outcomes, quick=False),
         "quick": False,
@@ -94,7 +98,7 @@ def test_each_metric_records_the_settings_it_was_measured_at(tmp_path: Path) -> 
     bench = fake("fast", "--mode", "ok", "--value", "2", "--settings", '{"etcd_data": "disk (ext4)"}')
     metric = bench.metrics[0]
     bench = replace(bench, metrics=(replace(metric, settings={"rpc": "PlaceStream"}),))
-    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img")
+    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img", settle=no_wait)
     entry = run.collect([outcome], quick=False)["metrics"]["fast_p99_ms"]
     assert entry["settings"] == {"etcd_data": "disk (ext4)", "rpc": "PlaceStream"}
     assert entry["value"] == 2.0 and entry["method"] == "fake"
@@ -102,6 +106,34 @@ def test_each_metric_records_the_settings_it_was_measured_at(tmp_path: Path) -> 
 
 def test_a_figure_without_its_settings_is_not_reported(tmp_path: Path) -> None:
     bench = fake("bare", "--mode", "ok", "--value", "2", "--settings", "")
-    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img")
+    outcome = run.run_one(bench, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img", settle=no_wait)
     entry = run.collect([outcome], quick=False)["metrics"]["bare_p99_ms"]
     assert entry["value"] is None and "settings not in the benchmark's result" in entry["error"]
+
+
+def test_each_benchmark_waits_for_an_idle_machine_within_a_cap() -> None:
+    """Busy (half the CPU ticks) for three windows, then idle: it starts after the fourth window;
+    a machine that never settles delays it by the cap, not for ever."""
+    now = [0.0]
+    busy_per_window = iter([50, 50, 50, 5])
+    totals = [0, 0]  # busy, total ticks
+
+    def read() -> tuple[int, int]:
+        return totals[0], totals[1]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        totals[0] += next(busy_per_window)
+        totals[1] += 100
+
+    assert run.wait_for_quiet_machine(0.10, 1.0, 90.0, read, sleep, lambda: now[0]) == 4.0
+
+    def sleep_busy(seconds: float) -> None:
+        now[0] += seconds
+        totals[0] += 80
+        totals[1] += 100
+
+    now[0] = 0.0
+    assert run.wait_for_quiet_machine(0.10, 1.0, 5.0, read, sleep_busy, lambda: now[0]) == 5.0
+    busy, total = run.cpu_times()
+    assert 0 <= busy <= total

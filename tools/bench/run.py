@@ -11,7 +11,11 @@ still run. The results file::
     {"metrics": {NAME: {"value", "unit", "target", "met", "benchmark", "method", "settings", ["error"]}},
      "extras": {...same without a target...}, "quick": bool, "commit": sha, "dirty": bool,
      "machine": {...}, "plots": [path relative to the report, ...],
-     "benchmarks": {name: {"summary", "module", "args", "seconds", "exit_code", "load_before", ...}}}
+     "benchmarks": {name: {"summary", "module", "args", "seconds", "exit_code", "load_before",
+                           "settled_s", ...}}}
+
+Before each benchmark (full mode) the runner waits, up to 90 s, until the machine's CPUs are less
+than 10 % busy over a second (``settled_s``: how long it waited).
 
 Each metric's ``settings`` are what it was measured at (etcd's data on disk or tmpfs, fsync, the
 checkpoint's durability, mesh mode, processes, calls, CPUs...): the benchmark's own ``settings``
@@ -35,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +52,10 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build" / "bench"
 _STOP_GRACE_S = 60.0
 _ERROR_TAIL_LINES = 12
+# Before each benchmark: the machine's CPUs less than this busy over one window (at most the cap).
+_QUIET_BUSY = 0.10
+_QUIET_WINDOW_S = 1.0
+_QUIET_CAP_S = 90.0
 
 
 @dataclass
@@ -59,6 +67,8 @@ class Outcome:
     error: str
     load_before: float
     load_after: float
+    # Seconds waited for an idle machine before it started.
+    settled_s: float = 0.0
 
 
 _REPORT_OUTPUTS = (":(exclude)docs/benchmarks.md", ":(exclude)docs/benchmarks.json", ":(exclude)docs/img")
@@ -135,7 +145,43 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def run_one(bench: Benchmark, quick: bool, raw_dir: Path, img_dir: Path) -> Outcome:
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) clock ticks of all the machine's CPUs since boot, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def wait_for_quiet_machine(
+    busy_below: float = _QUIET_BUSY,
+    window_s: float = _QUIET_WINDOW_S,
+    cap_s: float = _QUIET_CAP_S,
+    read: Callable[[], tuple[int, int]] = cpu_times,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> float:
+    """Wait until the machine's CPUs are less than `busy_below` busy over `window_s` (at most
+    `cap_s`); the seconds waited. What the previous benchmark left running for a while (a control
+    plane stopping, its etcd compacting, a thousand daemons exiting) would otherwise be measured
+    with the next one: the 1-minute load average only tells of it afterwards."""
+    began = clock()
+    while clock() - began < cap_s:
+        busy0, total0 = read()
+        sleep(window_s)
+        busy1, total1 = read()
+        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < busy_below:
+            break
+    return round(clock() - began, 1)
+
+
+def run_one(
+    bench: Benchmark,
+    quick: bool,
+    raw_dir: Path,
+    img_dir: Path,
+    settle: Callable[[], float] = wait_for_quiet_machine,
+) -> Outcome:
+    """Run one benchmark (after `settle`, in full mode) as its own process group."""
     out = raw_dir / f"{bench.name}.json"
     log = raw_dir / f"{bench.name}.log"
     out.unlink(missing_ok=True)
@@ -151,6 +197,7 @@ def run_one(bench: Benchmark, quick: bool, raw_dir: Path, img_dir: Path) -> Outc
         img_dir.mkdir(parents=True, exist_ok=True)
         argv += [bench.plot_arg, str(img_dir / bench.plot_name)]
     timeout = bench.quick_timeout_s if quick else bench.full_timeout_s
+    settled_s = 0.0 if quick else settle()
     load_before = os.getloadavg()[0]
     began = time.monotonic()
     print(f"[bench] {bench.name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
@@ -185,7 +232,7 @@ def run_one(bench: Benchmark, quick: bool, raw_dir: Path, img_dir: Path) -> Outc
         error = f"{error}\n{tail}" if tail else error
     status = "ok" if raw is not None else "FAILED"
     print(f"[bench] {bench.name}: {status} in {seconds:.0f} s", file=sys.stderr, flush=True)
-    return Outcome(bench, seconds, exit_code, raw, error, load_before, os.getloadavg()[0])
+    return Outcome(bench, seconds, exit_code, raw, error, load_before, os.getloadavg()[0], settled_s)
 
 
 def _repo_relative(path: Path) -> str:
@@ -318,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ok": o.raw is not None,
                 "load_before": round(o.load_before, 2),
                 "load_after": round(o.load_after, 2),
+                "settled_s": o.settled_s,
                 "raw": _repo_relative(raw_dir / f"{o.benchmark.name}.json"),
                 **({"error": o.error} if o.error else {}),
             }
