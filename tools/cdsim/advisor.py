@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpclib.client
 import grpclib.exceptions
+from grpclib.const import Status
 
 from libs.gen.computedomain.placement import v1 as placement
+from libs.runtime.backoff import Backoff
 
 CALL_TIMEOUT_S = 10.0
 RESERVATION_TTL_S = 120
+# How long a release is retried while the advisor answers UNAVAILABLE or cannot be reached.
+RELEASE_DEADLINE_S = 30.0
 
 PLACEMENT_MODES = {
     "single-clique": placement.PlacementMode.REQUIRE_SINGLE_CLIQUE,
@@ -88,10 +93,36 @@ async def place(
     return Placement(nodes, cliques, response.reservation_id, response.score, response.message)
 
 
-async def release(endpoint: str, reservation_id: str) -> bool:
-    """Drop a reservation (its nodes are bound to the domain by now); False if it had expired."""
+async def release(endpoint: str, reservation_id: str, deadline_s: float = RELEASE_DEADLINE_S) -> bool:
+    """Drop a reservation (its nodes are bound to the domain by now); False if it had expired, or
+    could not be dropped within `deadline_s`.
+
+    A release refused as unavailable (etcd restarting, the advisor restarting) is retried with
+    backoff: a reservation left behind keeps its nodes from every other job for the rest of its TTL
+    (RESERVATION_TTL_S), after this job is gone too."""
     if not reservation_id:
         return False
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + deadline_s
+    backoff = Backoff(initial=0.2, cap=2.0)
+    while True:
+        try:
+            return await _release_once(endpoint, reservation_id)
+        except grpclib.exceptions.GRPCError as exc:
+            if exc.status not in _RETRYABLE:
+                return False
+        except (OSError, TimeoutError):
+            pass
+        delay = backoff.next_delay()
+        if loop.time() + delay >= give_up_at:
+            return False
+        await asyncio.sleep(delay)
+
+
+_RETRYABLE = frozenset({Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED})
+
+
+async def _release_once(endpoint: str, reservation_id: str) -> bool:
     host, port = _endpoint(endpoint)
     channel = grpclib.client.Channel(host, port)
     try:
@@ -100,7 +131,5 @@ async def release(endpoint: str, reservation_id: str) -> bool:
             placement.ReleaseRequest(reservation_id=reservation_id), timeout=CALL_TIMEOUT_S
         )
         return bool(response.released)
-    except (grpclib.exceptions.GRPCError, OSError, TimeoutError):
-        return False
     finally:
         channel.close()
