@@ -74,6 +74,19 @@ FAILOVER_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+def is_cut_off(error: BaseException) -> bool:
+    """A call whose HTTP/2 stream the connection tore down (its member died mid-call: "Stream
+    removed", RST_STREAM): gRPC reports CANCELLED, which aetcd raises as a bare ClientError,
+    not as the transient ConnectionFailedError callers retry. A cancellation of our own is an
+    asyncio.CancelledError, never this."""
+    cause = error.__cause__
+    return (
+        isinstance(error, aetcd.exceptions.ClientError)
+        and isinstance(cause, grpc.aio.AioRpcError)
+        and cause.code() == grpc.StatusCode.CANCELLED
+    )
+
+
 def is_stale_token_error(error: BaseException) -> bool:
     """Whether etcd refused a request (or a watch) for its auth token."""
     return isinstance(error, aetcd.exceptions.ClientError) and any(
@@ -337,6 +350,12 @@ class TlsCapableClient(aetcd.Client):
             if channel is not None:
                 await self._fail_over(channel, exc)
             raise
+        except aetcd.exceptions.ClientError as exc:
+            if not is_cut_off(exc):
+                raise
+            if channel is not None:
+                await self._fail_over(channel, exc)  # only if that member no longer serves
+            raise aetcd.exceptions.ConnectionFailedError(f"etcd call cut off: {exc}") from exc
 
     async def get(self, *args: Any, **kwargs: Any) -> Any:
         return await self._with_token(super().get, *args, **kwargs)
