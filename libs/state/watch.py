@@ -44,6 +44,17 @@ class WatchEvent(Generic[M]):
     reason: str = ""
 
 
+def put_event(key: str, revision: int, value: bytes, cls: type[M]) -> WatchEvent[M]:
+    """A put as the watch delivers it: decoded, or "undecodable" (logged) when it cannot be read.
+    Also for a consumer that took a put's raw value over (`PrefixWatch.known`) and applies it later."""
+    try:
+        decoded = decode(value, cls, key)
+    except UndecodableValue as exc:
+        log.error("undecodable value written", key=key, reason=exc.reason)
+        return WatchEvent("undecodable", key, None, revision, exc.reason)
+    return WatchEvent("put", key, decoded, revision)
+
+
 @dataclass(frozen=True, slots=True)
 class Resync(Generic[M]):
     items: list[Versioned[M]]
@@ -96,12 +107,7 @@ class PrefixWatch(Generic[M]):
         revision = int(raw.kv.mod_revision)
         if raw.kind == aetcd.rtypes.EventKind.DELETE:
             return WatchEvent("delete", key, None, revision)
-        try:
-            value = decode(raw.kv.value, self.cls, key)
-        except UndecodableValue as exc:
-            log.error("undecodable value written", key=key, reason=exc.reason)
-            return WatchEvent("undecodable", key, None, revision, exc.reason)
-        return WatchEvent("put", key, value, revision)
+        return put_event(key, revision, raw.kv.value, self.cls)
 
     async def __aiter__(self) -> AsyncIterator[WatchEvent[M] | Resync[M]]:
         yield await self._resync()

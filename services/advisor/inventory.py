@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.codec import UndecodableValue, decode
 from libs.state.keys import Keys
-from libs.state.watch import WatchEvent
+from libs.state.watch import WatchEvent, put_event
 from services.advisor.clique_index import CliqueFree, CliqueIndex
 from services.advisor.model import natural_key
-from services.advisor.own_echoes import HeldEcho, OwnEchoes
+from services.advisor.own_echoes import OwnEchoes
 from services.advisor.policies import fragmentation, fragmentation_terms
 
 log = structlog.get_logger(__name__)
@@ -586,7 +585,7 @@ class Inventory:
         nothing). An echo held back for any other revision is applied now."""
         echo = self.own_echoes.end(reservation_id, applied_revision)
         if echo is not None:
-            self.apply_reservation(reservation_id, _decoded_reservation(echo), echo.revision)
+            self.apply_reservation_event(put_event(echo.key, echo.revision, echo.value, pb.Reservation))
 
     def skips_reservation_put(self, key: str, revision: int, value: bytes) -> bool:
         """The watch's put of a reservation record, before it is decoded: True when the watch may
@@ -603,14 +602,6 @@ class Inventory:
         self.apply_reservation(rid, event.value, event.revision)
         if len(self._reservation_tombstones) > 256:
             self._prune_tombstones(event.revision)
-
-
-def _decoded_reservation(echo: HeldEcho) -> pb.Reservation | None:
-    try:
-        return decode(echo.value, pb.Reservation, echo.key)
-    except UndecodableValue as exc:
-        log.error("undecodable value written", key=echo.key, reason=exc.reason)
-        return None
 
 
 def free_names_view(inventory: Inventory, cliques: Iterable[str]) -> Mapping[str, list[str]]:

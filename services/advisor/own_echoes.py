@@ -16,7 +16,8 @@ the write ends:
 A delete of the record seen while a put is held drops the held put: the delete is newer, and is
 applied as it comes.
 
-Pure bookkeeping, no I/O: the inventory decodes and applies what `end` hands back.
+Pure bookkeeping, no I/O: the inventory decodes and applies what `end` hands back, as the watch
+would have (`libs.state.watch.put_event`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class OwnEchoes:
         # reservation id -> the echo held back for it (None: none yet); an id is here while a
         # write of it is in flight.
         self._writing: dict[str, HeldEcho | None] = {}
-        # Counters for metrics and tests.
+        # How many echoes were held, and handed back to be applied (tests read them).
         self.held = 0
         self.handed_back = 0
 
