@@ -73,6 +73,13 @@ class Absent:
 
 
 @dataclass(frozen=True, slots=True)
+class Present:
+    """Compare: the key exists."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
 class Unchanged:
     """Compare: the key's mod revision is still `mod_revision` (0 = absent)."""
 
@@ -122,7 +129,7 @@ class FirstAbsent:
     alternatives: tuple[tuple[str, tuple[Put | Delete, ...]], ...]
 
 
-Compare = Absent | Unchanged | CreatedAt
+Compare = Absent | Present | Unchanged | CreatedAt
 Op = Put | Delete | Read | FirstAbsent
 
 
@@ -210,6 +217,10 @@ def _add_compares(into: Any, compares: Sequence[Compare]) -> None:
                 # etcd holds a range compare true when every key in the range meets it, and when
                 # the range is empty; no key has create revision 0, so: no key under the prefix.
                 message.range_end = _prefix_end(message.key)
+        elif isinstance(c, Present):
+            message.result = rpc.Compare.GREATER
+            message.target = rpc.Compare.VERSION
+            message.version = 0
         elif isinstance(c, Unchanged):
             message.target = rpc.Compare.MOD
             message.mod_revision = c.mod_revision

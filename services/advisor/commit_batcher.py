@@ -7,11 +7,12 @@ compares, so a unit that loses its race fails alone. At low load a unit leaves a
 batch of one; under load the batches grow, and the per-decision cost of the round trips with
 them shrinks.
 
-The units of a batch that want the same TTL share one lease, granted for the batch just before
-its transaction; `Committed.created_unix_ms` is taken before the grant, so a record's
-created + TTL never outlives its lease. A batch whose request fails (etcd unreachable, a
-timeout) fails every unit in it and no other; its leases are revoked, so whatever the request
-may still have written goes too.
+Units that want the same TTL are written on one lease, shared with the batches of the same
+second (`SharedLeases`); `Committed.created_unix_ms` is stated so that a record's created + TTL
+never outlives its lease. A batch whose request fails (etcd unreachable, a timeout) fails every
+unit in it and no other. Its request may still have been applied, and its lease is shared, so
+each unit's `undo` transaction (a guarded delete of what it wrote) is run afterwards, with
+retries; a TTL is the backstop when etcd stays away.
 
 A batch never carries two units that touch one key (etcd refuses a request that writes a key
 twice, and a unit's compares must see what an earlier unit wrote): the later unit waits for the
@@ -31,7 +32,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from libs.state.store import Compare, Op, Store
+from libs.runtime.backoff import Backoff
+from libs.state.store import TRANSIENT_ERRORS, Compare, Op, Store
+from services.advisor.shared_leases import SharedLeases
 
 log = structlog.get_logger(__name__)
 
@@ -48,12 +51,17 @@ class Committed:
     revision: int
     # The lease its puts were written with (0: none).
     lease: int
-    # Wall clock (ms) just before the batch's lease was asked for.
+    # Wall clock (ms) to state as the record's created time: created + TTL is within the lease.
     created_unix_ms: int
 
 
 # (lease, created_unix_ms) -> the unit's writes.
 Build = Callable[[int, int], Sequence[Op]]
+# A transaction removing what a unit wrote, if its request was applied: (compares, writes).
+Undo = tuple[Sequence[Compare], Sequence[Op]]
+
+# Attempts at the undo of a failed batch's units (the etcd outage that failed it may be brief).
+UNDO_ATTEMPTS = 5
 
 
 @dataclass(slots=True)
@@ -67,6 +75,7 @@ class _Unit:
     # Compares or writes, whichever are more: what etcd's --max-txn-ops counts.
     weight: int
     future: asyncio.Future[Committed]
+    undo: Undo | None
 
 
 class CommitBatcher:
@@ -83,6 +92,7 @@ class CommitBatcher:
         self.max_ops = max_ops
         self.max_bytes = max_bytes
         self.max_inflight = max_inflight
+        self.leases = SharedLeases(store)
         self._queue: deque[_Unit] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
@@ -100,11 +110,14 @@ class CommitBatcher:
         writes: Collection[str],
         ttl_s: int = 0,
         size: int = 0,
+        undo: Undo | None = None,
     ) -> asyncio.Future[Committed]:
         """Queue a unit; its future resolves when its batch is committed (or fails with the batch).
 
-        `writes` names every key `build` writes; `size` estimates its bytes. A caller that stops
-        waiting calls `withdraw`, and when the unit had left already, `undo_if_written`."""
+        `writes` names every key `build` writes; `size` estimates its bytes; `undo` removes what
+        the unit wrote, and is run when its batch failed in a way that may have applied it. A
+        caller that stops waiting calls `withdraw`, and when the unit had left already,
+        `undo_if_written`."""
         if self._closed:
             raise RuntimeError("the commit batcher is closed")
         keys = frozenset(writes)
@@ -112,7 +125,9 @@ class CommitBatcher:
         if 1 + weight > self.max_ops:
             raise ValueError(f"a unit of {weight} compares or writes does not fit a batch of {self.max_ops}")
         future: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
-        unit = _Unit(compares, build, ttl_s, keys, frozenset(c.key for c in compares), size, weight, future)
+        unit = _Unit(
+            compares, build, ttl_s, keys, frozenset(c.key for c in compares), size, weight, future, undo
+        )
         self._queue.append(unit)
         self._kick()
         return future
@@ -191,13 +206,18 @@ class CommitBatcher:
         return batch
 
     async def _send(self, batch: list[_Unit]) -> None:
-        created_ms = int(time.time() * 1000)
-        leases: dict[int, int] = {}
+        leases: dict[int, tuple[int, int]] = {}  # TTL -> (lease, created_unix_ms)
         try:
             ttls = sorted({u.ttl_s for u in batch if u.ttl_s > 0})
-            granted = await asyncio.gather(*(self.store.grant_lease(ttl) for ttl in ttls))
-            leases = dict(zip(ttls, granted, strict=True))
-            txns = [(u.compares, u.build(leases.get(u.ttl_s, 0), created_ms)) for u in batch]
+            # One after another, not gathered: a current lease is handed back without a trip
+            # through the event loop, which takes milliseconds on a busy advisor.
+            shared = [await self.leases.lease_for(ttl) for ttl in ttls]
+            leases = {
+                ttl: (lease.id, self.leases.created_unix_ms(lease))
+                for ttl, lease in zip(ttls, shared, strict=True)
+            }
+            now_ms = int(time.time() * 1000)
+            txns = [(u.compares, u.build(*leases.get(u.ttl_s, (0, now_ms)))) for u in batch]
             results, revision = await self.store.txn_each(txns)
         except BaseException as exc:
             for unit in batch:
@@ -206,9 +226,15 @@ class CommitBatcher:
                         unit.future.cancel()
                     else:
                         unit.future.set_exception(exc)
-            # Whatever the request may still have written goes with its leases.
-            if leases:
-                await asyncio.shield(self._revoke_quietly(list(leases.values())))
+            for lease, _ in leases.values():
+                # etcd may have refused the lease itself (expired, revoked): the next batch asks anew.
+                self.leases.forget(lease)
+            undos = [u.undo for u in batch if u.undo is not None]
+            if undos and leases:
+                # The request may have been applied although its answer was lost.
+                task = asyncio.ensure_future(self._undo(undos))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
             if isinstance(exc, Exception):
                 log.warning(
                     "reservation batch failed", units=len(batch), error=str(exc) or type(exc).__name__
@@ -219,16 +245,25 @@ class CommitBatcher:
         self.units += len(batch)
         for unit, succeeded in zip(batch, results, strict=True):
             if not unit.future.done():
-                unit.future.set_result(
-                    Committed(succeeded, revision, leases.get(unit.ttl_s, 0) if succeeded else 0, created_ms)
-                )
+                lease, created_ms = leases.get(unit.ttl_s, (0, now_ms))
+                unit.future.set_result(Committed(succeeded, revision, lease if succeeded else 0, created_ms))
 
-    async def _revoke_quietly(self, leases: list[int]) -> None:
-        for lease in leases:
+    async def _undo(self, undos: list[Undo]) -> None:
+        """Run the undo transactions of a failed batch's units, retried while etcd is away."""
+        backoff = Backoff(initial=0.1, cap=2.0)
+        for attempt in range(1, UNDO_ATTEMPTS + 1):
             try:
-                await self.store.revoke_lease(lease)
-            except Exception as exc:  # the keys expire with the TTL anyway
-                log.warning("lease revoke failed; keys expire with the TTL", lease=lease, error=str(exc))
+                await self.store.txn_each(undos)
+                return
+            except Exception as exc:
+                if attempt == UNDO_ATTEMPTS or not isinstance(exc, TRANSIENT_ERRORS):
+                    log.warning(
+                        "failed batch not undone; its reservations expire with their TTL",
+                        units=len(undos),
+                        error=str(exc) or type(exc).__name__,
+                    )
+                    return
+                await asyncio.sleep(backoff.next_delay())
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -246,3 +281,4 @@ class CommitBatcher:
             unit = self._queue.popleft()
             if not unit.future.done():
                 unit.future.set_exception(RuntimeError("the placement advisor is stopping"))
+        await self.leases.close()

@@ -10,10 +10,10 @@ both win: etcd serialises the transactions and the loser's compare fails.
 A reservation of up to 63 nodes fits one transaction (2 compares per node and one
 for the record stay below etcd's 128): it goes through the advisor's commit
 batcher, which writes the reservations of concurrent decisions in one request
-(nested transactions, one per reservation) on one lease per TTL. Its lease is
-therefore shared, and such a reservation is removed by deleting its record and
-guards in one transaction guarded by the record's revision, never by revoking
-the lease. A larger reservation is written in chunks on a lease of its own; a
+(nested transactions, one per reservation) on one lease per TTL and second. Its
+lease is therefore shared, and such a reservation is removed by deleting its
+record and guards in one transaction guarded by the record's revision (or, after
+a failed request, by the record's existence), never by revoking the lease. A larger reservation is written in chunks on a lease of its own; a
 failed chunk revokes that lease, which removes every key written so far, and
 Release revokes it. Expiry removes the record and all guards at once either way.
 (An advisor older than the batcher releases by revoking the lease: do not mix
@@ -34,7 +34,7 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import encode_payload
 from libs.state.protowire import bytes_field
-from libs.state.store import TRANSIENT_ERRORS, Absent, Compare, Delete, Op, Put, Store, Unchanged
+from libs.state.store import TRANSIENT_ERRORS, Absent, Compare, Delete, Op, Present, Put, Store, Unchanged
 from services.advisor.commit_batcher import CommitBatcher
 
 log = structlog.get_logger(__name__)
@@ -159,7 +159,9 @@ async def _write_batched(
         return ops
 
     size = sum(len(g) + len(v) for g, v in zip(guards, values, strict=True)) + 64 * len(nodes) + 256
-    future = batcher.submit(compares, build, [*guards, record_key], ttl, size)
+    # Guards are only ever written with their record: while it exists, they are this one's.
+    undo = ([Present(record_key)], [Delete(record_key), *(Delete(g) for g in guards)])
+    future = batcher.submit(compares, build, [*guards, record_key], ttl, size, undo)
     try:
         committed = await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -1,12 +1,15 @@
 """Group commit of reservation writes against a real etcd: batching, etcd's limits, a failed
-batch, TTL on shared leases, releases, cancelled callers, and a reserving PlaceStream."""
+batch and one whose answer was lost, TTL on shared leases, releases, cancelled callers, and a
+reserving PlaceStream."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import cast
 
+import aetcd.exceptions
 import pytest
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -16,11 +19,11 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.state.codec import encode
 from libs.state.config import EtcdConfig
-from libs.state.store import Absent, Op, Put, Store
+from libs.state.store import Absent, Compare, Op, Put, Store
 from services.advisor.advisor import Advisor
 from services.advisor.commit_batcher import CommitBatcher
 from services.advisor.model import Mode, PlacementRequest
-from services.advisor.reservations import guard_values
+from services.advisor.reservations import guard_values, write_reservation
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import advisor_on_store, running_advisor, settings_for
 
@@ -122,7 +125,7 @@ def _put_unit_args(store: Store, name: str) -> tuple[list[Absent], object, list[
     return compares, build, keys
 
 
-async def test_a_failed_batch_fails_only_its_callers_and_takes_its_lease_with_it(store: Store) -> None:
+async def test_a_refused_batch_fails_only_its_callers(store: Store) -> None:
     batcher = CommitBatcher(store, max_inflight=1, max_bytes=64 * 1024)
     key = store.keys.reservation
 
@@ -142,6 +145,52 @@ async def test_a_failed_batch_fails_only_its_callers_and_takes_its_lease_with_it
     assert await store.get(key("huge"), pb.Reservation) is None
     assert await store.client.get(key("before").encode()) is not None
     assert batcher.batches == 2
+    await batcher.close()
+
+
+class _AnswerLost:
+    """The real store, except that once armed, the next `txn_each` is applied by etcd and its
+    answer lost."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.armed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def txn_each(self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]) -> object:
+        answer = await self._store.txn_each(txns)
+        if self.armed:
+            self.armed = False
+            raise aetcd.exceptions.ConnectionFailedError("answer lost")
+        return answer
+
+
+async def test_a_batch_whose_answer_was_lost_is_undone_and_its_lease_mates_stay(store: Store) -> None:
+    """etcd applied the batch but the advisor never heard: its callers were told it failed, so
+    what it wrote is deleted again. The lease is shared with the batch before it, which stays."""
+    lossy = _AnswerLost(store)
+    batcher = CommitBatcher(cast(Store, lossy), max_inflight=1)
+    keys = store.keys
+    kept = await write_reservation(store, ["kept-0", "kept-1"], ["c", "c"], "", "bench", 60, batcher=batcher)
+    lossy.armed = True
+    with pytest.raises(aetcd.exceptions.ConnectionFailedError):
+        await write_reservation(store, ["lost-0", "lost-1"], ["c", "c"], "", "bench", 60, "lost", batcher)
+    assert batcher.leases.granted == 1, "the second batch used the first one's lease"
+    deadline = time.monotonic() + 10
+    while await store.get(keys.reservation("lost"), pb.Reservation) is not None:
+        assert time.monotonic() < deadline, "the lost batch's reservation was not undone"
+        await asyncio.sleep(0.05)
+    for node in ("lost-0", "lost-1"):
+        assert await store.get(keys.node_reservation(node), pb.Reservation) is None
+    assert await store.get(keys.reservation(kept.record.id), pb.Reservation) is not None
+    for node in ("kept-0", "kept-1"):
+        guard = await store.get(keys.node_reservation(node), pb.Reservation)
+        assert guard is not None and guard.lease == kept.lease
+    # The lease etcd may have refused is not handed out again: the next batch asks for its own.
+    again = await write_reservation(store, ["again-0"], ["c"], "", "bench", 60, batcher=batcher)
+    assert again.lease != kept.lease and batcher.leases.granted == 2
     await batcher.close()
 
 

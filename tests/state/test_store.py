@@ -11,7 +11,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import UndecodableValue, encode, kind_of
 from libs.state.config import EtcdConfig
 from libs.state.lease import KeptLease
-from libs.state.store import Absent, FirstAbsent, Put, Store
+from libs.state.store import Absent, Delete, FirstAbsent, Present, Put, Store
 from libs.state.watch import Resync, WatchEvent, watch_prefix
 from tests.conftest import unique_prefix
 from tools.etcd.server import EtcdServer
@@ -248,6 +248,16 @@ async def test_a_prefix_absence_holds_only_while_no_key_is_under_the_prefix(stor
     held = await store.txn([Absent(members, prefix=True)], [Put(marker, pb.Node(name="held"))])
     assert not held.succeeded
     assert (await store.get(marker, pb.Node)).value.name == "empty"  # type: ignore[union-attr]
+
+
+async def test_a_presence_compare_holds_only_while_the_key_exists(store: Store) -> None:
+    k = store.keys
+    key, marker = k.node("present"), k.node("present-marker")
+    absent = await store.txn([Present(key)], [Put(marker, pb.Node(name="absent"))])
+    assert not absent.succeeded and await store.get(marker, pb.Node) is None
+    await store.put(key, pb.Node(name="present"))
+    present = await store.txn([Present(key)], [Delete(key)])
+    assert present.succeeded and await store.get(key, pb.Node) is None
 
 
 def test_hand_written_envelope_is_what_betterproto_writes() -> None:
