@@ -41,7 +41,12 @@ from services.advisor.model import (
     Segment,
 )
 from services.advisor.reservations import ReservationConflict, ReservationExists
-from services.advisor.wire import decode_place_request, encode_place_response
+from services.advisor.wire import (
+    decode_place_request,
+    decode_release_request,
+    encode_place_response,
+    encode_release_response,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -205,7 +210,8 @@ def _charged(request: PlacementRequest) -> PlacementRequest:
 
 
 class PlacementService(pp.PlacementAdvisorBase):
-    """Serve with `transport.WireCodec`: Place and PlaceStream read and write the wire format directly."""
+    """Serve with `transport.WireCodec`: Place, PlaceStream and Release read and write the wire
+    format directly."""
 
     def __init__(self, advisor: Advisor) -> None:
         self.advisor = advisor
@@ -216,6 +222,8 @@ class PlacementService(pp.PlacementAdvisorBase):
         mapping[f"{_SERVICE}/PlaceStream"] = Handler(
             self._place_stream_wire, Cardinality.STREAM_STREAM, bytes, bytes
         )
+        # A scheduler releases as often as it reserves.
+        mapping[f"{_SERVICE}/Release"] = Handler(self._release_wire, Cardinality.UNARY_UNARY, bytes, bytes)
         return mapping
 
     async def _decide_wire(self, data: bytes, method: str) -> bytes:
@@ -283,6 +291,13 @@ class PlacementService(pp.PlacementAdvisorBase):
             if answer.done() and answer.exception() is not None:
                 return  # the stream ends with this request's status; read no further
         await answers.put(None)
+
+    async def _release_wire(self, stream: grpclib.server.Stream[bytes, bytes]) -> None:
+        data = await stream.recv_message()
+        assert data is not None
+        with grpc_errors("Release"):
+            released, nodes = await self.advisor.release(decode_release_request(data))
+        await stream.send_message(encode_release_response(released, nodes))
 
     async def _reserve_wire(self, request: PlacementRequest) -> bytes:
         with grpc_errors("PlaceStream"):

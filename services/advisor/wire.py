@@ -1,4 +1,4 @@
-"""Protobuf wire coding of the hot path (PlaceRequest in, PlaceResponse out) without betterproto.
+"""Protobuf wire coding of the hot path (Place and Release) without betterproto.
 
 betterproto spends ~0.2 ms parsing a PlaceRequest and ~0.4 ms building and
 serialising a PlaceResponse on a small VM, several times the decision itself.
@@ -206,6 +206,19 @@ def decode_place_request(data: bytes, field_prefix: str = "") -> PlacementReques
     )
 
 
+def decode_release_request(data: bytes) -> str:
+    """A ReleaseRequest's bytes -> its reservation id; InvalidRequest for undecodable bytes."""
+    try:
+        fields = _fields(data)
+    except WireError as exc:
+        raise InvalidRequest("request", f"not a ReleaseRequest: {exc}") from None
+    reservation_id = ""
+    for number, wire_type, value in fields:
+        if number == 1 and wire_type == 2:
+            reservation_id = _text(value, "reservation_id")
+    return reservation_id
+
+
 # ---- encoding ------------------------------------------------------------------------------
 
 
@@ -278,3 +291,9 @@ def encode_place_response(decision: Decision) -> bytes:
         out.append(b"\x60")
         out.append(varint(decision.largest_free_block_after))
     return b"".join(out)
+
+
+def encode_release_response(released: bool, node_names: list[str]) -> bytes:
+    """The ReleaseResponse, byte for byte as betterproto would write it."""
+    head = b"\x08\x01" if released else b""
+    return head + b"".join(_text_field(0x12, name) for name in node_names)

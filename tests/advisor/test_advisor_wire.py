@@ -1,4 +1,5 @@
-"""The hand-written wire coding of Place equals what the generated (betterproto) classes read and write."""
+"""The hand-written wire coding of Place and Release equals what the generated (betterproto) classes
+read and write."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from hypothesis import strategies as st
 from libs.gen.computedomain.placement import v1 as pp
 from services.advisor.grpc_service import to_request, to_response
 from services.advisor.model import Decision, InvalidRequest, PolicyName, Reason, ReservationInfo, Segment
-from services.advisor.wire import decode_place_request, encode_place_response
+from services.advisor.wire import (
+    decode_place_request,
+    decode_release_request,
+    encode_place_response,
+    encode_release_response,
+)
 
 int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 text = st.text(max_size=12)
@@ -96,3 +102,21 @@ def test_bad_bytes_are_invalid_requests_naming_the_field(data: bytes, field: str
 def test_unknown_fields_are_skipped() -> None:
     data = bytes(pp.PlaceRequest(num_nodes=3)) + b"\xf8\x07\x01" + b"\xfd\x07\x00\x00\x00\x00"
     assert decode_place_request(data).num_nodes == 3
+
+
+@settings(max_examples=100, deadline=None)
+@given(reservation_id=text, released=st.booleans(), nodes=st.lists(text, max_size=20))
+def test_release_coding_matches_the_generated_classes(reservation_id: str, released: bool, nodes: list[str]) -> None:
+    request = bytes(pp.ReleaseRequest(reservation_id=reservation_id))
+    assert decode_release_request(request + b"\xf8\x07\x01") == reservation_id
+    expected = bytes(pp.ReleaseResponse(released=released, node_names=nodes))
+    assert encode_release_response(released, nodes) == expected
+
+
+def test_an_undecodable_release_request_names_the_field() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        decode_release_request(b"\x0a\x02\xff\xfe")
+    assert err.value.field == "reservation_id"
+    with pytest.raises(InvalidRequest) as err:
+        decode_release_request(b"\x0a\x09ab")
+    assert err.value.field == "request"
