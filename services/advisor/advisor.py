@@ -1,4 +1,5 @@
-"""The advisor's core: validate a request, decide a placement, reserve it, report capacity.
+"""The advisor's core: validate a request, decide a placement, reserve it (the policy input is
+built in `views`, capacity reports in `capacity`, explanations in `explanation`).
 
 `decide` is synchronous: it reads the inventory and runs a policy without
 awaiting, so in one process two decisions never interleave. `place` with
@@ -13,7 +14,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import structlog
@@ -21,8 +22,9 @@ import structlog
 from libs.runtime.backoff import Backoff
 from libs.state.store import Store
 from services.advisor import policies
-from services.advisor.clique_index import CliqueFree, CliqueIndex
+from services.advisor.capacity import CapacityReport, capacity_report
 from services.advisor.commit_batcher import CommitBatcher
+from services.advisor.explanation import Explanation, explain
 from services.advisor.inventory import Inventory
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.model import (
@@ -34,7 +36,6 @@ from services.advisor.model import (
     PolicyName,
     Reason,
     ReservationInfo,
-    Segment,
 )
 from services.advisor.policies import Demand, Infeasible, Plan
 from services.advisor.reservations import (
@@ -47,6 +48,7 @@ from services.advisor.reservations import (
     remove_in_one_txn,
     write_reservation,
 )
+from services.advisor.views import View, view_for
 
 log = structlog.get_logger(__name__)
 
@@ -75,55 +77,6 @@ class AdvisorConfig:
     hint_seconds: float = 2.0
 
 
-@dataclass(frozen=True, slots=True)
-class CliqueCapacity:
-    clique_id: str
-    cluster_uuid: str
-    total_nodes: int
-    healthy_nodes: int
-    free_nodes: int
-    reserved_nodes: int
-    bound_nodes: int
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityReport:
-    cliques: tuple[CliqueCapacity, ...]
-    total_nodes: int
-    healthy_nodes: int
-    free_nodes: int
-    reserved_nodes: int
-    bound_nodes: int
-    largest_free_block: int
-    fragmentation: float
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Alternative:
-    segments: tuple[Segment, ...]
-    score: float
-    description: str
-    chosen: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation:
-    decision: Decision
-    alternatives: tuple[Alternative, ...]
-
-
-@dataclass(slots=True)
-class _View:
-    """Policy input for one request: candidate cliques and how to name their free nodes."""
-
-    index: CliqueIndex
-    largest: int
-    names: Callable[[str], list[str]]
-    # The same cliques with unhealthy-but-untaken nodes counted as free.
-    with_sick: Callable[[], CliqueIndex]
-
-
 class Advisor:
     def __init__(
         self,
@@ -145,8 +98,6 @@ class Advisor:
         """Let reservation writes in flight finish (bounded); refuse new ones."""
         if self.batcher is not None:
             await self.batcher.close()
-
-    # ---- validation ------------------------------------------------------------------------
 
     def _check_holder_cap(self, holder: str, more: int, capped: bool) -> None:
         cap = self.config.max_nodes_per_holder
@@ -220,117 +171,13 @@ class Advisor:
             self.metrics.invalid_requests.labels(exc.field).inc()
             raise
 
-    # ---- views ------------------------------------------------------------------------------
-
-    def _whole_view(self) -> _View:
-        inv = self.inventory
-
-        return _View(inv.index, inv.largest_clique(), inv.sorted_free, lambda: inv.index_with_sick)
-
-    def _restricted_view(self, req: PlacementRequest) -> _View:
-        inv = self.inventory
-        sel = req.node_selector
-        ids: set[str] | None = None
-
-        def narrow(found: set[str]) -> None:
-            nonlocal ids
-            ids = set(found) if ids is None else ids & found
-
-        if "clique" in sel:
-            narrow({sel["clique"]})
-        for key in ("cluster", "rack"):
-            if key in sel:
-                narrow(inv.cliques_by_cluster.get(sel[key], set()))
-        if "name" in sel:
-            named_clique = inv.nodes[sel["name"]].clique
-            narrow({named_clique} if named_clique else set())
-        if req.candidate_nodes is not None:
-            narrow(
-                {inv.nodes[n].clique for n in req.candidate_nodes if n in inv.nodes and inv.nodes[n].clique}
-            )
-        chosen_ids = set(inv.cliques) if ids is None else ids
-
-        checks: list[Callable[[str], bool]] = []
-        if "name" in sel:
-            wanted_name = sel["name"]
-            checks.append(lambda n: n == wanted_name)
-        for key in ("driver_version", "agent_version"):
-            if key in sel:
-                checks.append(_attribute_check(inv, key, sel[key]))
-        if req.excluded_nodes:
-            excluded = req.excluded_nodes
-            checks.append(lambda n: n not in excluded)
-        if req.candidate_nodes is not None:
-            candidates = req.candidate_nodes
-            checks.append(lambda n: n in candidates)
-        if req.gpus_per_node > 0:
-            gpus = req.gpus_per_node
-            checks.append(lambda n: inv.nodes[n].healthy_gpus >= gpus)
-
-        def ok(name: str) -> bool:
-            return all(check(name) for check in checks)
-
-        cliques: list[CliqueFree] = []
-        sick: list[CliqueFree] = []
-        names: dict[str, list[str]] = {}
-        largest = 0
-        for cid in chosen_ids:
-            clique = inv.cliques.get(cid)
-            if clique is None:
-                continue
-            members = [n for n in clique.nodes if ok(n)] if checks else list(clique.nodes)
-            size = len(members)
-            largest = max(largest, size)
-            free = [n for n in members if n in clique.free]
-            sick_count = sum(1 for n in members if n in clique.sick_free)
-            if free:
-                free.sort(key=lambda n: inv.nodes[n].key)
-                names[cid] = free
-                cliques.append(CliqueFree(cid, len(free), size, clique.rank))
-            if free or sick_count:
-                sick.append(CliqueFree(cid, len(free) + sick_count, size, clique.rank))
-        sick_index = CliqueIndex.from_cliques(sick)
-        return _View(CliqueIndex.from_cliques(cliques), largest, lambda c: names[c], lambda: sick_index)
-
-    def _excluding_view(self, excluded: frozenset[str]) -> _View:
-        """The whole inventory minus a few nodes: copy the index, adjust only the cliques they are in."""
-        inv = self.inventory
-        index = inv.index.copy()
-        sick_index = inv.index_with_sick.copy()
-        names: dict[str, list[str]] = {}
-        affected = {inv.nodes[n].clique for n in excluded if n in inv.nodes and inv.nodes[n].clique}
-        for cid in affected:
-            clique = inv.cliques[cid]
-            free = [n for n in inv.sorted_free(cid) if n not in excluded]
-            sick = sum(1 for n in clique.sick_free if n not in excluded)
-            size = sum(1 for n in clique.nodes if n not in excluded)
-            names[cid] = free
-            index.put(CliqueFree(cid, len(free), size, clique.rank))
-            sick_index.put(CliqueFree(cid, len(free) + sick, size, clique.rank))
-
-        def free_names(cid: str) -> list[str]:
-            found = names.get(cid)
-            return found if found is not None else inv.sorted_free(cid)
-
-        return _View(index, inv.largest_clique(), free_names, lambda: sick_index)
-
-    def _view(self, req: PlacementRequest) -> _View:
-        inv = self.inventory
-        if req.node_selector or req.candidate_nodes is not None or req.gpus_per_node > inv.min_usable_gpus():
-            return self._restricted_view(req)
-        if req.excluded_nodes:
-            return self._excluding_view(req.excluded_nodes)
-        return self._whole_view()
-
-    # ---- deciding ---------------------------------------------------------------------------
-
     def decide(self, req: PlacementRequest) -> Decision:
         """Validate and decide (no writes). InvalidRequest for bad input."""
         started = time.perf_counter()
         self.check(req)
         inv = self.inventory
         inv.expire_hints()
-        view = self._view(req)
+        view = view_for(self.inventory, req)
         rng = random.Random(req.seed) if req.seed else self.rng
         demand = Demand(req.num_nodes, req.mode, req.segment_size)
         outcome = policies.plan(demand, view.index, req.policy, largest_clique=view.largest, rng=rng)
@@ -342,7 +189,7 @@ class Advisor:
         return decision
 
     def _judge(
-        self, req: PlacementRequest, demand: Demand, view: _View, outcome: Plan | Infeasible
+        self, req: PlacementRequest, demand: Demand, view: View, outcome: Plan | Infeasible
     ) -> Decision:
         inv = self.inventory
         frag_before = inv.fragmentation()
@@ -380,8 +227,6 @@ class Advisor:
             largest_free_block_before=block_before,
             largest_free_block_after=block_after,
         )
-
-    # ---- placing with a reservation -----------------------------------------------------------
 
     async def place(self, req: PlacementRequest, capped: bool = False) -> Decision:
         """Decide; with reserve=true (and not dry_run) also hold the nodes in the store. `capped`:
@@ -431,7 +276,9 @@ class Advisor:
         inv.begin_write(rid)
         applied = 0
         try:
-            written = await write_reservation(store, nodes, cliques, domain_uid, holder, ttl, rid, self.batcher)
+            written = await write_reservation(
+                store, nodes, cliques, domain_uid, holder, ttl, rid, self.batcher
+            )
             # The record is applied before the hold goes, so its nodes never look free in between.
             inv.apply_reservation(rid, written.record, written.revision)
             applied = written.revision
@@ -541,83 +388,14 @@ class Advisor:
             raise RuntimeError("this advisor has no store: reservations are unavailable")
         return self.store
 
-    # ---- capacity and explanations ---------------------------------------------------------------
-
     def capacity(self, selector: Mapping[str, str] | None = None) -> CapacityReport:
-        inv = self.inventory
         selector = selector or {}
         self._check_selector(selector)
-        inv.expire_hints()
-        rows = []
-        for cid, clique in inv.cliques.items():
-            members = [
-                n for n in clique.nodes if all(inv.node_attribute(n, k) == v for k, v in selector.items())
-            ]
-            if selector and not members:
-                continue
-            rows.append(
-                CliqueCapacity(
-                    clique_id=cid,
-                    cluster_uuid=clique.cluster,
-                    total_nodes=len(members),
-                    healthy_nodes=sum(1 for n in members if inv.nodes[n].usable),
-                    free_nodes=sum(1 for n in members if n in clique.free),
-                    reserved_nodes=sum(1 for n in members if n in inv.reserved_by),
-                    bound_nodes=sum(1 for n in members if n in inv.bound),
-                )
-            )
-        rows.sort(key=lambda r: inv.cliques[r.clique_id].rank)
-        return CapacityReport(
-            cliques=tuple(rows),
-            total_nodes=sum(r.total_nodes for r in rows),
-            healthy_nodes=sum(r.healthy_nodes for r in rows),
-            free_nodes=sum(r.free_nodes for r in rows),
-            reserved_nodes=sum(r.reserved_nodes for r in rows),
-            bound_nodes=sum(r.bound_nodes for r in rows),
-            largest_free_block=max((r.free_nodes for r in rows), default=0),
-            fragmentation=policies.fragmentation_of((r.free_nodes, r.total_nodes) for r in rows),
-            generation=inv.generation,
-        )
+        self.inventory.expire_hints()
+        return capacity_report(self.inventory, selector)
 
     def explain(self, req: PlacementRequest, limit: int = 5) -> Explanation:
-        decision = self.decide(req)
-        view = self._view(req)
-        demand = Demand(req.num_nodes, req.mode, req.segment_size)
-        free_of = {c.clique_id: c.free for c in view.index.entries.values()}
-        min_cliques = policies.min_cliques_needed(view.index.histogram(), demand)
-        chosen_key = tuple((s.clique_id, len(s.node_names)) for s in decision.segments)
-        found: dict[tuple[tuple[str, int], ...], Alternative] = {}
-
-        def add(outcome: Plan, description: str) -> None:
-            if outcome.parts in found:
-                return
-            segments = policies.pick_nodes(outcome, {c: view.names(c) for c in outcome.cliques})
-            found[outcome.parts] = Alternative(
-                segments=segments,
-                score=policies.score(outcome, free_of, min_cliques),
-                description=description,
-                chosen=outcome.parts == chosen_key,
-            )
-
-        if decision.feasible:
-            add(Plan(chosen_key), f"chosen by {req.policy.value}")
-        for policy in PolicyName:
-            outcome = policies.plan(
-                demand, view.index, policy, largest_clique=view.largest, rng=random.Random(req.seed or 1)
-            )
-            if isinstance(outcome, Plan):
-                add(outcome, f"what {policy.value} would choose")
-        for outcome, _ in policies.single_clique_candidates(demand, view.index, limit):
-            add(outcome, f"single clique {outcome.parts[0][0]}")
-        ranked = sorted(found.values(), key=lambda a: (not a.chosen, -a.score))
-        return Explanation(decision, tuple(ranked[: max(limit, 1)]))
-
-
-def _attribute_check(inv: Inventory, key: str, value: str) -> Callable[[str], bool]:
-    def check(name: str) -> bool:
-        return inv.node_attribute(name, key) == value
-
-    return check
+        return explain(req, self.decide(req), view_for(self.inventory, req), limit)
 
 
 def _info(written: Written) -> ReservationInfo:

@@ -23,13 +23,13 @@ from libs.gen.computedomain.placement import v1 as pp
 from libs.state.store import TRANSIENT_ERRORS, StoreUnavailable
 from services.advisor.advisor import (
     Advisor,
-    Alternative,
-    CapacityReport,
     HolderOverCap,
     NodeUnavailable,
     ReservationContention,
 )
 from services.advisor.auth import charged_holder
+from services.advisor.capacity import CapacityReport
+from services.advisor.explanation import Alternative
 from services.advisor.model import (
     Decision,
     InvalidRequest,
