@@ -6,6 +6,7 @@ until the watch's echo has come (as on a busy advisor) or lost after etcd applie
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -86,12 +87,14 @@ def test_puts_of_ids_nobody_here_is_writing_go_through() -> None:
 class _AnswerAfterEcho:
     """The store as the commit batcher sees it: etcd applies the transaction, but its answer is
     handed over only once the watch's echo of it has been held, as on a busy advisor. With
-    `lose_answer` the answer never comes (the connection broke after etcd applied it), and the
-    batch's lease cannot be revoked either: the record stays until its TTL."""
+    `lose_answer` the answer never comes (the connection broke after etcd applied it), and etcd
+    stays out of reach from then on: neither the batch's undo nor a lease revocation gets
+    through, so the record stays until its TTL."""
 
     def __init__(self, store: Store, echoes: OwnEchoes, lose_answer: bool) -> None:
         self._store = store
         self._lose_answer = lose_answer
+        self._reachable = True
         self._echo_held = asyncio.Event()
         hold = echoes.hold
 
@@ -107,10 +110,13 @@ class _AnswerAfterEcho:
         return getattr(self._store, name)
 
     async def txn_each(self, txns: Sequence[tuple[Sequence[Compare], Sequence[Op]]]) -> Any:
+        if not self._reachable:
+            raise ConnectionError("etcd unreachable")
         self._echo_held.clear()
         answer = await self._store.txn_each(txns)
         await asyncio.wait_for(self._echo_held.wait(), 10)
         if self._lose_answer:
+            self._reachable = False
             raise ConnectionError("connection to etcd lost before the answer")
         return answer
 
@@ -167,6 +173,11 @@ async def test_a_write_applied_by_etcd_whose_answer_was_lost_still_shows_in_the_
     with pytest.raises(ConnectionError):
         await advisor.place(_reserve(4))
 
+    # The batch's undo (which cannot reach etcd either) has ended before the record is checked.
+    deadline = time.monotonic() + 10
+    while advisor.batcher._cleanups:
+        assert time.monotonic() < deadline, "the failed batch's undo did not end"
+        await asyncio.sleep(0.01)
     stored, _ = await store.list(store.keys.reservations(), pb.Reservation)
     assert len(stored) == 1  # etcd applied it, and nothing could remove it
     rid = stored[0].value.id
