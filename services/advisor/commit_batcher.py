@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from libs.runtime.backoff import Backoff
-from libs.state.store import TRANSIENT_ERRORS, Compare, Op, Store
+from libs.state.store import Compare, Op, Store, with_retries
 from services.advisor.shared_leases import SharedLeases
 
 log = structlog.get_logger(__name__)
@@ -57,11 +56,12 @@ class Committed:
 
 # (lease, created_unix_ms) -> the unit's writes.
 Build = Callable[[int, int], Sequence[Op]]
-# A transaction removing what a unit wrote, if its request was applied: (compares, writes).
-Undo = tuple[Sequence[Compare], Sequence[Op]]
+# The transaction removing what a unit wrote, if its request was applied: (compares, writes).
+# Built only when a batch failed.
+Undo = Callable[[], tuple[Sequence[Compare], Sequence[Op]]]
 
-# Attempts at the undo of a failed batch's units (the etcd outage that failed it may be brief).
-UNDO_ATTEMPTS = 5
+# How long the undo of a failed batch is retried (the etcd outage that failed it may be brief).
+UNDO_DEADLINE_S = 5.0
 
 
 @dataclass(slots=True)
@@ -207,6 +207,7 @@ class CommitBatcher:
 
     async def _send(self, batch: list[_Unit]) -> None:
         leases: dict[int, tuple[int, int]] = {}  # TTL -> (lease, created_unix_ms)
+        sent = False
         try:
             ttls = sorted({u.ttl_s for u in batch if u.ttl_s > 0})
             # One after another, not gathered: a current lease is handed back without a trip
@@ -218,6 +219,7 @@ class CommitBatcher:
             }
             now_ms = int(time.time() * 1000)
             txns = [(u.compares, u.build(*leases.get(u.ttl_s, (0, now_ms)))) for u in batch]
+            sent = True
             results, revision = await self.store.txn_each(txns)
         except BaseException as exc:
             for unit in batch:
@@ -229,8 +231,8 @@ class CommitBatcher:
             for lease, _ in leases.values():
                 # etcd may have refused the lease itself (expired, revoked): the next batch asks anew.
                 self.leases.forget(lease)
-            undos = [u.undo for u in batch if u.undo is not None]
-            if undos and leases:
+            undos = [u.undo() for u in batch if u.undo is not None] if sent else []
+            if undos:
                 # The request may have been applied although its answer was lost.
                 task = asyncio.ensure_future(self._undo(undos))
                 self._cleanups.add(task)
@@ -248,22 +250,18 @@ class CommitBatcher:
                 lease, created_ms = leases.get(unit.ttl_s, (0, now_ms))
                 unit.future.set_result(Committed(succeeded, revision, lease if succeeded else 0, created_ms))
 
-    async def _undo(self, undos: list[Undo]) -> None:
+    async def _undo(self, undos: list[tuple[Sequence[Compare], Sequence[Op]]]) -> None:
         """Run the undo transactions of a failed batch's units, retried while etcd is away."""
-        backoff = Backoff(initial=0.1, cap=2.0)
-        for attempt in range(1, UNDO_ATTEMPTS + 1):
-            try:
-                await self.store.txn_each(undos)
-                return
-            except Exception as exc:
-                if attempt == UNDO_ATTEMPTS or not isinstance(exc, TRANSIENT_ERRORS):
-                    log.warning(
-                        "failed batch not undone; its reservations expire with their TTL",
-                        units=len(undos),
-                        error=str(exc) or type(exc).__name__,
-                    )
-                    return
-                await asyncio.sleep(backoff.next_delay())
+        try:
+            await with_retries(
+                lambda: self.store.txn_each(undos), "undo a failed reservation batch", UNDO_DEADLINE_S
+            )
+        except Exception as exc:
+            log.warning(
+                "failed batch not undone; its reservations expire with their TTL",
+                units=len(undos),
+                error=str(exc) or type(exc).__name__,
+            )
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

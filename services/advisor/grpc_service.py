@@ -211,7 +211,7 @@ def _charged(request: PlacementRequest) -> PlacementRequest:
 
 class PlacementService(pp.PlacementAdvisorBase):
     """Serve with `transport.WireCodec`: Place, PlaceStream and Release read and write the wire
-    format directly."""
+    format directly (their handlers replace the generated ones in `__mapping__`)."""
 
     def __init__(self, advisor: Advisor) -> None:
         self.advisor = advisor
@@ -307,21 +307,6 @@ class PlacementService(pp.PlacementAdvisorBase):
         if not self.advisor.inventory.ready:
             raise GRPCError(Status.UNAVAILABLE, "inventory not synced with the store yet; retry shortly")
 
-    async def place(self, place_request: pp.PlaceRequest) -> pp.PlaceResponse:
-        self._require_ready()
-        with grpc_errors("Place"):
-            decision = await self.advisor.place(_charged(to_request(place_request)), capped=True)
-            return to_response(decision)
-
-    async def place_stream(
-        self, place_request_iterator: AsyncIterator[pp.PlaceRequest]
-    ) -> AsyncIterator[pp.PlaceResponse]:
-        self._require_ready()
-        async for request in place_request_iterator:
-            with grpc_errors("PlaceStream"):
-                decision = await self.advisor.place(_charged(to_request(request)), capped=True)
-            yield to_response(decision)
-
     async def reserve(self, reserve_request: pp.ReserveRequest) -> pp.ReserveResponse:
         self._require_ready()
         with grpc_errors("Reserve"):
@@ -334,11 +319,6 @@ class PlacementService(pp.PlacementAdvisorBase):
                 capped=True,
             )
             return pp.ReserveResponse(reservation=to_reservation(info))
-
-    async def release(self, release_request: pp.ReleaseRequest) -> pp.ReleaseResponse:
-        with grpc_errors("Release"):
-            released, nodes = await self.advisor.release(release_request.reservation_id)
-            return pp.ReleaseResponse(released=released, node_names=nodes)
 
     async def get_capacity(self, get_capacity_request: pp.GetCapacityRequest) -> pp.Capacity:
         self._require_ready()

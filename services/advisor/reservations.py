@@ -159,9 +159,9 @@ async def _write_batched(
         return ops
 
     size = sum(len(g) + len(v) for g, v in zip(guards, values, strict=True)) + 64 * len(nodes) + 256
-    # Guards are only ever written with their record: while it exists, they are this one's.
-    undo = ([Present(record_key)], [Delete(record_key), *(Delete(g) for g in guards)])
-    future = batcher.submit(compares, build, [*guards, record_key], ttl, size, undo)
+    future = batcher.submit(
+        compares, build, [*guards, record_key], ttl, size, undo=lambda: removal(store, rid, nodes, None)
+    )
     try:
         committed = await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -184,15 +184,16 @@ async def _remove_written(store: Store, rid: str, nodes: list[str], revision: in
 
 
 def removal(
-    store: Store, rid: str, nodes: Sequence[str], revision: int
+    store: Store, rid: str, nodes: Sequence[str], revision: int | None
 ) -> tuple[list[Compare], list[Delete]]:
     """The transaction removing a reservation of one transaction's size: its record and guards,
-    if the record is still the one written at `revision` (then its guards are its own: a guard is
-    only ever created with its record and removed with it)."""
+    if the record is still the one written at `revision` (None: if any record of that id exists).
+    Its guards are then its own: a guard is only ever created with its record and removed with it."""
     keys = store.keys
     record_key = keys.reservation(rid)
     deletes = [Delete(record_key), *(Delete(keys.node_reservation(n)) for n in nodes)]
-    return [Unchanged(record_key, revision)], deletes
+    guard = Present(record_key) if revision is None else Unchanged(record_key, revision)
+    return [guard], deletes
 
 
 async def remove_in_one_txn(

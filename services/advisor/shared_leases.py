@@ -59,7 +59,7 @@ class SharedLeases:
         self._clock = clock
         self._wall_ms = wall_ms
         self._slots: dict[int, _Slot] = {}
-        # For tests and metrics: leases granted so far.
+        # For tests: leases granted so far.
         self.granted = 0
 
     async def lease_for(self, ttl_s: int) -> SharedLease:
@@ -68,13 +68,11 @@ class SharedLeases:
         slot = self._slots.setdefault(ttl_s, _Slot())
         age = self._age(slot.current)
         if slot.current is not None and age < self.window_s:
-            if age >= self.window_s / 2 and slot.next is None:
+            if age >= self.window_s / 2 and not self._coming(slot.next):
                 slot.next = self._ask(ttl_s)
             return slot.current
         asked = slot.next
-        if asked is None or (asked.done() and not self._fresh(asked)):
-            # A lease asked for ahead and then left unused through a quiet spell may be near its
-            # end (or gone): ask anew. One still on its way is awaited, however long it takes.
+        if asked is None or not self._coming(asked):
             asked = slot.next = self._ask(ttl_s)
         # Shielded: a cancelled batch leaves the grant to the batches after it.
         lease = await asyncio.shield(asked)
@@ -104,10 +102,15 @@ class SharedLeases:
         await asyncio.gather(*pending, return_exceptions=True)
         self._slots.clear()
 
-    def _fresh(self, granted: asyncio.Task[SharedLease]) -> bool:
-        if granted.cancelled() or granted.exception() is not None:
+    def _coming(self, asked: asyncio.Task[SharedLease] | None) -> bool:
+        """Whether a grant asked for ahead will serve: still on its way (awaited however long it
+        takes), or granted within the window. One that failed, or was left unused through a quiet
+        spell (its lease near its end, or gone), will not."""
+        if asked is None or asked.cancelled():
             return False
-        return self._age(granted.result()) < self.window_s
+        if not asked.done():
+            return True
+        return asked.exception() is None and self._age(asked.result()) < self.window_s
 
     def _age(self, lease: SharedLease | None) -> float:
         return math.inf if lease is None else self._clock() - lease.asked_at
@@ -130,6 +133,3 @@ class SharedLeases:
         log.warning(
             "reservation lease grant failed", error=str(task.exception()) or type(task.exception()).__name__
         )
-        for slot in self._slots.values():
-            if slot.next is task:
-                slot.next = None

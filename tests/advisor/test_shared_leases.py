@@ -117,9 +117,21 @@ async def test_a_failed_grant_fails_its_batch_and_the_next_batch_asks_again() ->
         await leases.lease_for(60)
     lease = await leases.lease_for(60)
     assert len(grants.asked) == 2
+    # A grant asked for ahead that fails is asked for again, while the current lease still serves.
+    clock.now += 0.6
+    grants.fail_next = True
+    assert await leases.lease_for(60) == lease
+    await asyncio.sleep(0)
+    assert len(grants.asked) == 3
+    assert await leases.lease_for(60) == lease
+    await asyncio.sleep(0)
+    assert len(grants.asked) == 4
+    clock.now += 0.5
+    prefetched = await leases.lease_for(60)
+    assert prefetched.asked_at == pytest.approx(100.6) and len(grants.asked) == 4
     # A lease etcd refused is not handed out again.
-    leases.forget(lease.id)
-    assert (await leases.lease_for(60)).id != lease.id
+    leases.forget(prefetched.id)
+    assert (await leases.lease_for(60)).id != prefetched.id
     await leases.close()
 
 
