@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok, status
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
@@ -26,8 +27,7 @@ from tools.cdsim.procscan import cluster_processes
 pytestmark = pytest.mark.slow
 
 RACKS, TRAYS = 2, 4
-# Own loopback block: other tests' simulated IMEX daemons use the default one.
-ADDRESS_BLOCK = 77
+ADDRESS_BLOCK = address_blocks.CDSIM_CLUSTER
 JOB = "train"
 JOB_NODES = 4
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import config as imexcfg
 from libs.imex.simulator import client as simclient
+from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, run_state, status
 from tools.cdsim.etcdgate import EtcdGate
 from tools.cdsim.jobbook import Importer
@@ -36,7 +37,7 @@ from tools.cdsim.workload import missing_pairs
 from tools.netports import free_port
 
 TRAYS = 6
-ADDRESS_BLOCK = 86  # its own loopback block
+ADDRESS_BLOCK = address_blocks.CDSIM_FAULTS
 JOB = "grow"
 PARTITION_S = 30.0  # as long as the outage a running job must not notice
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, status
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
@@ -29,7 +30,7 @@ from tools.cdsim.procscan import cluster_processes
 pytestmark = pytest.mark.slow
 
 TRAYS = 6
-ADDRESS_BLOCK = 79  # its own loopback block
+ADDRESS_BLOCK = address_blocks.CDSIM
 JOB = "steady"
 JOB_NODES = 3
 PLUGIN_OUTAGE_S = 30

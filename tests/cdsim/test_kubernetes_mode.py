@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok
 from tools.cachedtool import BuildError
 from tools.cdsim.layout import StateLayout
@@ -38,8 +39,7 @@ from tools.controlplane.binaries import ensure_binaries
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 RACKS, TRAYS = 2, 6
-# Own loopback block: 1 is cdsim's default, 77-78 the other cdsim tests', 100+ the node agent tests'.
-ADDRESS_BLOCK = 79
+ADDRESS_BLOCK = address_blocks.CDSIM
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 READY_TIMEOUT_S = 180.0
@@ -357,7 +357,7 @@ def test_down_during_a_start_stops_it_at_once() -> None:
     """`cdsim down` while `up --kubernetes` is still starting (minutes on a cold machine) does not
     wait for the start to finish: everything stops, and `up` reports that it failed."""
     state_dir = Path(tempfile.mkdtemp(prefix="cdk-"))
-    cluster = ["--racks", "1", "--trays", "2", "--address-block", "80"]
+    cluster = ["--racks", "1", "--trays", "2", "--address-block", str(address_blocks.CDSIM_DOWN_DURING_START)]
     up = subprocess.Popen(
         [
             sys.executable,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from libs.imex import meshpki, slots
+from tests import address_blocks
 from tests.cdsim.cli import cdsim, daemon_instances, ok, run_state, status
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
@@ -24,7 +25,7 @@ from tools.cdsim.procscan import cluster_processes
 pytestmark = pytest.mark.slow
 
 TRAYS = 4
-ADDRESS_BLOCK = 83  # its own loopback block
+ADDRESS_BLOCK = address_blocks.CDSIM_MESH_TLS
 JOB = "secure"
 VALIDITY_S = 12.0  # renewed at two thirds: every 8 s
 

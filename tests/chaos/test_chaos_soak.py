@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import address_blocks
 from tools.chaos import plan
 
 pytestmark = pytest.mark.slow
 
 DURATION_S = 130  # at least two minutes of faults, beyond cluster start and final checks
-# Own loopback block: other tests' simulated IMEX daemons use theirs (the 30-minute soak: 60).
-ADDRESS_BLOCK = 62
+ADDRESS_BLOCK = address_blocks.CHAOS_SOAK
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from playwright.async_api import expect
 
+from tests import address_blocks
 from tests.dashboard.browser import background_colour, chromium_page, save_screenshot
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
 
 pytestmark = pytest.mark.slow
 
-# A loopback block of its own (tests/cdsim uses 77, the demo 1).
-ADDRESS_BLOCK = 91
+ADDRESS_BLOCK = address_blocks.DASHBOARD
 TRAYS = 4
 
 

@@ -42,6 +42,7 @@ import yaml
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
+from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
 from tools.cdsim.layout import StateLayout
@@ -132,10 +133,14 @@ def _address_block_free(cluster: ClusterDescription) -> bool:
     return True
 
 
+def candidate_blocks() -> list[int]:
+    """The blocks an environment may take: not a fixed one, nor 100 and up (the node agent tests')."""
+    return [b for b in range(2, 100) if b not in address_blocks.FIXED]
+
+
 def pick_cluster(racks: int, trays: int) -> ClusterDescription:
     """A cluster on an address block no other simulated cluster here is using right now."""
-    # 1 is cdsim's default (make demo), 77-78 the cdsim tests', 100+ the node agent tests'.
-    blocks = [b for b in range(2, 100) if b not in (77, 78)]
+    blocks = candidate_blocks()
     random.shuffle(blocks)
     for block in blocks:
         cluster = ClusterDescription(

@@ -22,6 +22,7 @@ from libs.state.config import EtcdConfig
 from libs.state.lease import KeptLease
 from libs.state.store import TRANSIENT_ERRORS, Store, with_retries
 from libs.state.watch import Resync, WatchEvent, watch_prefix
+from tests import address_blocks
 from tests.security.secured_cluster import PREFIX, SecuredCluster, create, destroy, enable_etcd_auth
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def auth_etcd(etcd_bin: Path) -> Iterator[SecuredCluster]:
     """etcd with client-certificate TLS and a least-privilege password user; no services."""
-    cluster = create(trays=1, address_block=65, etcd_bin=etcd_bin)
+    cluster = create(trays=1, address_block=address_blocks.ETCD_AUTH_RECOVERY, etcd_bin=etcd_bin)
     try:
         cluster.etcd.start()
         admin = cluster.clients["admin"]

@@ -25,6 +25,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_cluster_idle
 from libs.state.config import EtcdConfig
 from libs.state.store import Delete, Put, Store
+from tests import address_blocks
 from tests.security.secured_cluster import (
     CLIENT_OF_KIND,
     PREFIX,
@@ -44,8 +45,7 @@ pytestmark = pytest.mark.slow
 
 TRAYS = 4  # three nodes run; the fourth is for the programs with a wrong password
 WRONG_PASSWORD_NODE = f"rack0-tray{TRAYS - 1}"
-# Own loopback block: other tests' simulated IMEX daemons use theirs.
-ADDRESS_BLOCK = 64
+ADDRESS_BLOCK = address_blocks.SECURED_RUN
 # etcd's default ("simple") auth token: 16 letters, a dot, an index.
 ETCD_TOKEN = re.compile(r"\b[A-Za-z]{16}\.\d+\b")
 BEARER = re.compile(r"bearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
