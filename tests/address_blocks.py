@@ -8,12 +8,10 @@ their own clusters. Modules that share a block run one after the other and stop 
 
 from __future__ import annotations
 
-DEMO = 1  # cdsim's default: `make demo`
-CHAOS_SOAK_LONG = 60  # tools/chaos's default: the 30-minute soak
 CHAOS_SOAK = 62
 SECURED_RUN = 64
 ETCD_AUTH_RECOVERY = 65
-CDSIM_CLUSTER = 77  # and 78 for a cluster of more than 256 racks; none is
+CDSIM_CLUSTER = 77
 CDSIM = 79  # test_continuity and test_kubernetes_mode
 CDSIM_DOWN_DURING_START = 80
 CDSIM_MESH_TLS = 83
@@ -22,13 +20,10 @@ DASHBOARD = 91
 
 FIXED = frozenset(
     {
-        DEMO,
-        CHAOS_SOAK_LONG,
         CHAOS_SOAK,
         SECURED_RUN,
         ETCD_AUTH_RECOVERY,
         CDSIM_CLUSTER,
-        CDSIM_CLUSTER + 1,
         CDSIM,
         CDSIM_DOWN_DURING_START,
         CDSIM_MESH_TLS,

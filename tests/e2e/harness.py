@@ -134,7 +134,8 @@ def _address_block_free(cluster: ClusterDescription) -> bool:
 
 
 def candidate_blocks() -> list[int]:
-    """The blocks an environment may take: not a fixed one, nor 100 and up (the node agent tests')."""
+    """The blocks an environment may take: not 1 (cdsim's default, `make demo`), not a test's fixed
+    one, nor 100 and up (the node agent tests')."""
     return [b for b in range(2, 100) if b not in address_blocks.FIXED]
 
 
