@@ -57,6 +57,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor import wire
+from tools.bench.scale_inventory import cpu_seconds
 from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,14 +163,12 @@ class AdvisorProcess:
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid)
 
+    def loop_cpu_seconds(self) -> float:
+        """CPU of the advisor's main thread, which runs its event loop: every decision needs it."""
+        return cpu_seconds(self.proc.pid, self.proc.pid)
+
     def etcd_cpu_seconds(self) -> float:
         return cpu_seconds(self.etcd_pid) if self.etcd_pid else 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_advisor(endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0) -> AdvisorProcess:
@@ -701,11 +700,12 @@ def wait_quiet(
 
 def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
     settled_s = wait_quiet(advisor)
-    cpu0, etcd0 = advisor.cpu_seconds(), advisor.etcd_cpu_seconds()
+    cpu0, etcd0, loop0 = advisor.cpu_seconds(), advisor.etcd_cpu_seconds(), advisor.loop_cpu_seconds()
     started = time.perf_counter()
     results = pool.map(_client, jobs)
     elapsed = time.perf_counter() - started
     cpu = advisor.cpu_seconds() - cpu0
+    loop_cpu = advisor.loop_cpu_seconds() - loop0
     etcd_cpu = advisor.etcd_cpu_seconds() - etcd0
     latencies = [x for r in results for x in r["latencies"]]
     lags = [x for r in results for x in r["lags"]]
@@ -723,6 +723,8 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         "server_cpu_ms_per_decision": round(cpu / max(len(latencies), 1) * 1e3, 4),
         # etcd's share: the reservation writes and the client's releases (dry runs: the watch only).
         "etcd_cpu_ms_per_decision": round(etcd_cpu / max(len(latencies), 1) * 1e3, 4),
+        # The event loop's share of the phase: near 1, decisions queue for it whatever the machine.
+        "loop_busy": round(loop_cpu / elapsed, 3) if elapsed > 0 else 0.0,
         # What one otherwise idle core could sustain at this CPU cost per decision.
         "per_core_capacity_per_s": round(len(latencies) / cpu, 1) if cpu > 0 else 0.0,
         "elapsed_s": round(elapsed, 2),
