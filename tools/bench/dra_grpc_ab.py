@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from tools.bench.scale_inventory import cpu_seconds
+from tools.bench.stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO = REPO / "protos/k8s.io/kubelet/pkg/apis/dra/v1/api.proto"
@@ -124,11 +125,6 @@ def start_server(stack: str, socket_path: Path, stubs: Path) -> subprocess.Popen
             raise SystemExit(f"{stack} server did not serve {socket_path}")
         time.sleep(0.05)
     return proc
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
 async def measure(stub: Any, pb2: ModuleType, server_pid: int, calls: int, inflight: int) -> dict[str, float]:

@@ -46,6 +46,7 @@ from libs.state.domainreadiness import DomainReadiness
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.bench import simenv
+from tools.bench.stats import percentile
 from tools.cdsim import kubelet, procscan
 from tools.cdsim.jobbook import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
@@ -89,12 +90,6 @@ class Scenario:
     # Scale host processes the nodes are spread over (a node's two programs are one process
     # each on a real node; one host process for hundreds of nodes would measure one core).
     host_processes: int = 1
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
 
 
 async def _write_job(store: Store, job: Job) -> None:

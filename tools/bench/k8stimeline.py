@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from tools.bench.stats import percentile
+
 # Log event -> step; a condition on the record where one event marks several states.
 _HOST_EVENTS = {
     "prepare: node joined domain": "joined",
@@ -117,19 +119,14 @@ def collect(base: Path) -> tuple[float, dict[str, NodeTimeline]]:
     return job_created, {name: t for name, t in nodes.items() if t.pod}
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def report(job_created: float, nodes: dict[str, NodeTimeline], last: int = 5) -> str:
     lines = [f"{len(nodes)} nodes"]
     for a, b in STAGES:
         spans = [t.at[b] - t.at[a] for t in nodes.values() if a in t.at and b in t.at]
         if spans:
             lines.append(
-                f"{a:>12} -> {b:<12} n={len(spans):4d} p10 {quantile(spans, 0.1):6.2f}  "
-                f"p50 {quantile(spans, 0.5):6.2f}  p90 {quantile(spans, 0.9):6.2f}  max {max(spans):6.2f} s"
+                f"{a:>12} -> {b:<12} n={len(spans):4d} p10 {percentile(spans, 10):6.2f}  "
+                f"p50 {percentile(spans, 50):6.2f}  p90 {percentile(spans, 90):6.2f}  max {max(spans):6.2f} s"
             )
     if job_created:
         lines.append("since the Job's creation:")
@@ -137,8 +134,8 @@ def report(job_created: float, nodes: dict[str, NodeTimeline], last: int = 5) ->
             times = [t.at[step] - job_created for t in nodes.values() if step in t.at]
             if times:
                 lines.append(
-                    f"{step:>12}  first {min(times):6.2f}  p50 {quantile(times, 0.5):6.2f}  "
-                    f"p90 {quantile(times, 0.9):6.2f}  last {max(times):6.2f} s"
+                    f"{step:>12}  first {min(times):6.2f}  p50 {percentile(times, 50):6.2f}  "
+                    f"p90 {percentile(times, 90):6.2f}  last {max(times):6.2f} s"
                 )
         lines.append("last to run:")
         ordered = sorted(nodes.values(), key=lambda t: t.at.get("running", float("inf")))

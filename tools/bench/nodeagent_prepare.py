@@ -50,6 +50,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
 from tools.bench.scale_inventory import cpu_seconds
+from tools.bench.stats import percentile
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
 
@@ -58,12 +59,6 @@ NODE = "rack0-tray0"
 TARGET_P99_MS = 5.0
 # Claims kept prepared besides the anchor while the benchmark runs.
 WINDOW = 4
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
 
 
 def summary(latencies_s: list[float]) -> dict[str, float]:
