@@ -16,7 +16,7 @@ help:
 	@echo "make setup  - .venv, pinned Python deps, etcd (with etcdctl and etcdutl), the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
-	@echo "make lint   - ruff + mypy + generated-code check + buf lint/breaking"
+	@echo "make lint   - ruff (check, format) + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
 	@echo "make image-smoke - the built image runs a 2-node simulated job (buildah run --isolation chroot)"
@@ -47,6 +47,7 @@ setup-browser:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy libs services tools
 	$(PY) -m tools.protogen --check
 	@buf="$$(bash tools/buf/build.sh)"; cd protos && "$$buf" lint && \

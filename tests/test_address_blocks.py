@@ -11,4 +11,3 @@ def test_the_e2e_environment_takes_no_fixed_block() -> None:
     candidates = set(harness.candidate_blocks())
     assert candidates, "no block is left for the e2e environment"
     assert not candidates & address_blocks.FIXED
-

@@ -31,7 +31,9 @@ def store_claim(
         uid=uid,
         namespace=namespace,
         name=name,
-        results=[pb.AllocationResult(request=CHANNEL_REQUEST, driver=DRIVER_NAME, pool=node, device=CHANNEL_DEVICE)],
+        results=[
+            pb.AllocationResult(request=CHANNEL_REQUEST, driver=DRIVER_NAME, pool=node, device=CHANNEL_DEVICE)
+        ],
         config=[
             pb.OpaqueConfig(
                 requests=[CHANNEL_REQUEST],

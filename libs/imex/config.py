@@ -114,7 +114,9 @@ class MeshTlsFiles:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MeshTlsFiles) and (self.key, self.cert, self.ca) == (
-            other.key, other.cert, other.ca
+            other.key,
+            other.cert,
+            other.ca,
         )
 
     def __hash__(self) -> int:
@@ -139,6 +141,7 @@ def _mesh_tls_entries(mesh_tls: MeshTlsFiles | None) -> list[tuple[str, str]]:
         (IMEX_CLIENT_CERT, mesh_tls.cert),
         (IMEX_CLIENT_CERT_AUTH, mesh_tls.ca),
     ]
+
 
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 

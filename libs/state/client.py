@@ -201,7 +201,9 @@ class TlsCapableClient(aetcd.Client):
                     metadata = await self._authenticate(channel)
             except BaseException as exc:
                 await channel.close()
-                if isinstance(exc, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)):
+                if isinstance(
+                    exc, (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
+                ):
                     self._advance(f"authentication failed: {exc}")
                 raise
             self.channel = channel
@@ -253,7 +255,8 @@ class TlsCapableClient(aetcd.Client):
             return True
         try:
             status = await rpc.MaintenanceStub(channel).Status(
-                rpc.StatusRequest(), timeout=min(PROBE_TIMEOUT_S, self._timeout or PROBE_TIMEOUT_S),
+                rpc.StatusRequest(),
+                timeout=min(PROBE_TIMEOUT_S, self._timeout or PROBE_TIMEOUT_S),
                 metadata=self.metadata,
             )
         except grpc.aio.AioRpcError:

@@ -76,7 +76,9 @@ class LeaderElection:
             return None
         validity = LeaseValidity(self.ttl_s, margin_s=min(0.2, self.ttl_s / 10))
         validity.granted(sent_at)
-        return Leadership(self.name, self.holder, self.key, result.revision, lease_id, time.monotonic(), validity)
+        return Leadership(
+            self.name, self.holder, self.key, result.revision, lease_id, time.monotonic(), validity
+        )
 
     async def _wait_for_vacancy(self) -> None:
         """Return once the leader key is gone (or seems to be); bounded by the TTL per check."""

@@ -66,7 +66,10 @@ def etcdctl_commands(prefix: str) -> list[str]:
     out: list[str] = []
     for component in COMPONENTS:
         out.append(f"etcdctl role add {component}")
-        out += [f"etcdctl role grant-permission {component} readwrite {r.etcdctl()}" for r in ranges(component, prefix)]
+        out += [
+            f"etcdctl role grant-permission {component} readwrite {r.etcdctl()}"
+            for r in ranges(component, prefix)
+        ]
         out.append(f"etcdctl user add {component} --no-password")
         out.append(f"etcdctl user grant-role {component} {component}")
     return out

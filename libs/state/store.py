@@ -372,7 +372,9 @@ class Store:
         """Decode a value read in a transaction (None, logged, if undecodable; with `strict`,
         `UndecodableValue` naming the key)."""
         value = decode(kv.value, cls, kv.key) if strict else self._decode(kv.key, kv.value, cls)
-        return None if value is None else Versioned(kv.key, value, kv.mod_revision, kv.create_revision, kv.lease)
+        return (
+            None if value is None else Versioned(kv.key, value, kv.mod_revision, kv.create_revision, kv.lease)
+        )
 
     async def create(self, key: str, value: betterproto.Message, lease: int = 0) -> bool:
         """Write only if the key does not exist yet."""

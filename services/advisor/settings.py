@@ -51,7 +51,9 @@ class AdvisorSettings(EtcdSettings):
         "scheduled pods are not capped; 0 = no cap)",
         validate=non_negative,
     )
-    tls_cert_file: str = setting("", "server certificate: with the key and client CA, mutual TLS on gRPC and extender")
+    tls_cert_file: str = setting(
+        "", "server certificate: with the key and client CA, mutual TLS on gRPC and extender"
+    )
     tls_key_file: str = setting("", "server key (with --tls-cert-file)")
     tls_client_ca_file: str = setting(
         "", "CA of the client certificates the gRPC API and the extender require (mutual TLS)"

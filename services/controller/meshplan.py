@@ -21,7 +21,12 @@ def mesh_actions(obs: DomainObservation, mutual_tls: bool, now_ms: int, grace_ms
     for node in sorted(holders - set(obs.members)):
         # A request can race its own member's join in the watches: keep it for the grace period.
         request = obs.mesh_requests.get(node)
-        if domain is None or domain.deleting or request is None or now_ms - request.requested_unix_ms >= grace_ms:
+        if (
+            domain is None
+            or domain.deleting
+            or request is None
+            or now_ms - request.requested_unix_ms >= grace_ms
+        ):
             out.append(DeleteMeshCredentials(node))
     if domain is None or domain.deleting:
         return out

@@ -77,7 +77,9 @@ class MeshSigner:
             ops.append(
                 Put(
                     k.mesh_authority(uid),
-                    pb.MeshAuthority(domain_uid=uid, ca_cert_pem=authority.cert_pem, ca_key_pem=authority.key_pem),
+                    pb.MeshAuthority(
+                        domain_uid=uid, ca_cert_pem=authority.cert_pem, ca_key_pem=authority.key_pem
+                    ),
                 )
             )
         ok, revision = await txn(

@@ -149,7 +149,10 @@ class DomainReconciler:
                 "meshauthorities", k.mesh_authorities(), pb.MeshAuthority, self.view.mesh.apply_authorities
             ),
             self._consume(
-                "meshrequests", k.all_mesh_requests(), pb.MeshCertificateRequest, self.view.mesh.apply_requests
+                "meshrequests",
+                k.all_mesh_requests(),
+                pb.MeshCertificateRequest,
+                self.view.mesh.apply_requests,
             ),
             self._consume(
                 "meshcertificates",
@@ -421,7 +424,12 @@ class DomainReconciler:
         )
         if ok:
             for kv, reason in unreadable:
-                log.warning("undecodable member value of a deleted domain removed", cd_uid=uid, key=kv.key, reason=reason)
+                log.warning(
+                    "undecodable member value of a deleted domain removed",
+                    cd_uid=uid,
+                    key=kv.key,
+                    reason=reason,
+                )
 
     async def _claim_held(self, uid: str, action: ActivateMember) -> Compare | None:
         """A compare that one of the claims the decision saw is still prepared for this domain."""

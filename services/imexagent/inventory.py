@@ -241,7 +241,9 @@ class NodeInventory:
         fails or stalls (a hung NVML shows in the record, the lease is kept meanwhile)."""
         try:
             snapshot = await self._calls.call(self.hardware.snapshot, "snapshot", timeout_s)
-            self._driver_version = await self._calls.call(self.hardware.driver_version, "driver_version", timeout_s)
+            self._driver_version = await self._calls.call(
+                self.hardware.driver_version, "driver_version", timeout_s
+            )
         except HardwareError as exc:
             if self._hardware_error != str(exc):
                 log.warning("hardware query failed", node=self.node_name, error=str(exc))

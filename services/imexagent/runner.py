@@ -153,7 +153,9 @@ class DomainDaemon:
         self._previous_loaded = False
         self._next_probe = 0.0
         self.pace = ProbePace(
-            settings.poll_interval_starting_s, settings.poll_interval_ready_s, settings.poll_interval_waiting_s
+            settings.poll_interval_starting_s,
+            settings.poll_interval_ready_s,
+            settings.poll_interval_waiting_s,
         )
         self._task: asyncio.Task[None] | None = None
         # nvidia-imex shows no instance: a process (pid and start time) is one instance.
@@ -391,7 +393,10 @@ class DomainDaemon:
             self.probe.node_id = d.index
         if pidfile_error is not None:  # the next agent still finds it by its command line
             log.warning(
-                "could not write the daemon pidfile", cd_uid=self.uid, node=self.node, error=str(pidfile_error)
+                "could not write the daemon pidfile",
+                cd_uid=self.uid,
+                node=self.node,
+                error=str(pidfile_error),
             )
         log.info(
             "IMEX daemon started",

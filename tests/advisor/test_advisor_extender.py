@@ -184,7 +184,9 @@ async def test_reservation_respects_the_schedulers_candidates(env: Env) -> None:
     assert len(result["NodeNames"]) == 3 and all(n.startswith("rack3-") for n in result["NodeNames"])
 
 
-async def test_a_domain_larger_than_the_schedulers_sample_is_placed_on_the_candidates_clique(env: Env) -> None:
+async def test_a_domain_larger_than_the_schedulers_sample_is_placed_on_the_candidates_clique(
+    env: Env,
+) -> None:
     """kube-scheduler sends only the feasible nodes it found before it stopped looking
     (percentageOfNodesToScore); the rest of the clique was not refused."""
     env.sizes.mapping[DOMAIN] = 18

@@ -106,7 +106,9 @@ def test_unknown_fields_are_skipped() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(reservation_id=text, released=st.booleans(), nodes=st.lists(text, max_size=20))
-def test_release_coding_matches_the_generated_classes(reservation_id: str, released: bool, nodes: list[str]) -> None:
+def test_release_coding_matches_the_generated_classes(
+    reservation_id: str, released: bool, nodes: list[str]
+) -> None:
     request = bytes(pp.ReleaseRequest(reservation_id=reservation_id))
     assert decode_release_request(request + b"\xf8\x07\x01") == reservation_id
     expected = bytes(pp.ReleaseResponse(released=released, node_names=nodes))

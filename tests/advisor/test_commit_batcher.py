@@ -253,9 +253,9 @@ async def test_a_cancelled_caller_leaves_no_reservation_behind(advisor: Advisor,
         await asyncio.sleep(0.1)
         left = await leftovers()
     assert left == 0
-    assert await advisor.inventory.wait_for(
-        lambda: advisor.inventory.free_count == CLUSTER.node_count, 5
-    ), "cancelled reservations still hide nodes"
+    assert await advisor.inventory.wait_for(lambda: advisor.inventory.free_count == CLUSTER.node_count, 5), (
+        "cancelled reservations still hide nodes"
+    )
 
 
 def test_guard_values_are_the_messages_bytes() -> None:

@@ -78,7 +78,11 @@ def test_puts_of_ids_nobody_here_is_writing_go_through() -> None:
     assert not inventory.skips_reservation_put(KEY, 3, b"anything")
     echoes = OwnEchoes()
     echoes.begin("r1")
-    assert echoes.hold("r1", KEY, 4, b"a") and echoes.hold("r1", KEY, 6, b"b") and echoes.hold("r1", KEY, 5, b"c")
+    assert (
+        echoes.hold("r1", KEY, 4, b"a")
+        and echoes.hold("r1", KEY, 6, b"b")
+        and echoes.hold("r1", KEY, 5, b"c")
+    )
     held = echoes.end("r1", 4)
     assert held is not None and (held.revision, held.value) == (6, b"b")  # the newest, not the writer's
     assert echoes.end("r1", 0) is None  # ended once

@@ -55,9 +55,7 @@ def test_quick_suite_reports_every_metric_with_a_number(tmp_path: Path) -> None:
         assert m["quick"] is True, name
     # The quick growth run measures other sizes than the points its figures are named for.
     missing = [
-        name
-        for name, x in results["extras"].items()
-        if x["value"] is None and x["benchmark"] != GROWTH.name
+        name for name, x in results["extras"].items() if x["value"] is None and x["benchmark"] != GROWTH.name
     ]
     assert not missing, f"figures the suite names but the benchmarks did not report: {missing}"
     assert {b.name for b in SUITE} == set(results["benchmarks"])

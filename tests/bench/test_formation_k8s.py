@@ -37,7 +37,9 @@ def test_a_job_forms_its_domain_on_kubernetes_and_our_writes_are_counted(tmp_pat
     assert kinds["cd-controller patch nodes"] == NODES
     assert kinds["cd-controller create resourceclaimtemplates"] == 1
     assert not any(kind.startswith("cd-node-agent") for kind in kinds)
-    assert writes["ours"] == sum(kinds.values()) and writes["ours_per_node"] == pytest.approx(writes["ours"] / NODES, abs=1e-3)  # rounded to 3 places
+    assert writes["ours"] == sum(kinds.values()) and writes["ours_per_node"] == pytest.approx(
+        writes["ours"] / NODES, abs=1e-3
+    )  # rounded to 3 places
     # Kubernetes' own components and the shim are counted apart from ours.
     assert writes["by_component"]["kube-scheduler"] > 0 and writes["by_component"]["kubelet shim"] > 0
     settings = result["settings"]

@@ -74,7 +74,10 @@ def test_failed_and_hung_benchmarks_are_reported_without_losing_the_others(tmp_p
 
 def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:
     benches = [fake("fast", "--mode", "ok", "--value", "9"), fake("broken", "--mode", "fail")]
-    outcomes = [run.run_one(b, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img", settle=no_wait) for b in benches]
+    outcomes = [
+        run.run_one(b, quick=False, raw_dir=tmp_path, img_dir=tmp_path / "img", settle=no_wait)
+        for b in benches
+    ]
     results = {
         **run.collect(outcomes, quick=False),
         "quick": False,

@@ -71,11 +71,11 @@ def _job(nodes: list[str]) -> Job:
     )
 
 
-
 def plaintext(domain: pb.ComputeDomain) -> pb.ComputeDomain:
     """The mesh mode the controller would record (no controller runs here)."""
     domain.mesh_mode = pb.MeshMode.PLAINTEXT
     return domain
+
 
 async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemons(
     etcd_config: EtcdConfig, store: Store, state_dir: Path
@@ -100,7 +100,9 @@ async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemon
             [
                 Put(store.keys.domain(job.domain_uid), plaintext(build_domain(job, job.created_unix_ms))),
                 *(
-                    Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, "Single", job.created_unix_ms))
+                    Put(
+                        store.keys.claim(c.uid), build_claim(c, job.domain_uid, "Single", job.created_unix_ms)
+                    )
                     for c in job.claims
                 ),
             ],

@@ -115,7 +115,9 @@ class AgentDouble:
             namespace=namespace,
         )
         k = self.store.keys
-        await self.store.put(k.node_binding(self.name), pb.NodeBinding(node_name=self.name, domain_uid=domain_uid))
+        await self.store.put(
+            k.node_binding(self.name), pb.NodeBinding(node_name=self.name, domain_uid=domain_uid)
+        )
         await self.store.put(
             k.member_index(domain_uid, self.node.clique_id, 0),
             pb.IndexClaim(domain_uid=domain_uid, clique_id=self.node.clique_id, index=0, node_name=self.name),

@@ -14,9 +14,11 @@ _OUTSIDE_REFERENCE = re.compile(r"\bSPEC\s*§|\bSPEC\.md\b|\.\./shared\b")
 
 
 def test_no_tracked_file_cites_the_private_design_notes() -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
-    ).stdout.decode().split("\0")
+    files = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     offenders = []
     for name in filter(None, files):
         path = REPO / name

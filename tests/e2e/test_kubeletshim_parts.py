@@ -221,9 +221,9 @@ async def test_registration_of_another_driver_is_rejected_and_the_plugin_told_wh
 def test_the_kubelet_plays_the_control_planes_release() -> None:
     new, old = KubeletRelease("v1.37.2", "v1"), KubeletRelease("v1.32.13", "v1beta1")
     assert new.kubelet_version == "v1.37.2-kubeletshim"
-    assert node_status(ShimNode("n1", Path("/k")), NOW, None, old.kubelet_version)["nodeInfo"]["kubeletVersion"] == (
-        "v1.32.13-kubeletshim"
-    )
+    assert node_status(ShimNode("n1", Path("/k")), NOW, None, old.kubelet_version)["nodeInfo"][
+        "kubeletVersion"
+    ] == ("v1.32.13-kubeletshim")
     # From 1.34 kubelet prefers the v1 DRA service and still takes v1beta1; before, only v1beta1.
     assert new.dra_services == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
     assert old.dra_services == ("v1beta1.DRAPlugin",)
@@ -243,7 +243,9 @@ async def test_a_132_kubelet_registers_the_node_agent_on_v1beta1(
 
 
 def test_a_plugin_without_a_service_the_kubelet_knows_is_refused() -> None:
-    only_v1 = reg.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint="/x.sock", supported_versions=["v1.DRAPlugin"])
+    only_v1 = reg.PluginInfo(
+        type="DRAPlugin", name=DRIVER, endpoint="/x.sock", supported_versions=["v1.DRAPlugin"]
+    )
     assert plugin.check_info(only_v1, DRIVER) == ""
     problem = plugin.check_info(only_v1, DRIVER, KubeletRelease("v1.32.13").dra_services)
     assert problem == "plugin supports ['v1.DRAPlugin'], none of ['v1beta1.DRAPlugin']"

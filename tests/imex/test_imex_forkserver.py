@@ -83,7 +83,9 @@ async def test_daemons_outlive_the_server_and_a_dead_server_is_replaced(
     try:
         status = await first.wait_until(lambda st: st.ready, "READY")
         assert status.pid == a.pid
-        b = server.spawn(simulator_daemon_argv(str(second.config_path)), second.directory, second.directory / "o")
+        b = server.spawn(
+            simulator_daemon_argv(str(second.config_path)), second.directory, second.directory / "o"
+        )
         assert b.pid != a.pid
         await first.wait_connected([1])
         await second.wait_connected([0])
@@ -106,4 +108,3 @@ def test_bad_requests_name_the_problem(tmp_path: Path, server: ForkServer) -> No
     _wait_gone(child.pid)
     assert child.wait() == 1
     assert "does not fit the room" in (tmp_path / "o").read_text()
-

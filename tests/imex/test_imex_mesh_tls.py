@@ -41,8 +41,14 @@ def write_credentials(
         key_pem = meshpki.new_node_key()
         csr = meshpki.certificate_request(key_pem, domain_uid=node.domain_uid, node=f"node-{index}")
         cert_pem = meshpki.sign_node_certificate(
-            authority, csr, domain_uid=node.domain_uid, node=f"node-{index}",
-            dns_names=[node.slot_name(index)], address=node.address, now=now(), validity=validity,
+            authority,
+            csr,
+            domain_uid=node.domain_uid,
+            node=f"node-{index}",
+            dns_names=[node.slot_name(index)],
+            address=node.address,
+            now=now(),
+            validity=validity,
         )
     assert key_pem is not None
     files = MeshTlsFiles(
@@ -80,9 +86,13 @@ def self_signed(node: SimNode, index: int) -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node.slot_name(index))])
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now() - timedelta(minutes=5)).not_valid_after(now() + timedelta(hours=1))
+        .not_valid_before(now() - timedelta(minutes=5))
+        .not_valid_after(now() + timedelta(hours=1))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(node.slot_name(index))]), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -123,7 +133,9 @@ async def outsider_is_refused(cluster: SimCluster, credentials: str) -> None:
     nodes = tls_domain(cluster, 4, ca)
     members, outsider = nodes[:3], nodes[3]
     if credentials == "foreign-ca":
-        write_credentials(outsider, 3, meshpki.new_domain_authority("cd-uid-2", now=now(), validity=timedelta(days=1)))
+        write_credentials(
+            outsider, 3, meshpki.new_domain_authority("cd-uid-2", now=now(), validity=timedelta(days=1))
+        )
     elif credentials == "self-signed":
         cert, key = self_signed(outsider, 3)
         write_credentials(outsider, 3, ca, cert_pem=cert, key_pem=key)
@@ -138,11 +150,16 @@ async def outsider_is_refused(cluster: SimCluster, credentials: str) -> None:
         await member.wait_log(f"Refused connection from {outsider.address}: ", timeout_s=10)
     # Whichever side checks first: the member rejects the outsider's certificate, or the outsider
     # rejects the member's (and the member sees its alert). Either way no link comes up.
-    expected = {"foreign-ca": ("unable to get local issuer certificate", "unknown ca"),
-                "self-signed": ("self-signed certificate", "unknown ca"),
-                "plain": ("TLS handshake failed",)}[credentials]
-    refusals = [line for line in members[0].log_text().splitlines()
-                if f"Refused connection from {outsider.address}" in line]
+    expected = {
+        "foreign-ca": ("unable to get local issuer certificate", "unknown ca"),
+        "self-signed": ("self-signed certificate", "unknown ca"),
+        "plain": ("TLS handshake failed",),
+    }[credentials]
+    refusals = [
+        line
+        for line in members[0].log_text().splitlines()
+        if f"Refused connection from {outsider.address}" in line
+    ]
     assert refusals and all(any(e in line for e in expected) for line in refusals), refusals
     status = await outsider.status()
     assert all(status.connections[i] != "CONNECTED" for i in range(3)), status.connections
@@ -182,11 +199,15 @@ async def test_a_certificate_for_another_slot_is_refused(cluster: SimCluster) ->
     ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 3, ca)
     stolen = (nodes[1].directory / meshpki.MESH_CERT_FILE).read_bytes()
-    write_credentials(nodes[2], 1, ca, cert_pem=stolen, key_pem=(nodes[1].directory / meshpki.MESH_KEY_FILE).read_bytes())
+    write_credentials(
+        nodes[2], 1, ca, cert_pem=stolen, key_pem=(nodes[1].directory / meshpki.MESH_KEY_FILE).read_bytes()
+    )
     nodes[2].write_config([n.address for n in nodes])
     await start(nodes[:2])
     nodes[2].spawn()
-    await nodes[0].wait_log(f"Refused connection from {nodes[2].address}: the client certificate names", timeout_s=10)
+    await nodes[0].wait_log(
+        f"Refused connection from {nodes[2].address}: the client certificate names", timeout_s=10
+    )
     assert (await nodes[0].status()).connections[2] != "CONNECTED"
 
 
@@ -227,10 +248,14 @@ async def test_gssapi_and_unknown_modes_stop_the_daemon(cluster: SimCluster) -> 
     ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     (node,) = tls_domain(cluster, 1, ca)
     text = node.config_path.read_text()
-    for mode, error in (("GSS_AUTH_ENCRYPT", "is not simulated"), ("", "needs IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS")):
-        node.config_path.write_text(text.replace("IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS", f"IMEX_AUTH_ENCRYPTION_MODE={mode}"))
+    for mode, error in (
+        ("GSS_AUTH_ENCRYPT", "is not simulated"),
+        ("", "needs IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS"),
+    ):
+        node.config_path.write_text(
+            text.replace("IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS", f"IMEX_AUTH_ENCRYPTION_MODE={mode}")
+        )
         proc = node.spawn()
         assert node.wait_exit() == 1
         assert proc.stderr is not None and error in proc.stderr.read().decode()
         proc.stderr.close()
-

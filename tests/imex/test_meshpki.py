@@ -19,8 +19,14 @@ def authority(uid: str = "uid-1") -> meshpki.DomainAuthority:
 
 def sign(ca: meshpki.DomainAuthority, csr: bytes, node: str = "n1", uid: str = "uid-1") -> bytes:
     return meshpki.sign_node_certificate(
-        ca, csr, domain_uid=uid, node=node, dns_names=["s3.abc.uid-1.imex.invalid"],
-        address="127.0.1.3", now=NOW, validity=DAY,
+        ca,
+        csr,
+        domain_uid=uid,
+        node=node,
+        dns_names=["s3.abc.uid-1.imex.invalid"],
+        address="127.0.1.3",
+        now=NOW,
+        validity=DAY,
     )
 
 

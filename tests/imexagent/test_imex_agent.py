@@ -392,7 +392,9 @@ async def test_a_members_watch_lagging_behind_the_binding_does_not_hold_the_daem
     instead of waiting, and the watch, once it catches up, changes nothing."""
     caught_up = asyncio.Event()
 
-    def lagging(store: Store, prefix: str, cls: type, *args: object, **kwargs: object) -> AsyncIterator[object]:
+    def lagging(
+        store: Store, prefix: str, cls: type, *args: object, **kwargs: object
+    ) -> AsyncIterator[object]:
         async def stream() -> AsyncIterator[object]:
             if prefix == store.keys.members(UID):
                 yield Resync([], 0)  # a view from before the join

@@ -68,7 +68,10 @@ def test_unknown_versions_are_refused_by_name() -> None:
 
 
 def test_paths() -> None:
-    assert resource_path("v1beta1", "resourceslices", name="n") == "/apis/resource.k8s.io/v1beta1/resourceslices/n"
+    assert (
+        resource_path("v1beta1", "resourceslices", name="n")
+        == "/apis/resource.k8s.io/v1beta1/resourceslices/n"
+    )
     assert (
         resource_path("v1", "resourceclaims", "team-a", "c")
         == "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c"
@@ -76,7 +79,10 @@ def test_paths() -> None:
 
 
 def test_requests_nest_under_exactly_except_in_v1beta1() -> None:
-    assert device_request("channel", "cls", "v1") == {"name": "channel", "exactly": {"deviceClassName": "cls"}}
+    assert device_request("channel", "cls", "v1") == {
+        "name": "channel",
+        "exactly": {"deviceClassName": "cls"},
+    }
     assert device_request("channel", "cls", "v1beta2") == device_request("channel", "cls", "v1")
     assert device_request("channel", "cls", "v1beta1") == {"name": "channel", "deviceClassName": "cls"}
     for version in ("v1", "v1beta2", "v1beta1"):
@@ -86,7 +92,10 @@ def test_requests_nest_under_exactly_except_in_v1beta1() -> None:
 def test_slice_devices_nest_attributes_under_basic_only_in_v1beta1() -> None:
     attrs = {"type": {"string": "channel"}}
     assert slice_device("channel-0", attrs, "v1") == {"name": "channel-0", "attributes": attrs}
-    assert slice_device("channel-0", attrs, "v1beta1") == {"name": "channel-0", "basic": {"attributes": attrs}}
+    assert slice_device("channel-0", attrs, "v1beta1") == {
+        "name": "channel-0",
+        "basic": {"attributes": attrs},
+    }
     for version in ("v1", "v1beta2", "v1beta1"):
         assert device_attributes(slice_device("channel-0", attrs, version)) == attrs
 

@@ -343,7 +343,10 @@ def test_production_runs_a_three_member_etcd_with_peer_and_client_tls(production
     # One member per node, and a drain never takes two.
     anti = pod_spec(etcd)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert [term["topologyKey"] for term in anti] == ["kubernetes.io/hostname"]
-    assert anti[0]["labelSelector"]["matchLabels"].items() <= etcd["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        anti[0]["labelSelector"]["matchLabels"].items()
+        <= etcd["spec"]["template"]["metadata"]["labels"].items()
+    )
     pdb = find(production, "PodDisruptionBudget", "cd-etcd")
     assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]

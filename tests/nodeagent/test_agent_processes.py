@@ -45,9 +45,7 @@ async def start_agents(
     return agents
 
 
-async def wait_for(
-    predicate, timeout_s: float = 15.0, what: str = "condition", detail=lambda: ""
-) -> None:
+async def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition", detail=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await predicate():

@@ -14,7 +14,9 @@ class Example:
     lease_ttl_s: int = setting(5, "lease TTL", validate=positive)
     mode: str = setting("simulation", "mode", choices=["simulation", "kubernetes"])
     verbose: bool = setting(False, "verbose")
-    password: str = setting("", "etcd password", secret=True, validate=lambda v: "too short" if 0 < len(v) < 4 else None)
+    password: str = setting(
+        "", "etcd password", secret=True, validate=lambda v: "too short" if 0 < len(v) < 4 else None
+    )
 
 
 def test_flag_beats_env_beats_default() -> None:

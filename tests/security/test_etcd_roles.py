@@ -34,7 +34,9 @@ async def secured(etcd_bin: Path, tmp_path: Path) -> AsyncIterator[dict[str, Etc
             for component in roles.COMPONENTS:
                 password = secrets.token_hex(8)
                 await auth.UserAdd(rpc.AuthUserAddRequest(name=component, password=password), timeout=5)
-                await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=component, role=component), timeout=5)
+                await auth.UserGrantRole(
+                    rpc.AuthUserGrantRoleRequest(user=component, role=component), timeout=5
+                )
                 configs[component] = EtcdConfig(
                     endpoint=server.endpoint, prefix=PREFIX, username=component, password=password
                 )

@@ -25,7 +25,9 @@ PASSWORD = "s3cret-Pa55word-for-test"
 def tls_etcd(etcd_bin: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
     pki = generate_pki(tmp_path / "pki", service_ip="10.0.0.1")
     # etcd serves TLS and its embedded gateway dials itself with the same certificate.
-    serving = issue_from_ca(pki.ca, tmp_path / "pki", "etcd", "etcd", ip_addresses=("127.0.0.1",), server=True)
+    serving = issue_from_ca(
+        pki.ca, tmp_path / "pki", "etcd", "etcd", ip_addresses=("127.0.0.1",), server=True
+    )
     server = EtcdServer(
         data_dir=tmp_path / "etcd-data",
         binary=etcd_bin,
@@ -64,13 +66,19 @@ async def test_store_with_client_certificates_and_password_auth(tls_etcd) -> Non
         await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=5)
 
     # Without a client certificate the TLS handshake is refused.
-    no_cert = Store(EtcdConfig(endpoint=server.endpoint, prefix="/sec/", ca_file=str(pki.ca.cert), timeout_s=2))
+    no_cert = Store(
+        EtcdConfig(endpoint=server.endpoint, prefix="/sec/", ca_file=str(pki.ca.cert), timeout_s=2)
+    )
     with pytest.raises(aetcd.exceptions.ClientError):
         await no_cert.get(no_cert.keys.node("n1"), pb.Node)
     await no_cert.close()
 
     # A wrong password is refused.
-    wrong = Store(EtcdConfig(endpoint=server.endpoint, prefix="/sec/", username="root", password="nope", timeout_s=2, **tls))
+    wrong = Store(
+        EtcdConfig(
+            endpoint=server.endpoint, prefix="/sec/", username="root", password="nope", timeout_s=2, **tls
+        )
+    )
     with pytest.raises(aetcd.exceptions.ClientError):
         await wrong.get(wrong.keys.node("n1"), pb.Node)
     await wrong.close()
@@ -79,7 +87,9 @@ async def test_store_with_client_certificates_and_password_auth(tls_etcd) -> Non
     buffer = io.StringIO()
     configure_logging("json", "debug", stream=buffer)
     try:
-        config = EtcdConfig(endpoint=server.endpoint, prefix="/sec/", username="root", password=PASSWORD, **tls)
+        config = EtcdConfig(
+            endpoint=server.endpoint, prefix="/sec/", username="root", password=PASSWORD, **tls
+        )
         assert PASSWORD not in repr(config)
         async with Store(config) as store:
             await store.put(store.keys.node("n3"), pb.Node(name="n3"))

@@ -39,7 +39,9 @@ domains = st.builds(
         pb.ComputeDomainStatus,
         status=st.sampled_from(list(pb.Readiness)),
         nodes=st.lists(
-            st.builds(pb.NodeStatus, name=names, ip_address=names, clique_id=names, index=st.integers(-1, 17)),
+            st.builds(
+                pb.NodeStatus, name=names, ip_address=names, clique_id=names, index=st.integers(-1, 17)
+            ),
             max_size=5,
         ),
     ),

@@ -88,7 +88,9 @@ async def test_snapshot_restore_keeps_the_snapshot_and_watches_relist(etcd_bin: 
                 async with asyncio.timeout(10):
                     await new_seen.wait()
                 last_resync = [e for e in seen if isinstance(e, Resync)][-1]
-                assert sorted(v.value.uid for v in last_resync.items) == sorted(f"saved-{i}" for i in range(10))
+                assert sorted(v.value.uid for v in last_resync.items) == sorted(
+                    f"saved-{i}" for i in range(10)
+                )
             finally:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)

@@ -32,7 +32,12 @@ def test_endpoint_lists_parse_and_bad_ones_are_named() -> None:
     config = EtcdConfig(endpoint="a:1, b:2,c:3")
     assert config.endpoints == ("a:1", "b:2", "c:3")
     assert (config.host, config.port) == ("a", 1)
-    for bad, named in (("a:1,", "'a:1,'"), ("a:1,b", "'b'"), ("a:1,a:1", "'a:1' is listed twice"), ("a:0", "'a:0'")):
+    for bad, named in (
+        ("a:1,", "'a:1,'"),
+        ("a:1,b", "'b'"),
+        ("a:1,a:1", "'a:1' is listed twice"),
+        ("a:0", "'a:0'"),
+    ):
         with pytest.raises(ValueError, match=named):
             EtcdConfig(endpoint=bad)
 
@@ -44,7 +49,9 @@ def test_etcd_endpoints_flag_replaces_the_single_endpoint() -> None:
     assert EtcdConfig.from_settings(single).endpoints == ("a:1", "b:2")
     agreeing = load_settings(EtcdSettings, ["--etcd-endpoint", "b:2", "--etcd-endpoints", "a:1,b:2"], env={})
     assert EtcdConfig.from_settings(agreeing).endpoints == ("a:1", "b:2")
-    disagreeing = load_settings(EtcdSettings, ["--etcd-endpoint", "c:3", "--etcd-endpoints", "a:1,b:2"], env={})
+    disagreeing = load_settings(
+        EtcdSettings, ["--etcd-endpoint", "c:3", "--etcd-endpoints", "a:1,b:2"], env={}
+    )
     with pytest.raises(ValueError, match="--etcd-endpoint 'c:3' is not among --etcd-endpoints"):
         EtcdConfig.from_settings(disagreeing)
     with pytest.raises(SettingsError, match=r"--etcd-endpoints.*'b': expected host:port"):
@@ -104,9 +111,10 @@ async def test_watches_resume_on_another_member_without_loss_or_repeat(cluster: 
     """Many watches on one client whose member dies between two rounds of writes: each sees every
     write of its prefix once, in order."""
     leader = cluster.leader()
-    async with Store(config_starting_at(cluster, leader)) as watching, Store(
-        config_starting_at(cluster, leader)
-    ) as writing:
+    async with (
+        Store(config_starting_at(cluster, leader)) as watching,
+        Store(config_starting_at(cluster, leader)) as writing,
+    ):
         seen: dict[int, list[str]] = {i: [] for i in range(WATCHES)}
         revisions: dict[int, list[int]] = {i: [] for i in range(WATCHES)}
         ready = [asyncio.Event() for _ in range(WATCHES)]

@@ -175,7 +175,9 @@ async def _scenario(run: Run) -> dict[str, float]:
         for m in members:
             by_clique.setdefault(m.value.clique_id, []).append(m.value.index)
         assert len(by_clique) == RACKS
-        assert all(sorted(indices) == list(range(NODES // RACKS)) for indices in by_clique.values()), by_clique
+        assert all(sorted(indices) == list(range(NODES // RACKS)) for indices in by_clique.values()), (
+            by_clique
+        )
         # Every claim prepared once, on its own node.
         completed = [p for p in preparations if p.state == pb.PreparedState.PREPARE_COMPLETED]
         assert Counter(p.claim_uid for p in completed) == Counter(c.uid for c in job.claims)

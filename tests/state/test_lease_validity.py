@@ -24,7 +24,9 @@ from tools.netports import free_port
         max_size=30,
     ),
 )
-def test_never_acts_past_a_lease_that_could_have_expired(ttl: int, steps: list[tuple[float, bool, float]]) -> None:
+def test_never_acts_past_a_lease_that_could_have_expired(
+    ttl: int, steps: list[tuple[float, bool, float]]
+) -> None:
     """Whatever the pauses and refresh latencies: at every moment the leader may act, the server's
     lease (started no earlier than the send of the last successful grant or refresh) is alive."""
     v = LeaseValidity(ttl, margin_s=0.1)

@@ -235,10 +235,14 @@ async def test_a_join_needs_its_domain_and_not_a_deleting_one(store: Store) -> N
 
 
 @pytest.mark.parametrize("record", ["binding", "member", "domain"])
-async def test_a_join_over_an_undecodable_record_fails_at_once_naming_the_key(store: Store, record: str) -> None:
+async def test_a_join_over_an_undecodable_record_fails_at_once_naming_the_key(
+    store: Store, record: str
+) -> None:
     """Not taken for absent (a join would then lose every race against the key that is there)."""
     keys = store.keys
-    key = {"binding": keys.node_binding("a"), "member": keys.member("d1", "a"), "domain": keys.domain("d1")}[record]
+    key = {"binding": keys.node_binding("a"), "member": keys.member("d1", "a"), "domain": keys.domain("d1")}[
+        record
+    ]
     await store.put_raw(key, b"\x00\xffnot a protobuf envelope")
     with pytest.raises(UndecodableValue, match=f"undecodable value at {key}"):
         await asyncio.wait_for(join_domain(store, "d1", "ns", node("a")), timeout=2.0)

@@ -87,7 +87,11 @@ async def test_an_undecodable_value_reaches_a_watch_as_its_own_event(store: Stor
         await it.aclose()
     assert all(isinstance(e, WatchEvent) for e in events)
     kinds = [(e.kind, e.key, e.value is None) for e in events if isinstance(e, WatchEvent)]
-    assert kinds == [("put", k.node("n1"), False), ("undecodable", k.node("n1"), True), ("put", k.node("n1"), False)]
+    assert kinds == [
+        ("put", k.node("n1"), False),
+        ("undecodable", k.node("n1"), True),
+        ("put", k.node("n1"), False),
+    ]
     bad = events[1]
     assert isinstance(bad, WatchEvent) and bad.reason.startswith("not an envelope")
 
@@ -288,7 +292,11 @@ def test_txn_request_is_what_aetcds_helpers_build() -> None:
     )
     nested: list[object] = []
     for guard, _ in reversed(alternatives):
-        writes = [t.Put(guard.encode(), b"claim"), t.Put(b"/m", b"member", lease=7), t.Delete(b"/x/", range_end=end(b"/x/"))]
+        writes = [
+            t.Put(guard.encode(), b"claim"),
+            t.Put(b"/m", b"member", lease=7),
+            t.Delete(b"/x/", range_end=end(b"/x/")),
+        ]
         nested = [t.Txn([t.Create(guard.encode()) == 0], writes, nested)]
     client = aetcd.Client.__new__(aetcd.Client)
     theirs = rpc.TxnRequest(

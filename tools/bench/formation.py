@@ -95,7 +95,10 @@ class Scenario:
 async def _write_job(store: Store, job: Job) -> None:
     now = int(time.time() * 1000)
     ops: list[Put] = [Put(store.keys.domain(job.domain_uid), build_domain(job, now))]
-    ops += [Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in job.claims]
+    ops += [
+        Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now))
+        for c in job.claims
+    ]
     for start in range(0, len(ops), _TXN_OPS):
         await store.txn([], ops[start : start + _TXN_OPS])
 
@@ -314,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile_dir.resolve() if args.profile_dir else None
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
-    scenarios = {"18": Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps, mesh_tls=args.mesh == "tls")}
+    scenarios = {
+        "18": Scenario("rack", racks=1, nodes=args.nodes_18, reps=args.reps, mesh_tls=args.mesh == "tls")
+    }
     if args.nodes_256:
         scenarios["256"] = Scenario(
             "job",

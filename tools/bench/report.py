@@ -120,7 +120,11 @@ def _methods(results: dict[str, Any]) -> str:
             f"`python -m {info.get('module', name)}{' ' + args if args else ''}`"
             + f" — {info.get('seconds', 0):.0f} s, load average {info.get('load_before', 0)} before, "
             f"{info.get('load_after', 0)} after"
-            + (f"; started after {info['settled_s']} s waiting for an idle machine" if info.get("settled_s") else "")
+            + (
+                f"; started after {info['settled_s']} s waiting for an idle machine"
+                if info.get("settled_s")
+                else ""
+            )
             + ".\n"
         )
         common = _common_settings([e for _, e in metrics + extras])

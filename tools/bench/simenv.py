@@ -292,7 +292,9 @@ def start_host(
                 *extra_args,
             ]  # fmt: skip
             with log.open("wb") as out:
-                proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT
+                )
             starting.append((proc, log, ready))
         hosts: list[HostProcess] = []
         deadline = time.monotonic() + timeout_s + 30
@@ -301,7 +303,9 @@ def start_host(
                 if proc.poll() is not None:
                     raise RuntimeError(f"scale host exited {proc.returncode}: {log.read_text()[-3000:]}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"scale host not serving within {timeout_s:.0f}s: {log.read_text()[-3000:]}")
+                    raise RuntimeError(
+                        f"scale host not serving within {timeout_s:.0f}s: {log.read_text()[-3000:]}"
+                    )
                 time.sleep(0.1)
             hosts.append(HostProcess(proc, log, ready, json.loads(ready.read_text())))
     except BaseException:

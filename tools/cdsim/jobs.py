@@ -147,7 +147,9 @@ async def _create_records(store: Store, job: Job) -> None:
 async def create_claims(store: Store, job: Job, claims: Sequence[ClaimRecord]) -> None:
     """The job's claims as the scheduler would have allocated them, in as few transactions as can be."""
     now = _now_ms()
-    puts = [Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in claims]
+    puts = [
+        Put(store.keys.claim(c.uid), build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in claims
+    ]
     for start in range(0, len(puts), _MAX_TXN_OPS):
         await store.txn([], puts[start : start + _MAX_TXN_OPS])
 

@@ -90,7 +90,8 @@ async def _create_records(store: Store, job: Job) -> None:
     if not await store.create(keys.domain(job.domain_uid), jobs.build_domain(job, now)):
         raise CommandError(f"domain {job.domain_uid} exists already")
     puts = [
-        Put(keys.claim(c.uid), jobs.build_claim(c, job.domain_uid, job.allocation_mode, now)) for c in job.claims
+        Put(keys.claim(c.uid), jobs.build_claim(c, job.domain_uid, job.allocation_mode, now))
+        for c in job.claims
     ]
     for start in range(0, len(puts), MAX_TXN_OPS):
         await store.txn([], puts[start : start + MAX_TXN_OPS])

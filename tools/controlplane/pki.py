@@ -250,7 +250,11 @@ def issue_from_ca(
     ca_key = serialization.load_pem_private_key(ca.key_pem(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = _new_key()
-    usages = [u for u, on in ((ExtendedKeyUsageOID.SERVER_AUTH, server), (ExtendedKeyUsageOID.CLIENT_AUTH, client)) if on]
+    usages = [
+        u
+        for u, on in ((ExtendedKeyUsageOID.SERVER_AUTH, server), (ExtendedKeyUsageOID.CLIENT_AUTH, client))
+        if on
+    ]
     sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cert = _issue(ca_cert, ca_key, _name(common_name), key, usages[0], sans or None)
     if len(usages) > 1:

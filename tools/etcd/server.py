@@ -136,7 +136,9 @@ class EtcdServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         assert self.log_path is not None
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
 
     @property
@@ -149,7 +151,9 @@ class EtcdServer:
         Raises EtcdError when the member does not answer."""
         context = None
         if self.cert_file:
-            context = ssl.create_default_context(cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None)
+            context = ssl.create_default_context(
+                cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None
+            )
             context.load_cert_chain(str(self.cert_file), str(self.key_file))
         request = urllib.request.Request(
             f"{self.scheme}://{self.endpoint}/v3/maintenance/status", data=b"{}", method="POST"
@@ -158,7 +162,9 @@ class EtcdServer:
             with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
                 doc = json.loads(resp.read())
         except (OSError, ValueError) as exc:
-            raise EtcdError(f"etcd member {self.name} at {self.endpoint} did not answer its status: {exc}") from None
+            raise EtcdError(
+                f"etcd member {self.name} at {self.endpoint} did not answer its status: {exc}"
+            ) from None
         # The gateway writes 64-bit integers as strings (protobuf JSON).
         return {
             "member_id": int(doc["header"]["member_id"]),
@@ -170,7 +176,9 @@ class EtcdServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise EtcdError(f"etcd exited with {self.process.returncode} during start:\n{self.log_tail()}")
+                raise EtcdError(
+                    f"etcd exited with {self.process.returncode} during start:\n{self.log_tail()}"
+                )
             if self._port_open() and self._healthy():
                 return
             time.sleep(0.05)
@@ -180,10 +188,14 @@ class EtcdServer:
         """etcd's /health answers true (over TLS with its own certificate as client, when TLS is on)."""
         context = None
         if self.cert_file:
-            context = ssl.create_default_context(cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None)
+            context = ssl.create_default_context(
+                cafile=str(self.trusted_ca_file) if self.trusted_ca_file else None
+            )
             context.load_cert_chain(str(self.cert_file), str(self.key_file))
         try:
-            with urllib.request.urlopen(f"{self.scheme}://{self.endpoint}/health", timeout=1.0, context=context) as resp:
+            with urllib.request.urlopen(
+                f"{self.scheme}://{self.endpoint}/health", timeout=1.0, context=context
+            ) as resp:
                 return b'"health":"true"' in resp.read()
         except OSError:
             return False
@@ -298,7 +310,9 @@ class EtcdCluster:
                 if leader_id in seen:
                     return seen[leader_id]
             if time.monotonic() >= deadline:
-                raise EtcdError(f"no agreed etcd leader within {timeout_s:.0f}s (members report {sorted(leaders)})")
+                raise EtcdError(
+                    f"no agreed etcd leader within {timeout_s:.0f}s (members report {sorted(leaders)})"
+                )
             time.sleep(0.1)
 
     def destroy(self) -> None:

@@ -88,7 +88,11 @@ class Container:
         with open(self.log_file, "ab") as out:
             # Its own session: a Ctrl-C of the smoke run reaches the programs only through stop().
             self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         log.info("container_started", container=self.name, program=self.argv[0], pid=self.process.pid)
 

@@ -98,7 +98,9 @@ def wait_healthy(container: Container, url: str, timeout_s: float = HEALTH_TIMEO
             tail = container.log_file.read_text(errors="replace").splitlines()[-15:]
             raise SmokeFailed(f"{container.name} exited before {url} was healthy:\n" + "\n".join(tail))
         time.sleep(0.2)
-    raise SmokeFailed(f"{container.name}: {url} not healthy after {timeout_s:.0f} s (log {container.log_file})")
+    raise SmokeFailed(
+        f"{container.name}: {url} not healthy after {timeout_s:.0f} s (log {container.log_file})"
+    )
 
 
 class Smoke:
@@ -190,7 +192,9 @@ def image_exists(image: str) -> bool:
 
 def run(image: str, keep_state: bool) -> int:
     if shutil.which("buildah") is None:
-        print("error: buildah is not installed; `make image` installs it and builds the image", file=sys.stderr)
+        print(
+            "error: buildah is not installed; `make image` installs it and builds the image", file=sys.stderr
+        )
         return 2
     if not image_exists(image):
         print(f"error: no image {image} in buildah's storage; build it with `make image`", file=sys.stderr)
@@ -225,7 +229,9 @@ def run(image: str, keep_state: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the image to exercise (default: %(default)s)")
     parser.add_argument("--keep-state", action="store_true", help="keep the state directory and logs")
     args = parser.parse_args(argv)

@@ -111,7 +111,9 @@ def mirror_lines(entries: Iterable[Entry], suite: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("suite", help="the Debian suite of the base, e.g. bookworm")
     parser.add_argument("sources_dir", nargs="?", default="/etc/apt", type=Path, help="apt's directory")
     args = parser.parse_args(argv)

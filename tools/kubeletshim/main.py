@@ -97,7 +97,9 @@ async def control_plane_release(
             return release
         except _RELEASE_ERRORS as exc:
             delay = backoff.next_delay()
-            log.warning("asking the API server its version failed; retrying", error=str(exc), retry_in_s=delay)
+            log.warning(
+                "asking the API server its version failed; retrying", error=str(exc), retry_in_s=delay
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
     return None

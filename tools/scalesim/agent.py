@@ -206,7 +206,9 @@ class SimAgent:
 
     @staticmethod
     def _claim_source(store: Store, kube: KubeMode | None) -> ClaimSource:
-        return StoreClaimSource(store) if kube is None else KubeClaimSource(kube.api, timeout_s=kube.timeout_s)
+        return (
+            StoreClaimSource(store) if kube is None else KubeClaimSource(kube.api, timeout_s=kube.timeout_s)
+        )
 
     @property
     def inventory(self) -> NodeInventory:

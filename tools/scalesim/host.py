@@ -217,7 +217,9 @@ class ScaleHost:
         self.lag.start()
         await asyncio.gather(*(s.connect() for s in self._clients()))
         if self.kubeconfig and self.kube is None:
-            self.kube = KubeMode(await kube_client(self.kubeconfig, len(self.node_names)), self.kube_timeout_s)
+            self.kube = KubeMode(
+                await kube_client(self.kubeconfig, len(self.node_names)), self.kube_timeout_s
+            )
         try:
             async with asyncio.timeout(timeout_s):
                 for first in range(0, len(self.node_names), batch):

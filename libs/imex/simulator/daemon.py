@@ -283,7 +283,9 @@ class Daemon(PeerMesh):
         if self.mesh_tls is not None:
             failed = self.mesh_tls.reload()
             if failed:
-                self.log.write("ERROR", f"Reloading SSL credentials failed, keeping the previous ones: {failed}")
+                self.log.write(
+                    "ERROR", f"Reloading SSL credentials failed, keeping the previous ones: {failed}"
+                )
             else:
                 self.log.write("INFO", "Reloaded SSL credentials")
         self.resolver.refresh(force=True)

@@ -60,7 +60,9 @@ class MeshTls:
     def dial(self, name: str) -> TlsChannel:
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         target = self.target_override or name
-        return TlsChannel(self.client.wrap_bio(incoming, outgoing, server_hostname=target), incoming, outgoing)
+        return TlsChannel(
+            self.client.wrap_bio(incoming, outgoing, server_hostname=target), incoming, outgoing
+        )
 
 
 class TlsError(Exception):

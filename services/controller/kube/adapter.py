@@ -400,7 +400,11 @@ class KubeAdapter:
             return
         now = asyncio.get_running_loop().time()
         last = self._status_written.get(uid)
-        if last is not None and now - last < STATUS_MIN_INTERVAL_S and not status_transition(current, desired):
+        if (
+            last is not None
+            and now - last < STATUS_MIN_INTERVAL_S
+            and not status_transition(current, desired)
+        ):
             # The later pass writes the status of its moment.
             self.queue.add_after(uid, last + STATUS_MIN_INTERVAL_S - now)
             return

@@ -110,7 +110,9 @@ def cr_status(status: StatusValue) -> dict[str, Any]:
 
 def cr_status_differs(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
     current = current or {}
-    return any(current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions", "imexMesh"))
+    return any(
+        current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions", "imexMesh")
+    )
 
 
 def status_transition(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
@@ -119,7 +121,9 @@ def status_transition(current: dict[str, Any] | None, desired: dict[str, Any]) -
     a message. Pure."""
 
     def summary(s: dict[str, Any]) -> tuple[Any, ...]:
-        conditions = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in s.get("conditions") or [])
+        conditions = tuple(
+            (c.get("type"), c.get("status"), c.get("reason")) for c in s.get("conditions") or []
+        )
         return s.get("status"), s.get("imexMesh"), conditions
 
     return summary(current or {}) != summary(desired)

@@ -29,7 +29,9 @@ def fence_writes(api: ApiClient, leadership: Leadership) -> None:
 
     def fenced(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         if method.upper() in _MUTATING and not leadership.may_act():
-            raise NotLeading(f"refused {method} {url}: the leader lease of {leadership.holder} could have lapsed")
+            raise NotLeading(
+                f"refused {method} {url}: the leader lease of {leadership.holder} could have lapsed"
+            )
         return request(method, url, *args, **kwargs)
 
     api.request = fenced  # type: ignore[method-assign]

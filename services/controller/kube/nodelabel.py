@@ -200,7 +200,12 @@ async def _patch_label(
             return answer
         await core.patch_node(
             node,
-            {"metadata": {"labels": {LABEL_KEY: value}, "resourceVersion": current.metadata.resource_version}},
+            {
+                "metadata": {
+                    "labels": {LABEL_KEY: value},
+                    "resourceVersion": current.metadata.resource_version,
+                }
+            },
             _request_timeout=_CALL_TIMEOUT_S,
         )
     except ApiException as exc:

@@ -161,7 +161,9 @@ async def remove_template(
         await resource.delete_namespaced_resource_claim_template(
             name,
             namespace,
-            body=V1DeleteOptions(preconditions=V1Preconditions(uid=current.metadata.uid, resource_version=version)),
+            body=V1DeleteOptions(
+                preconditions=V1Preconditions(uid=current.metadata.uid, resource_version=version)
+            ),
             _request_timeout=_CALL_TIMEOUT_S,
         )
         log.info("resource claim template removed", cd_uid=cd_uid, namespace=namespace, rct=name)
