@@ -160,8 +160,8 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         "per_core_capacity_per_s": round(len(latencies) / cpu, 1) if cpu > 0 else 0.0,
         "elapsed_s": round(elapsed, 2),
         "p99_from_send_ms": round(percentile(from_send, 99) * 1e3, 3),
-        "client_send_lag_p50_ms": (round(percentile(lags, 50) * 1e3, 3) if lags else 0.0),
-        "client_send_lag_p99_ms": (round(percentile(lags, 99) * 1e3, 3) if lags else 0.0),
+        "client_send_lag_p50_ms": round(percentile(lags, 50) * 1e3, 3) if lags else 0.0,
+        "client_send_lag_p99_ms": round(percentile(lags, 99) * 1e3, 3) if lags else 0.0,
         # How long the phase waited for the advisor and etcd to be idle before it started.
         "settled_s": settled_s,
     }
