@@ -265,16 +265,23 @@ class CommitBatcher:
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
+    async def drained(self, timeout_s: float) -> set[asyncio.Task[None]]:
+        """Wait (at most `timeout_s`) for the batches in flight and the undos of failed ones to
+        end; the tasks still running then."""
+        pending = [*self._inflight, *self._cleanups]
+        if not pending:
+            return set()
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        return late
+
     async def close(self, timeout_s: float = 5.0) -> None:
         """Refuse new units, let the batches in flight finish (within `timeout_s`), fail the rest."""
         self._closed = True
-        pending = [*self._inflight, *self._cleanups]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=timeout_s)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=timeout_s)
+        late = await self.drained(timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=timeout_s)
         while self._queue:
             unit = self._queue.popleft()
             if not unit.future.done():
