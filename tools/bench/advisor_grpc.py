@@ -52,7 +52,13 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from tools.bench.advisor_load import OPEN_LOOP_STREAMS, RESERVATION_TTL_S, request_mix, run_client
+from tools.bench.advisor_load import (
+    OPEN_LOOP_LEAD_S,
+    OPEN_LOOP_STREAMS,
+    RESERVATION_TTL_S,
+    request_mix,
+    run_client,
+)
 from tools.bench.advisor_process import AdvisorProcess, start_advisor, wait_quiet
 from tools.bench.extender_calls import bench_extender
 from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir, stop_process
@@ -130,7 +136,12 @@ async def seed_store(endpoint: str, prefix: str, racks: int, busy: float, seed: 
 
 
 def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run `jobs` in the client processes once the advisor and etcd are idle; the phase's figures."""
     settled_s = wait_quiet(advisor)
+    # Timed from here, not from when the jobs were made: the open loops start together, once the
+    # clients had time to connect.
+    start = time.time() + OPEN_LOOP_LEAD_S
+    jobs = [{**job, "start": start} if job["kind"] == "open" else job for job in jobs]
     cpu0, etcd0, loop0 = advisor.cpu_seconds(), advisor.etcd_cpu_seconds(), advisor.loop_cpu_seconds()
     started = time.perf_counter()
     results = pool.map(run_client, jobs)
@@ -149,13 +160,14 @@ def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) ->
         "decisions_per_s": round(len(latencies) / span, 1),
         "p50_ms": round(percentile(latencies, 50) * 1e3, 3),
         "p99_ms": round(percentile(latencies, 99) * 1e3, 3),
-        "max_ms": round(max(latencies) * 1e3, 3) if latencies else 0.0,
-        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3) if latencies else 0.0,
+        "max_ms": round(max(latencies) * 1e3, 3),
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3),
         "server_cpu_ms_per_decision": round(cpu / max(len(latencies), 1) * 1e3, 4),
         # etcd's share: the reservation writes and the client's releases (dry runs: the watch only).
         "etcd_cpu_ms_per_decision": round(etcd_cpu / max(len(latencies), 1) * 1e3, 4),
-        # The event loop's share of the phase: near 1, decisions queue for it whatever the machine.
-        "loop_busy": round(loop_cpu / elapsed, 3) if elapsed > 0 else 0.0,
+        # The event loop's share of the phase (first send to last answer): near 1, decisions queue
+        # for it whatever the machine.
+        "loop_busy": round(loop_cpu / span, 3),
         # What one otherwise idle core could sustain at this CPU cost per decision.
         "per_core_capacity_per_s": round(len(latencies) / cpu, 1) if cpu > 0 else 0.0,
         "elapsed_s": round(elapsed, 2),
@@ -198,7 +210,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                             "shape": s,
                             "requests": requests,
                             "inflight": 2,
-                            "until": time.time() + 1.0,
+                            "seconds": 1.0,
                         }
                         for s in ("unary", "stream")
                     ],
@@ -206,8 +218,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 report["loadavg_before"] = os.getloadavg()
 
                 def open_jobs(shape: str, mix: list[bytes], release: bool) -> list[dict[str, Any]]:
-                    """One open-loop job per client, starting together in a second."""
-                    start = time.time() + 1.0
+                    """One open-loop job per client; run_phase sets their common start."""
                     return [
                         {
                             "kind": "open",
@@ -215,7 +226,6 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                             "shape": shape,
                             "requests": mix,
                             "rate": args.rate / args.clients,
-                            "start": start,
                             "seconds": args.seconds,
                             "release": release,
                         }
@@ -225,7 +235,6 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 shapes = {}
                 for shape in args.shapes.split(","):
                     phases: dict[str, Any] = {}
-                    until = time.time() + args.seconds
                     phases["single_client"] = run_phase(
                         pool,
                         advisor,
@@ -236,7 +245,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                                 "shape": shape,
                                 "requests": requests,
                                 "inflight": 1,
-                                "until": until,
+                                "seconds": args.seconds,
                             }
                         ],
                     )
@@ -244,7 +253,6 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                     phases["open_loop"]["offered_per_s"] = args.rate
                     phases["open_loop_reserve"] = run_phase(pool, advisor, open_jobs(shape, reserving, True))
                     phases["open_loop_reserve"]["offered_per_s"] = args.rate
-                    until = time.time() + args.seconds
                     phases["saturation"] = run_phase(
                         pool,
                         advisor,
@@ -255,7 +263,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                                 "shape": shape,
                                 "requests": requests,
                                 "inflight": args.inflight,
-                                "until": until,
+                                "seconds": args.seconds,
                             }
                             for _ in range(args.clients)
                         ],

@@ -21,6 +21,8 @@ PLACE = "/computedomain.placement.v1.PlacementAdvisor/Place"
 PLACE_STREAM = "/computedomain.placement.v1.PlacementAdvisor/PlaceStream"
 RELEASE = "/computedomain.placement.v1.PlacementAdvisor/Release"
 OPEN_LOOP_STREAMS = 8
+# Between a phase's start being set and its open loops' first send: the clients connect.
+OPEN_LOOP_LEAD_S = 1.0
 # A reservation outlives its release only if the client dies; then it expires soon.
 RESERVATION_TTL_S = 30
 
@@ -206,7 +208,7 @@ def run_client(job: dict[str, Any]) -> dict[str, Any]:
     if job["kind"] == "closed":
         started = time.time()
         latencies = asyncio.run(
-            _closed_loop(job["port"], job["shape"], requests, job["inflight"], job["until"])
+            _closed_loop(job["port"], job["shape"], requests, job["inflight"], started + job["seconds"])
         )
         return {
             "latencies": latencies,

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.bench.scale_inventory import cpu_seconds
+from tools.bench.proccpu import cpu_seconds
 from tools.bench.simenv import stop_process
 
 REPO = Path(__file__).resolve().parents[2]

@@ -38,6 +38,7 @@ from libs.state.store import Store
 from tools.bench import controller_churn as churn
 from tools.bench import formation, simenv
 from tools.bench.fit import TOLERANCE, fit_exponent, top_exponent, verdict
+from tools.bench.proccpu import cpu_seconds
 from tools.etcd.server import EtcdServer, etcd_binary
 
 TARGET_1008_S = 30.0
@@ -88,12 +89,6 @@ def formation_curve(
 
 
 # ---- controller -----------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def controller_point(

@@ -49,7 +49,7 @@ from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-from tools.bench.scale_inventory import cpu_seconds
+from tools.bench.proccpu import cpu_seconds
 from tools.bench.stats import percentile
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port

@@ -29,14 +29,7 @@ from typing import Any
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-
-
-def cpu_seconds(pid: int, thread: int | None = None) -> float:
-    """User + system CPU time of a process so far (all its threads), or of one of its threads
-    (`thread`: its id; a process's main thread has the process's id)."""
-    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
-    fields = stat.read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from tools.bench.proccpu import cpu_seconds
 
 
 async def count_records(endpoint: str, prefix: str) -> tuple[int, int]:
