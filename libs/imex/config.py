@@ -68,6 +68,8 @@ SIM_RECONNECT_INITIAL_S = "SIM_RECONNECT_INITIAL_S"
 SIM_HEARTBEAT_INTERVAL_S = "SIM_HEARTBEAT_INTERVAL_S"
 SIM_RECONNECT_MAX_S = "SIM_RECONNECT_MAX_S"
 SIM_SIGUSR1_MIN_INTERVAL_S = "SIM_SIGUSR1_MIN_INTERVAL_S"
+# The node's driver version (NVML), which nvidia-imex reads from the loaded driver itself.
+SIM_DRIVER_VERSION = "SIM_DRIVER_VERSION"
 
 DEFAULT_SERVER_PORT = 50000
 DEFAULT_CMD_PORT = 50005
@@ -167,6 +169,7 @@ def render_imex_config(
     reconnect_initial_s: float | None = None,
     reconnect_max_s: float | None = None,
     sigusr1_min_interval_s: float | None = None,
+    driver_version: str = "",
     mesh_tls: MeshTlsFiles | None = None,
     overrides: Mapping[str, str] | None = None,
 ) -> str:
@@ -176,7 +179,8 @@ def render_imex_config(
     ``server_port``); ``cmd_bind_interface_ip``/``cmd_port`` is where ``nvidia-imex-ctl`` finds
     the daemon. ``domain_id``, ``node_name`` and ``hosts_file`` (absolute path of the hosts file
     the simulator resolves the nodes config's names through; empty: only literal IPs resolve)
-    become simulator comment directives. The
+    and ``driver_version`` (the node's, which the real daemon reads from its driver) become
+    simulator comment directives. The
     ``*_s`` simulator settings are rendered only when given. ``overrides`` sets further real
     keys (or replaces rendered ones), except the keys in ``MANAGED_KEYS``. Raises ValueError on
     a value that would corrupt the file (newline, bad port, unknown quorum mode, ...).
@@ -197,6 +201,7 @@ def render_imex_config(
     _check_line_value("IMEX_NODE_CONFIG_FILE", nodes_config_file)
     _check_line_value("LOG_FILE_NAME", log_file_name)
     _check_token("SIM_HOSTS_FILE", hosts_file, allow_empty=True)
+    _check_token("SIM_DRIVER_VERSION", driver_version, allow_empty=True)
     if not nodes_config_file:
         raise ValueError("IMEX_NODE_CONFIG_FILE must not be empty")
 
@@ -266,6 +271,8 @@ def render_imex_config(
         directives.append((SIM_NODE_NAME, node_name))
     if hosts_file:
         directives.append((SIM_HOSTS_FILE, hosts_file))
+    if driver_version:
+        directives.append((SIM_DRIVER_VERSION, driver_version))
     for key, seconds in (
         (SIM_HEARTBEAT_INTERVAL_S, heartbeat_interval_s),
         (SIM_RECONNECT_INITIAL_S, reconnect_initial_s),

@@ -23,12 +23,14 @@ from libs.imex import slots
 from libs.imex.config import (
     DEFAULT_CMD_PORT,
     DEFAULT_SERVER_PORT,
+    QUORUM_RECOVERY,
     MeshTlsFiles,
     render_imex_config,
     render_nodes_config,
 )
 from libs.imex.simulator import client
 from libs.imex.simulator.launch import simulator_daemon_argv
+from libs.imex.simulator.recovery import PERSIST_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIQUE = "clique-a.1"
@@ -72,6 +74,8 @@ class SimNode:
     reconnect_max_s: float | None = 0.25
     sigusr1_min_interval_s: float | None = 0.0
     mesh_tls: MeshTlsFiles | None = None
+    wait_for_quorum: str = QUORUM_RECOVERY
+    driver_version: str = ""  # "": no directive (the simulator assumes a current release)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -89,6 +93,10 @@ class SimNode:
     @property
     def log_path(self) -> Path:
         return self.directory / "nvidia-imex.log"
+
+    @property
+    def persist_path(self) -> Path:
+        return self.directory / PERSIST_FILE
 
     def slot_name(self, index: int) -> str:
         return slots.slot_name(self.domain_uid, self.clique_id, index)
@@ -115,6 +123,8 @@ class SimNode:
                 reconnect_max_s=self.reconnect_max_s,
                 sigusr1_min_interval_s=self.sigusr1_min_interval_s,
                 mesh_tls=self.mesh_tls,
+                wait_for_quorum=self.wait_for_quorum,
+                driver_version=self.driver_version,
             )
         )
 

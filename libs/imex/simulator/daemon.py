@@ -25,6 +25,12 @@ At least as strict as the real daemon, so that what works against it works again
   instance (it restarted) or it said BYE (SIGTERM); never on a plain reconnect.
 * SIGTERM, SIGINT, SIGQUIT: BYE to every peer, exit 0. A new instance ID at every start.
   SIGHUP is logged and otherwise ignored.
+* Persistence file and recovery (``recovery.py``): the nodes that imported this daemon's memory
+  are kept in ``persist.dat`` beside config.cfg. After an unclean stop, a new instance with
+  IMEX_WAIT_FOR_QUORUM=RECOVERY (the default) is ``WAITING_FOR_RECOVERY`` until each of them has
+  reconnected; it refuses imports meanwhile. NONE, or a changed nodes config, skips the wait.
+* Host names in the nodes config need driver 570.158.01 or later (``# SIM_DRIVER_VERSION``,
+  the node's driver; ``libs/imex/driver.py``): on an older one, an ERROR line and exit status 1.
 
 Faults (command service): ``CRASH`` exits 1 at once; ``HANG`` blocks the process for good (only
 SIGKILL ends it); ``DROP`` cuts one peer and refuses it until SIGUSR1 or ``HEAL``.
@@ -42,8 +48,10 @@ import select
 import sys
 import time
 
-from libs.imex.config import parse_imex_config, parse_nodes_config
+from libs.imex.config import QUORUM_RECOVERY, parse_imex_config, parse_nodes_config
+from libs.imex.driver import host_names_refusal
 from libs.imex.simulator import protocol as proto
+from libs.imex.simulator import recovery as persist
 from libs.imex.simulator.daemonlog import DaemonLog
 from libs.imex.simulator.imports import ImportTable
 from libs.imex.simulator.links import CMD, OPEN, Conn, PeerMesh
@@ -71,6 +79,7 @@ class Daemon(PeerMesh):
     ) -> None:
         super().__init__(settings, log, names, own_id, resolver)
         self.imports = ImportTable()
+        self.recovery = persist.Recovery(self.map_digest, False, None, own_id, len(names))
         self.last_sigusr1 = -1e18
         self.exit_code: int | None = None
 
@@ -84,7 +93,8 @@ class Daemon(PeerMesh):
         if s.cmd_enabled:
             self.cmd_listener = self._listen(s.cmd_ip, s.cmd_port, "command service")
         self.log.write("INFO", f"Creating connections to all peers (nPeers = {len(self.links)}).")
-        self._set_state(proto.STATE_READY)
+        self._start_recovery()
+        self._set_state(proto.STATE_WAITING_FOR_RECOVERY if self.recovery.waiting else proto.STATE_READY)
         for link in self.links.values():
             self._dial(link)
         self.next_tick = time.monotonic() + self.settings.heartbeat_s / 2
@@ -116,12 +126,15 @@ class Daemon(PeerMesh):
         self.instances[node_id] = instance
         if previous is not None and previous != instance:
             self.log.write("WARNING", f"Node {node_id} is a new IMEX instance ({previous} -> {instance})")
+            self._importers_changed(self.recovery.importer_gone(node_id))
+        self._peer_reconnected(node_id)
         for entry in self.imports.exporter_seen(node_id, instance):
             self.log.write(
                 "WARNING", f"Import of job {entry.job} from node {node_id} invalid: {entry.reason}"
             )
 
     def _exporter_gone(self, conn: Conn) -> None:
+        self._importers_changed(self.recovery.importer_gone(conn.node_id))
         for entry in self.imports.exporter_gone(conn.node_id, conn.instance):
             self.log.write(
                 "WARNING", f"Import of job {entry.job} from node {conn.node_id} invalid: {entry.reason}"
@@ -132,12 +145,15 @@ class Daemon(PeerMesh):
         raw = fields.get("node", "")
         if not job or not raw.isdigit():
             return proto.REPLY_ERR, {"reason": "IMPORT needs job=<name> node=<node ID>"}
+        if self.state != proto.STATE_READY:
+            return proto.REPLY_ERR, {"reason": f"this daemon is {self.state}, not READY"}
         link = self.links.get(int(raw))
         if link is None:
             return proto.REPLY_ERR, {"reason": f"node {raw} is not a peer of this node in its map"}
         if link.status != proto.CONN_CONNECTED or link.conn is None:
             return proto.REPLY_ERR, {"reason": f"node {raw} is not connected ({link.status}: {link.reason})"}
         self.imports.add(job, link.node_id, link.conn.instance)
+        self._send(link.conn, proto.encode(proto.IMPORTED, {"job": job}))
         self.log.write("INFO", f"Job {job} imported memory from node {raw} (instance {link.conn.instance})")
         return proto.REPLY_OK, {"instance": link.conn.instance}
 
@@ -151,6 +167,68 @@ class Daemon(PeerMesh):
             fields[f"valid.{k}"] = "1" if entry.valid else "0"
             fields[f"why.{k}"] = entry.reason
         return fields
+
+    # ------------------------------------------------------- persistence file and recovery
+
+    def _start_recovery(self) -> None:
+        """Read the persistence file of the instance before and decide whether to wait."""
+        s = self.settings
+        try:
+            previous = persist.load(s.persist_file)
+        except OSError as exc:
+            self.log.write("WARNING", f"Cannot read the persistence file {s.persist_file}: {exc.strerror}")
+            previous = None
+        wait = s.wait_for_quorum == QUORUM_RECOVERY
+        self.recovery = persist.Recovery(self.map_digest, wait, previous, self.own_id, len(self.names))
+        level = "WARNING" if self.recovery.waiting else "INFO"
+        self.log.write(level, f"Persistence file {s.persist_file}: {self.recovery.decision}")
+        self._save_persist(self.recovery.persisted())
+
+    def _save_persist(self, text: str) -> None:
+        try:
+            persist.save(self.settings.persist_file, text)
+        except OSError as exc:
+            self.log.write("ERROR", f"Cannot write the persistence file {self.settings.persist_file}: {exc}")
+
+    def _importers_changed(self, changed: bool) -> None:
+        if changed:
+            self._save_persist(self.recovery.persisted())
+
+    def _peer_reconnected(self, node_id: int) -> None:
+        if node_id not in self.recovery.outstanding:
+            return
+        address = self.resolver.resolve(self.names[node_id], refresh=False)[0]
+        done = self.recovery.reconnected(node_id, address)
+        if node_id in self.recovery.mismatched and node_id in self.recovery.outstanding:
+            self.log.write(
+                "WARNING",
+                f"Node {node_id} reconnected from {address}, but the node that imported memory of the "
+                f"previous instance was at {self.recovery.outstanding[node_id]}: still waiting for it",
+            )
+            return
+        self.log.write("INFO", f"Recovery: node {node_id} ({address}) reconnected")
+        self._save_persist(self.recovery.persisted())  # it has cleaned up: not waited for again
+        if done:
+            self.log.write("INFO", "Recovery complete: every node that had imported memory reconnected")
+            self._set_state(proto.STATE_READY)
+
+    def _peer_message(self, conn: Conn, verb: str, fields: dict[str, str]) -> None:
+        job = fields.get("job", "")
+        if verb == proto.IMPORTED and job:
+            address = self.resolver.resolve(self.names[conn.node_id], refresh=False)[0]
+            self._importers_changed(self.recovery.imported(conn.node_id, address, job))
+        elif verb == proto.UNIMPORTED and job:
+            self._importers_changed(self.recovery.unimported(conn.node_id, job))
+
+    def _unimport(self, job: str) -> int:
+        """Drop a local job's imports and tell each exporter still connected."""
+        exporters = {entry.node_id for entry in self.imports.listing() if entry.job == job and entry.valid}
+        removed = self.imports.remove_job(job)
+        for node_id in sorted(exporters):
+            link = self.links.get(node_id)
+            if link is not None and link.conn is not None and link.status == proto.CONN_CONNECTED:
+                self._send(link.conn, proto.encode(proto.UNIMPORTED, {"job": job}))
+        return removed
 
     # --------------------------------------------------------------------- command service
 
@@ -166,7 +244,7 @@ class Daemon(PeerMesh):
         elif verb == proto.CMD_IMPORTS:
             reply = (proto.CMD_IMPORTS, self._imports_fields())
         elif verb == proto.CMD_UNIMPORT:
-            reply = (proto.REPLY_OK, {"removed": str(self.imports.remove_job(fields.get("job", "")))})
+            reply = (proto.REPLY_OK, {"removed": str(self._unimport(fields.get("job", "")))})
         elif verb == proto.CMD_CRASH:
             self.log.write("ERROR", "Fault injected: crash, exiting with status 1")
             self._reply_now(conn, proto.encode(proto.REPLY_OK))
@@ -304,6 +382,7 @@ class Daemon(PeerMesh):
 
     def _shutdown(self) -> None:
         self._set_state(proto.STATE_SHUTTING_DOWN)
+        self._save_persist(self.recovery.persisted(shutting_down=True))  # the peers get BYE below
         for conn in list(self.conns.values()):
             if conn.kind != CMD and conn.phase == OPEN:
                 self._reply_now(conn, proto.encode(proto.BYE))
@@ -323,8 +402,16 @@ class StartError(Exception):
     """The node cannot take part with this nodes config; the daemon exits with EXIT_ERROR."""
 
 
-def identify(names: list[str], resolver: HostsResolver, bind_ip: str, nodes_file: str, log: DaemonLog) -> int:
-    """This node's ID: the one entry of the nodes config that resolves to ``bind_ip``."""
+def identify(
+    names: list[str],
+    resolver: HostsResolver,
+    bind_ip: str,
+    nodes_file: str,
+    log: DaemonLog,
+    driver_version: str,
+) -> int:
+    """This node's ID: the one entry of the nodes config that resolves to ``bind_ip``. Host
+    names need a driver that supports them (`driver_version`, the node's)."""
     seen: dict[str, int] = {}
     for i, name in enumerate(names):
         if name.lower() in seen:
@@ -334,6 +421,13 @@ def identify(names: list[str], resolver: HostsResolver, bind_ip: str, nodes_file
             )
         seen[name.lower()] = i
         if not is_ip(name):
+            refusal = host_names_refusal(driver_version)
+            if refusal:
+                # An older nvidia-imex takes every entry for an IP address (libs/imex/driver.py).
+                raise StartError(
+                    f"Invalid IP address '{name}' (node ID {i}) in the node configuration file "
+                    f"{nodes_file}: {refusal}."
+                )
             log.write("INFO", f"Treating node config entry '{name}' as a host name.")
     resolver.refresh(force=True)
     if resolver.error:
@@ -386,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Configuration: BIND_INTERFACE_IP={s.bind_ip} SERVER_PORT={s.server_port} "
         f"IMEX_NODE_CONFIG_FILE={s.nodes_config_file} IMEX_CMD_ENABLED={int(s.cmd_enabled)} "
         f"IMEX_CMD_BIND_INTERFACE_IP={s.cmd_ip} IMEX_CMD_PORT={s.cmd_port} "
+        f"IMEX_WAIT_FOR_QUORUM={s.wait_for_quorum} driver={s.driver_version} "
         f"hosts file={s.hosts_file or '<none>'} domain={s.domain_id or '<none>'}",
     )
     if s.daemonize:
@@ -394,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(s.nodes_config_file, encoding="utf-8") as f:
             names = parse_nodes_config(f.read())
-        own_id = identify(names, resolver, s.bind_ip, s.nodes_config_file, log)
+        own_id = identify(names, resolver, s.bind_ip, s.nodes_config_file, log, s.driver_version)
         daemon = Daemon(s, log, names, own_id, resolver)
         daemon.start()
     except OSError as exc:

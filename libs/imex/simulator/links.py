@@ -171,6 +171,9 @@ class PeerMesh:
     def _exporter_gone(self, conn: Conn) -> None:
         """The peer on ``conn`` said BYE: it is shutting down."""
 
+    def _peer_message(self, conn: Conn, verb: str, fields: dict[str, str]) -> None:
+        """Any other message of a peer on an open incoming link."""
+
     # ------------------------------------------------------------------------------ the loop
 
     def _listen(self, ip: str, port: int, what: str) -> _socket.socket:
@@ -566,6 +569,8 @@ class PeerMesh:
                 self._close(conn)
                 self._exporter_gone(conn)
                 self.log.write("INFO", f"Incoming connection from node {conn.node_id} ended: peer said BYE")
+            elif verb != proto.PING:
+                self._peer_message(conn, verb, fields)
             return  # PING: last_recv is already refreshed
         if verb != proto.HELLO:
             self._lost(conn, f"expected HELLO, got {verb}")

@@ -12,6 +12,8 @@ Peer link (client = the node that dials, server = the node that accepts):
   map=<digest>`` or ``REFUSE code=<code> reason=<text>`` (then the server closes)
 * either side ``PING`` (heartbeat, sent when the link was quiet for one interval) and ``BYE``
   (the sender is shutting down: its exports are gone).
+* client -> server ``IMPORTED job=<name>`` / ``UNIMPORTED job=<name>``: a job on the client
+  imported memory the server exported / dropped those imports.
 
 Command service (one request line, the reply, then the daemon closes the connection):
 
@@ -31,6 +33,8 @@ from __future__ import annotations
 # Daemon states, as printed by `nvidia-imex-ctl -q` (names from NVIDIA's documented set).
 STATE_INITIALIZING = "INITIALIZING"
 STATE_WAITING_FOR_PEERS = "WAITING_FOR_PEERS"
+# After an unclean stop, until the nodes that imported its memory reconnected (recovery.py).
+STATE_WAITING_FOR_RECOVERY = "WAITING_FOR_RECOVERY"
 STATE_READY = "READY"
 STATE_SHUTTING_DOWN = "SHUTTING_DOWN"
 STATE_UNAVAILABLE = "UNAVAILABLE"  # printed by ctl when the daemon cannot be reached
@@ -55,6 +59,10 @@ WELCOME = "WELCOME"
 REFUSE = "REFUSE"
 PING = "PING"
 BYE = "BYE"
+# Importer -> exporter over the importer's outgoing link: a local job imported (or dropped) memory
+# of the exporter, which keeps its importers in its persistence file (recovery.py).
+IMPORTED = "IMPORTED"
+UNIMPORTED = "UNIMPORTED"
 
 # Refusal codes.
 REFUSE_NODE_MAP_MISMATCH = "node-map-mismatch"  # different nodes config (or SIM_DOMAIN_ID)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from libs.imex import config as keys
+from libs.imex.driver import SIMULATED_DRIVER_VERSION
+from libs.imex.simulator.recovery import PERSIST_FILE
 
 DEFAULT_LOG_FILE = "/var/log/nvidia-imex.log"
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
@@ -36,6 +38,11 @@ class Settings:
         self.wait_for_quorum = (
             values.get(keys.IMEX_WAIT_FOR_QUORUM, keys.QUORUM_RECOVERY) or keys.QUORUM_RECOVERY
         )
+        if self.wait_for_quorum not in keys.WAIT_FOR_QUORUM_VALUES:
+            raise ConfigError(
+                f"{keys.IMEX_WAIT_FOR_QUORUM} must be one of {', '.join(keys.WAIT_FOR_QUORUM_VALUES)}, "
+                f"got {self.wait_for_quorum!r}"
+            )
         self.cmd_enabled = values.get(keys.IMEX_CMD_ENABLED, "0") == "1"
         self.cmd_ip = values.get(keys.IMEX_CMD_BIND_INTERFACE_IP, "") or "0.0.0.0"
         self.cmd_port = _int(values, keys.IMEX_CMD_PORT, keys.DEFAULT_CMD_PORT)
@@ -48,6 +55,9 @@ class Settings:
         self.domain_id = values.get(keys.SIM_DOMAIN_ID, "")
         self.node_name = values.get(keys.SIM_NODE_NAME, "")
         self.hosts_file = values.get(keys.SIM_HOSTS_FILE, "")
+        self.driver_version = values.get(keys.SIM_DRIVER_VERSION, "") or SIMULATED_DRIVER_VERSION
+        # nvidia-imex's /var/run/nvidia-imex/persist.dat; here beside config.cfg (recovery.py).
+        self.persist_file = os.path.join(os.path.dirname(os.path.abspath(config_path)), PERSIST_FILE)
         self.heartbeat_s = _seconds(values, keys.SIM_HEARTBEAT_INTERVAL_S, DEFAULT_HEARTBEAT_INTERVAL_S)
         if self.heartbeat_s <= 0:
             raise ConfigError(f"{keys.SIM_HEARTBEAT_INTERVAL_S} must be > 0")
