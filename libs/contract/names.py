@@ -10,3 +10,8 @@ CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
 # The opaque parameters of a channel request.
 CHANNEL_CONFIG_API_VERSION = "resource.nvidia.com/v1beta1"
 CHANNEL_CONFIG_KIND = "ComputeDomainChannelConfig"
+# Why an IMEX daemon is not READY, beyond its state: written by the IMEX agent into the daemon's
+# status record (`reason`), shown by the controller as the domain's Ready condition reason, and
+# named in the error a prepare on that node returns (ours, additive to NVIDIA's status).
+REASON_WAITING_FOR_RECOVERY = "ImexDaemonWaitingForRecovery"
+REASON_DRIVER_TOO_OLD = "ImexDriverTooOld"

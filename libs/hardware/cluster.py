@@ -31,6 +31,7 @@ from libs.fsio.atomic import write_atomic
 from libs.hardware.clique import format_clique_id
 from libs.hardware.errors import UnknownNodeError
 from libs.hardware.model import FabricInfo, FabricState, GpuInfo
+from libs.imex.driver import SIMULATED_DRIVER_VERSION, parse_driver_version
 
 CLUSTER_FILE_KIND = "SimulatedNVLinkCluster"
 CLUSTER_FILE_VERSION = 1
@@ -88,9 +89,12 @@ class ClusterDescription:
     address_block: int = 1
     """Second octet of the first rack's addresses (127.<block>.0.1 is rack0-tray0)."""
     gpu_memory_bytes: int = GB200_MEMORY_BYTES
-    driver_version: str = "570.133.20"
+    driver_version: str = SIMULATED_DRIVER_VERSION
+    """What NVML's nvmlSystemGetDriverVersion reports on every node not in the next field."""
     imex_channel_major: int = 234
     """Major the simulated ``/proc/devices`` gives ``nvidia-caps-imex-channels``."""
+    node_driver_versions: tuple[tuple[str, str], ...] = ()
+    """(node name, driver version) of nodes that run another driver (a JSON object in the file)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -118,6 +122,18 @@ class ClusterDescription:
             )
         if self.gpu_memory_bytes <= 0:
             problems.append(f"gpu_memory_bytes must be > 0, got {self.gpu_memory_bytes}")
+        for name, version in (("driver_version", self.driver_version), *self.node_driver_versions):
+            try:
+                parse_driver_version(version)
+            except ValueError as exc:
+                problems.append(f"driver version of {name}: {exc}")
+            if name != "driver_version":
+                try:
+                    self.parse_node_name(name)
+                except UnknownNodeError as exc:
+                    problems.append(f"driver version for an unknown node: {exc}")
+        if len({name for name, _ in self.node_driver_versions}) != len(self.node_driver_versions):
+            problems.append("node_driver_versions names a node twice")
         if not 1 <= self.imex_channel_major <= 4095:
             problems.append(
                 f"imex_channel_major must be a Linux major in [1, 4095], got {self.imex_channel_major}"
@@ -250,6 +266,11 @@ class ClusterDescription:
         for ordinal in range(self.node_count):
             yield self.node_at(ordinal)
 
+    def node_driver_version(self, name: str) -> str:
+        """The driver version node `name` runs (NVML's nvmlSystemGetDriverVersion)."""
+        self.parse_node_name(name)
+        return dict(self.node_driver_versions).get(name, self.driver_version)
+
     # --- GPUs --------------------------------------------------------------------------------
 
     def gpu_uuid(self, rack: int, tray: int, gpu: int) -> str:
@@ -276,9 +297,9 @@ class ClusterDescription:
     # --- serialization -----------------------------------------------------------------------
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"kind": CLUSTER_FILE_KIND, "version": CLUSTER_FILE_VERSION, **asdict(self)}, indent=2
-        )
+        fields_ = asdict(self)
+        fields_["node_driver_versions"] = dict(self.node_driver_versions)
+        return json.dumps({"kind": CLUSTER_FILE_KIND, "version": CLUSTER_FILE_VERSION, **fields_}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ClusterDescription:
@@ -298,13 +319,20 @@ class ClusterDescription:
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ValueError(f"unknown field(s) in cluster description: {', '.join(unknown)}")
+        per_node = data.pop("node_driver_versions", {})
+        if not isinstance(per_node, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in per_node.items()
+        ):
+            raise ValueError(
+                "cluster description field 'node_driver_versions' must map node names to versions"
+            )
         for name, value in data.items():
             wanted = str if name in ("seed", "driver_version") else int
             if type(value) is not wanted:
                 raise ValueError(
                     f"cluster description field {name!r} must be {wanted.__name__}, got {value!r}"
                 )
-        return cls(**data)
+        return cls(**data, node_driver_versions=tuple(sorted(per_node.items())))
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.to_json().encode())

@@ -184,7 +184,7 @@ class SimulatedNodeHardware:
         return self.snapshot().clique
 
     def driver_version(self) -> str:
-        return self.cluster.driver_version
+        return self.cluster.node_driver_version(self.node.name)
 
     def imex_channel_major(self) -> int:
         return read_imex_channel_major(self.proc_devices)

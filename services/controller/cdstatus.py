@@ -13,8 +13,11 @@
   every member is ready, none is lost, and (numNodes > 0) at least numNodes
   members are present;
 - the `Ready` condition carries the reason that explains a NotReady domain,
-  most severe first: Terminating, NodeLost, ImexDaemonFailed,
-  WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
+  most severe first: Terminating, NodeLost, ImexDriverTooOld, ImexDaemonFailed,
+  ImexDaemonWaitingForRecovery, WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
+  The last two daemon reasons are the IMEX agent's (the daemon status record's `reason`); a
+  daemon waiting for recovery is also named in a NodeLost message, since a lost importer is
+  often what it waits for.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
 from services.controller.liveness import Liveness, liveness
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
@@ -36,6 +40,8 @@ REASON_IMEX_DAEMON_FAILED = "ImexDaemonFailed"
 REASON_WAITING_FOR_NODES = "WaitingForNodes"
 REASON_DAEMONS_NOT_READY = "ImexDaemonsNotReady"
 REASON_WAITING_FOR_PEERS = "WaitingForPeers"
+REASON_IMEX_DRIVER_TOO_OLD = REASON_DRIVER_TOO_OLD
+REASON_IMEX_WAITING_FOR_RECOVERY = REASON_WAITING_FOR_RECOVERY
 
 # A daemon in one of these states has failed (rather than still starting).
 # status.imexMesh: how the domain's IMEX daemons authenticate each other.
@@ -133,6 +139,23 @@ def _peers_message(obs: DomainObservation, waiting: Sequence[str], live: Livenes
     )
 
 
+def _with_reason(obs: DomainObservation, members: Sequence[MemberRecord], reason: str) -> list[str]:
+    """Fabric members whose daemon reports `reason`."""
+    return [
+        m.node
+        for m in members
+        if m.fabric and (d := obs.daemons.get(m.node)) is not None and d.reason == reason
+    ]
+
+
+def _reason_message(obs: DomainObservation, names: Sequence[str], what: str) -> str:
+    details = [
+        f"{name}: {obs.daemons[name].last_error or obs.daemons[name].reason}" for name in names[:_MAX_NAMED]
+    ]
+    more = f"; and {len(names) - _MAX_NAMED} more" if len(names) > _MAX_NAMED else ""
+    return f"{what} " + "; ".join(details) + more
+
+
 def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
     live = live if live is not None else liveness(obs)
     domain = obs.domain
@@ -148,8 +171,17 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
             if remaining
             else "deletion requested; removing records",
         )
+    recovering = _with_reason(obs, present, REASON_WAITING_FOR_RECOVERY)
     if lost:
-        return Verdict(False, REASON_NODE_LOST, _lost_message(obs, lost))
+        message = _lost_message(obs, lost)
+        if recovering:
+            message += "; " + _reason_message(obs, recovering, "IMEX daemon waiting for recovery on")
+        return Verdict(False, REASON_NODE_LOST, message)
+    too_old = _with_reason(obs, present, REASON_DRIVER_TOO_OLD)
+    if too_old:
+        return Verdict(
+            False, REASON_IMEX_DRIVER_TOO_OLD, _reason_message(obs, too_old, "IMEX daemon not started on")
+        )
     failed = [m.node for m in present if m.fabric and daemon_failed(obs.daemons.get(m.node))]
     if failed:
         details = []
@@ -158,6 +190,12 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
             details.append(f"{name}: {daemon.last_error or pb.DaemonState(daemon.state).name}")
         more = f"; and {len(failed) - _MAX_NAMED} more" if len(failed) > _MAX_NAMED else ""
         return Verdict(False, REASON_IMEX_DAEMON_FAILED, "IMEX daemon failed on " + "; ".join(details) + more)
+    if recovering:
+        return Verdict(
+            False,
+            REASON_IMEX_WAITING_FOR_RECOVERY,
+            _reason_message(obs, recovering, "IMEX daemon waiting for recovery on"),
+        )
     if not present:
         wanted = f"{num_nodes}" if num_nodes > 0 else "at least 1"
         return Verdict(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")

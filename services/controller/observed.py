@@ -57,6 +57,8 @@ class DaemonRecord:
     connected_nodes: frozenset[str] = frozenset()
     # Of the daemons/<uid>/<node> key: a loss decision compares the reports it relied on.
     mod_revision: int = 0
+    # Why it is not READY beyond its state (libs/contract/names.py REASON_*), "" if nothing more.
+    reason: str = ""
 
     @classmethod
     def from_pb(cls, daemon: pb.DaemonStatus, mod_revision: int = 0) -> DaemonRecord:
@@ -66,6 +68,7 @@ class DaemonRecord:
             daemon.updated_unix_ms,
             frozenset(daemon.connected_nodes),
             mod_revision,
+            daemon.reason,
         )
 
 

@@ -97,6 +97,7 @@ class DomainDir:
             reconnect_max_s=settings.sim_reconnect_max_s,
             sigusr1_min_interval_s=settings.sim_sigusr1_min_interval_s,
             mesh_tls=mesh_tls,
+            driver_version=settings.node_driver_version,
         )
 
     @staticmethod
@@ -158,12 +159,24 @@ class DomainDir:
         either mesh mode (a domain's mode never changes)."""
         config = self.read(self.config)
         rendered = [
-            self.render_config(identity, node_name, settings, mesh) for mesh in (None, mesh_files(self.path))
+            _without_driver_directive(self.render_config(identity, node_name, settings, mesh))
+            for mesh in (None, mesh_files(self.path))
         ]
-        return config in rendered and self.read(self.nodes_config) == self.render_nodes_config(identity)
+        return (
+            config is not None
+            and _without_driver_directive(config) in rendered
+            and self.read(self.nodes_config) == self.render_nodes_config(identity)
+        )
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _without_driver_directive(config: str) -> str:
+    """A config without its driver version directive: a daemon started by an agent that did not
+    render it (or before a driver change, which restarts the node) is still this domain's."""
+    marker = f"# {imexcfg.SIM_DRIVER_VERSION}="
+    return "".join(line for line in config.splitlines(keepends=True) if not line.startswith(marker))
 
 
 def nvidia_daemon_argv(imex_binary: str, config: Path, hosts: Path) -> list[str]:

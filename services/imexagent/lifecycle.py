@@ -14,8 +14,10 @@ with a fake clock.
 * An exit or a failed start makes it NOT_READY, or FAILED after ``failed_after`` consecutive
   starts that never reached READY; the next start is delayed by a capped exponential backoff
   that starts over when the daemon had been READY for ``stable_after_s`` before it died.
-* A daemon that does not answer its probe for ``unresponsive_kill_s`` is to be killed (its
-  exit then restarts it like any other).
+* A daemon that does not answer its probe for ``unresponsive_kill_s`` is to be stopped
+  (SIGTERM, SIGKILL after the grace; its exit then restarts it like any other).
+* A daemon that cannot run on this node at all (``refused``: e.g. the driver is too old for
+  the nodes config) is FAILED with the reason and never started.
 
 `ReloadPolicy` decides when the daemon gets SIGUSR1: only after a slot's address changed, at
 most once per ``min_interval_s`` (nvidia-imex ignores a SIGUSR1 within 5 s of the previous one,
@@ -79,7 +81,10 @@ class Verdict(enum.Enum):
     """What the shell should do after a probe."""
 
     NOTHING = "nothing"
-    KILL = "kill"  # silent for unresponsive_kill_s: SIGKILL it; its exit restarts it
+    # Silent for unresponsive_kill_s: stop it (SIGTERM first, so a daemon that still handles
+    # signals stops cleanly and its successor has no recovery to wait for; SIGKILL after the
+    # grace). Its exit restarts it.
+    STOP = "stop"
 
 
 @dataclass
@@ -129,6 +134,14 @@ class DaemonLifecycle:
         self.restarts = max(self.restarts, counted_restarts)
         self._begin(now)
         self.state = STARTING  # until its first answer says otherwise
+
+    def refused(self, reason: str) -> None:
+        """No daemon can run here (nothing to retry until the node changes): FAILED for good."""
+        self._attempted = True
+        self.running = False
+        self.state = FAILED
+        self.last_error = reason
+        self.next_start_at = float("inf")
 
     def start_failed(self, now: float, reason: str) -> float:
         """The spawn itself failed (binary missing, log not writable); returns the retry delay."""
@@ -182,7 +195,7 @@ class DaemonLifecycle:
         self.ready_since = None
         kill_after = self.policy.unresponsive_kill_s
         if self.silent_since is not None and kill_after > 0 and now - self.silent_since >= kill_after:
-            return Verdict.KILL
+            return Verdict.STOP
         if not self.ever_ready:
             if self.state != FAILED:
                 self.state = STARTING

@@ -10,6 +10,11 @@ what happened and does what they say:
 * its own identity changed (clique, index or address: what fixes its node ID and bind address):
   SIGTERM, then a new daemon on rewritten files. Nothing else restarts a running daemon;
 * it died: restarted after the lifecycle's backoff, with the exit reason and log tail reported;
+* it cannot run here (the node's driver is older than host names in the nodes config need):
+  never started, FAILED with reason ImexDriverTooOld naming the version needed;
+* silent for ``unresponsive_kill_s``: stopped (SIGTERM, SIGKILL after the grace), then restarted;
+* a new instance waiting for the nodes that imported its memory before an unclean stop
+  (WAITING_FOR_RECOVERY): reason ImexDaemonWaitingForRecovery, naming the members not connected;
 * status: READY/STARTING/NOT_READY/FAILED, node ID, instance, the member nodes whose slot it
   reports CONNECTED, the slot addresses and the count of hosts rewrites. Written when it changes,
   fenced on the member record's revision so a status never outlives its member.
@@ -29,10 +34,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
+from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName
 from libs.imex.config import MeshTlsFiles
+from libs.imex.driver import host_names_refusal
 from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
+from libs.imex.simulator.protocol import STATE_WAITING_FOR_RECOVERY
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import watch_prefix
@@ -89,13 +97,14 @@ class StatusFields(NamedTuple):
     node_id: int
     instance: str
     log_lines: tuple[str, ...]
+    reason: str
     # Below: coalesced (a burst of joins or connection changes is written once).
     peers: tuple[str, ...]
     generation: int
     connected: tuple[str, ...]
 
 
-_IMMEDIATE = 7  # fields before this index are written at once when they change
+_IMMEDIATE = 8  # fields before this index are written at once when they change
 
 
 @dataclass
@@ -158,6 +167,10 @@ class DomainDaemon:
             settings.poll_interval_waiting_s,
         )
         self._task: asyncio.Task[None] | None = None
+        # Why no daemon can run on this node for this domain ("" = it can).
+        self.refusal = (
+            host_names_refusal(settings.node_driver_version) if settings.node_driver_version else ""
+        )
         # nvidia-imex shows no instance: a process (pid and start time) is one instance.
         self._process_instance = ""
         self.mesh = MeshCredentials(
@@ -276,8 +289,9 @@ class DomainDaemon:
     def _next_deadline(self, now: float) -> float:
         lc = self.lifecycle
         if self.process is None:
-            # Waiting for mesh credentials: their arrival wakes the loop.
+            # Waiting for mesh credentials: their arrival wakes the loop (refused: nothing to do).
             deadline = lc.next_start_at if self.mesh.ready_for(self.desired.identity) else now + 60.0
+            deadline = min(deadline, now + 60.0)
         else:
             deadline = self._next_probe
             due = self.reload.due_at()
@@ -294,7 +308,13 @@ class DomainDaemon:
             await self._replace()
         if self.process is not None and not self.process.alive:
             self._handle_exit()
-        if self.process is None and self.lifecycle.start_due(self._now()) and self.mesh.ready_for(d.identity):
+        if self.refusal and self.process is None:
+            if self.lifecycle.state != FAILED or self.lifecycle.last_error != self.refusal:
+                self.lifecycle.refused(self.refusal)
+                log.error("IMEX daemon not started", cd_uid=self.uid, node=self.node, reason=self.refusal)
+        elif (
+            self.process is None and self.lifecycle.start_due(self._now()) and self.mesh.ready_for(d.identity)
+        ):
             await self._spawn()
         if self.process is not None and self.process.alive:
             await self._sync_hosts()
@@ -460,11 +480,18 @@ class DomainDaemon:
         verdict = self.lifecycle.probed(
             now, result.answered, result.ready, result.detail or f"daemon {result.state}"
         )
-        if verdict is Verdict.KILL:
+        if verdict is Verdict.STOP:
             log.error(
-                "IMEX daemon unresponsive; killing it", cd_uid=self.uid, node=self.node, pid=self.process.pid
+                "IMEX daemon unresponsive; stopping it (SIGTERM, then SIGKILL after the grace)",
+                cd_uid=self.uid,
+                node=self.node,
+                pid=self.process.pid,
+                grace_s=s.stop_grace_s,
             )
-            self.process.send(signal.SIGKILL)
+            # Bounded: a hung daemon that ignores SIGTERM is killed after the grace; its exit is
+            # then handled (and it restarted) like any other.
+            await self.process.stop(s.stop_grace_s)
+            return
         state = self.lifecycle.state
         if state != was and state in (NOT_READY, FAILED):
             self.log_lines = proc.tail_lines(self.dir.log, s.log_tail_lines)
@@ -517,18 +544,42 @@ class DomainDaemon:
             else ()
         )
         failing = lc.state in (NOT_READY, FAILED)
+        reason, last_error = "", lc.last_error
+        if self.refusal and not running:
+            reason = REASON_DRIVER_TOO_OLD
+        elif probe is not None and probe.state == STATE_WAITING_FOR_RECOVERY:
+            reason, last_error = REASON_WAITING_FOR_RECOVERY, self._recovery_wait(probe)
         return StatusFields(
             lc.state,
             self.pid or 0,
             lc.restarts,
-            lc.last_error,
+            last_error,
             node_id,
             instance,
             tuple(self.log_lines) if failing else (),
+            reason,
             tuple(d.slot_addresses) if self.written_hosts is not None else (),
             self.generation,
             connected,
         )
+
+    def _recovery_wait(self, probe: ProbeResult) -> str:
+        """What a daemon waiting for recovery waits for, in the members' names where it can."""
+        d = self.desired
+        base = (
+            "IMEX daemon WAITING_FOR_RECOVERY: it was not stopped cleanly, and waits (with no time "
+            "limit) until every node that had imported its memory reconnects"
+        )
+        if not probe.connections:
+            return base
+        missing = [
+            f"{name} (slot {i})"
+            for i, name in enumerate(d.slot_nodes)
+            if name and i != d.index and probe.connections.get(i) != "CONNECTED"
+        ]
+        if missing:
+            return f"{base}; members not connected now: {', '.join(missing)}"
+        return f"{base}; every current member is connected: it waits for a node no longer in the domain"
 
     def status_record(self) -> pb.DaemonStatus:
         f = self._status_fields()
@@ -545,6 +596,7 @@ class DomainDaemon:
             node_id=f.node_id,
             instance=f.instance,
             connected_nodes=list(f.connected),
+            reason=f.reason,
             updated_unix_ms=int(time.time() * 1000),
         )
 

@@ -52,7 +52,8 @@ class ImexSettings:
     restart_backoff_initial_s: float = 0.2
     restart_backoff_cap_s: float = 10.0
     stable_after_s: float = 10.0
-    # SIGTERM -> SIGKILL grace period when stopping a daemon.
+    # SIGTERM -> SIGKILL grace period when stopping a daemon (leaving, a new identity, or silent
+    # for unresponsive_kill_s): a daemon killed without SIGTERM waits for recovery when restarted.
     stop_grace_s: float = 5.0
     # At most one SIGUSR1 this often (nvidia-imex ignores repeats within 5 s).
     reload_min_interval_s: float = 5.2
@@ -73,6 +74,9 @@ class ImexSettings:
     sim_reconnect_max_s: float | None = None
     # Stop the daemons when the supervisor ends (default: leave them for the next incarnation).
     stop_daemons_on_exit: bool = False
+    # The node's driver version as NVML reports it; the supervisor fills it in at start (a fact
+    # about the node, not a setting). "" = unknown: the daemon is started and judges itself.
+    node_driver_version: str = ""
 
     def __post_init__(self) -> None:
         problems = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 
@@ -83,6 +84,7 @@ class ImexSupervisor:
         self.node_name = node_name
         self.work_dir = work_dir
         self.settings = settings
+        self.hardware = hardware
         self.backend: ImexBackendName = settings.backend or hardware.imex_backend
         self._runners: dict[str, DomainDaemon] = {}
         self._membership = Membership(None)
@@ -159,6 +161,7 @@ class ImexSupervisor:
 
     async def run(self) -> None:
         await asyncio.to_thread(self.work_dir.mkdir, parents=True, exist_ok=True)
+        await self._read_driver_version()
         binding_watch = asyncio.create_task(self._watch_binding(), name=f"imex-binding-{self.node_name}")
         try:
             await self._reconcile_loop()
@@ -172,6 +175,21 @@ class ImexSupervisor:
             while not shutdown.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(shutdown)
+
+    async def _read_driver_version(self) -> None:
+        """The node's driver version (NVML), which decides whether its daemons can use slot
+        names (libs/imex/driver.py). Unknown after a failed read: daemons are started and the
+        real daemon judges for itself."""
+        if self.settings.node_driver_version:
+            return
+        try:
+            async with asyncio.timeout(self.settings.io_timeout_s):
+                version = await asyncio.to_thread(self.hardware.driver_version)
+        except Exception as exc:  # NVML error, timeout: not worth failing the node over
+            log.warning("cannot read the driver version", node=self.node_name, error=str(exc))
+            return
+        self.settings = dataclasses.replace(self.settings, node_driver_version=version)
+        log.info("driver version", node=self.node_name, driver_version=version)
 
     # ---- watches ------------------------------------------------------------------------
 

@@ -390,8 +390,9 @@ class DeviceState:
         if status is None:
             return base + " (no daemon status yet)"
         state = pb.DaemonState(status.value.state).name
+        reason = f", {status.value.reason}" if status.value.reason else ""
         detail = f"; {status.value.last_error}" if status.value.last_error else ""
-        return f"{base} (daemon {state}{detail})"
+        return f"{base} (daemon {state}{reason}{detail})"
 
     def _major(self) -> int:
         if self._channel_major is None:

@@ -130,7 +130,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         silent_long = (
             self.silent_since is not None and self.now - self.silent_since >= POLICY.unresponsive_kill_s
         )
-        assert (verdict is Verdict.KILL) == silent_long
+        assert (verdict is Verdict.STOP) == silent_long
         if silent_long:
             return
         if not self.ever_ready:
@@ -269,7 +269,7 @@ def test_a_daemon_hung_at_start_is_killed_after_the_silence_limit() -> None:
     lc = DaemonLifecycle(POLICY)
     lc.started(0.0)
     assert lc.probed(19.9, answered=False, ready=False) is Verdict.NOTHING
-    assert lc.probed(20.0, answered=False, ready=False) is Verdict.KILL
+    assert lc.probed(20.0, answered=False, ready=False) is Verdict.STOP
 
 
 def test_policy_rejects_nonsense() -> None:

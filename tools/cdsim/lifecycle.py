@@ -14,6 +14,7 @@ from typing import TextIO
 
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
+from libs.imex.driver import SIMULATED_DRIVER_VERSION
 from tools.cachedtool import BuildError
 from tools.cdsim import control, procscan
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
@@ -42,6 +43,8 @@ class UpOptions:
     mesh: str = "tls"  # tls | plaintext: the controller's mode for new domains
     mesh_certificate_validity_s: float = 24 * 3600.0
     kubernetes: bool = False  # a real control plane, the kubelet shim, services in Kubernetes mode
+    driver_version: str = ""  # every node's (NVML) driver version; "" = the simulation's default
+    node_driver_versions: tuple[tuple[str, str], ...] = ()  # (node, version) running another one
 
 
 def _kube_binaries(out: TextIO) -> Binaries:
@@ -83,6 +86,8 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             trays_per_rack=options.trays,
             partitions_per_rack=options.partitions_per_rack,
             address_block=options.address_block,
+            driver_version=options.driver_version or SIMULATED_DRIVER_VERSION,
+            node_driver_versions=options.node_driver_versions,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None

@@ -1,6 +1,7 @@
 """`cdsim`: run a simulated NVL72 cluster and jobs on it, from the command line.
 
     cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes]
+             [--driver-version [NODE=]VERSION ...]
     cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
     cdsim job delete NAME [-n NS] [--wait]
@@ -74,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="second octet of node addresses 127.<block>.<rack>.<tray+1>",
     )
     up.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    up.add_argument(
+        "--driver-version",
+        action="append",
+        default=[],
+        metavar="[NODE=]VERSION",
+        help="NVIDIA driver version the nodes report (NVML); NODE=VERSION for one node (repeatable). "
+        "Host names in the IMEX nodes config need 570.158.01 or later",
+    )
     up.add_argument(
         "--kubernetes",
         action="store_true",
@@ -258,6 +267,11 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             mesh=args.mesh,
             mesh_certificate_validity_s=args.mesh_certificate_validity_s,
             kubernetes=args.kubernetes,
+            driver_version=next((v for v in args.driver_version if "=" not in v), ""),
+            node_driver_versions=tuple(
+                (node, version)
+                for node, _, version in (v.partition("=") for v in args.driver_version if "=" in v)
+            ),
         )
         lifecycle.up(layout, options, out)
         url = dashboard_url(RunState.load(layout))

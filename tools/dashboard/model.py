@@ -63,7 +63,12 @@ HEALTH = {
     pb.Health.UNHEALTHY: "UNHEALTHY",
 }
 # Reasons of a NotReady domain that mean something broke (the others are normal formation steps).
-SEVERITY_OF_REASON = {"NodeLost": "warning", "ImexDaemonFailed": "error"}
+SEVERITY_OF_REASON = {
+    "NodeLost": "warning",
+    "ImexDaemonFailed": "error",
+    "ImexDriverTooOld": "error",
+    "ImexDaemonWaitingForRecovery": "warning",
+}
 _DIGITS = re.compile(r"(\d+)")
 
 

@@ -381,6 +381,15 @@ class DaemonStatus(betterproto.Message):
     Names of the member nodes this daemon reports connected (nvidia-imex-ctl -N).
     """
 
+    reason: str = betterproto.string_field(14)
+    """
+    Why the daemon is not READY when there is a reason more specific than its
+     state, as a condition reason: "ImexDaemonWaitingForRecovery" (it waits for
+     the nodes that imported its memory before an unclean stop) or
+     "ImexDriverTooOld" (the node's driver cannot run this domain's nodes
+     config). Empty otherwise; last_error says more.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class Reservation(betterproto.Message):
