@@ -332,3 +332,36 @@ def test_records_of_a_missing_domain_are_released_after_grace() -> None:
     late = plan_domain(o, now_ms=1_000 + GRACE_MS, orphan_grace_ms=GRACE_MS)
     assert [type(a) for a in late.actions] == [ReleaseMember, DeleteDaemonStatus]
     assert late.status is None
+
+
+def _with_reason(
+    state: pb.DaemonState, reason: str, error: str, connected: tuple[str, ...] = ()
+) -> DaemonRecord:
+    return DaemonRecord(state, error, 0, frozenset(connected), 0, reason)
+
+
+def test_a_daemon_waiting_for_recovery_is_the_reason_with_what_it_waits_for() -> None:
+    parts = ready_members(3)
+    waiting = "IMEX daemon WAITING_FOR_RECOVERY: ...; members not connected now: n2 (slot 2)"
+    parts["daemons"]["n0"] = _with_reason(
+        pb.DaemonState.STARTING, "ImexDaemonWaitingForRecovery", waiting, ("n1", "n2")
+    )
+    v = cdstatus.verdict(obs(**parts))
+    assert not v.ready and v.reason == "ImexDaemonWaitingForRecovery"
+    assert v.message.startswith("IMEX daemon waiting for recovery on n0: ") and "n2 (slot 2)" in v.message
+    # While a member is lost, NodeLost leads, and its message names the waiting daemon too.
+    parts["members"]["n2"] = member("n2", 2, lost=True)
+    v = cdstatus.verdict(obs(**parts))
+    assert v.reason == "NodeLost" and "n2 (index 2)" in v.message
+    assert "IMEX daemon waiting for recovery on n0" in v.message
+
+
+def test_a_node_whose_driver_is_too_old_is_the_reason_before_other_failures() -> None:
+    parts = ready_members(3)
+    parts["daemons"]["n1"] = _with_reason(
+        pb.DaemonState.FAILED, "ImexDriverTooOld", "driver 570.133.20 is older than 570.158.01: ..."
+    )
+    parts["daemons"]["n2"] = daemon(pb.DaemonState.FAILED, "exited with status 1")
+    v = cdstatus.verdict(obs(**parts))
+    assert v.reason == "ImexDriverTooOld"
+    assert v.message == "IMEX daemon not started on n1: driver 570.133.20 is older than 570.158.01: ..."

@@ -164,3 +164,29 @@ def test_addresses_outside_the_cluster_are_unknown(address: str) -> None:
     cluster = ClusterDescription(racks=2)
     with pytest.raises(UnknownNodeError):
         cluster.node_by_address(address)
+
+
+def test_nodes_run_a_current_driver_unless_the_description_names_another() -> None:
+    cluster = ClusterDescription(
+        racks=1, trays_per_rack=4, node_driver_versions=(("rack0-tray2", "570.133.20"),)
+    )
+    assert cluster.node_driver_version("rack0-tray0") == "580.95.05"
+    assert cluster.node_driver_version("rack0-tray2") == "570.133.20"
+    doc = json.loads(cluster.to_json())
+    assert doc["node_driver_versions"] == {"rack0-tray2": "570.133.20"}
+    assert ClusterDescription.from_json(cluster.to_json()) == cluster
+
+
+@pytest.mark.parametrize(
+    ("versions", "problem"),
+    [
+        ((("rack0-tray9", "570.133.20"),), "unknown node"),
+        ((("rack0-tray1", "r570"),), "not a driver version"),
+        ((("rack0-tray1", "570.1"), ("rack0-tray1", "570.2")), "names a node twice"),
+    ],
+)
+def test_a_bad_per_node_driver_version_is_refused_with_the_reason(
+    versions: tuple[tuple[str, str], ...], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ClusterDescription(racks=1, trays_per_rack=4, node_driver_versions=versions)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.cdi.spec import CHANNELS_ENV, claim_cdi_device_id
+from libs.contract.names import REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_store_invariants
 from libs.state.membership import join_domain
@@ -560,3 +561,26 @@ async def test_a_domain_marked_for_deletion_refuses_the_next_prepare_of_a_member
     with pytest.raises(PermanentError, match="is being deleted"):
         await n.state.prepare(second)
     assert n.reload_checkpoint().get(second.uid) is None
+
+
+async def test_a_prepare_on_a_node_whose_daemon_waits_for_recovery_names_the_wait(
+    store: Store, tmp_path: Path
+) -> None:
+    n = make_device_state(
+        store, tmp_path, fabric_node("rack0-tray0"), daemons=FakeDaemons(ready=False), budget_s=0.2
+    )
+    domain = await put_domain(store)
+    waiting = pb.DaemonStatus(
+        domain_uid=domain.uid,
+        node_name="rack0-tray0",
+        state=pb.DaemonState.STARTING,
+        reason=REASON_WAITING_FOR_RECOVERY,
+        last_error="IMEX daemon WAITING_FOR_RECOVERY: ...; members not connected now: rack0-tray1 (slot 1)",
+    )
+    await store.put(store.keys.daemon(domain.uid, "rack0-tray0"), waiting)
+    ref = await put_claim(store, "rack0-tray0", domain.uid)
+    with pytest.raises(RetryableError) as raised:
+        await n.state.prepare(ref)
+    message = str(raised.value)
+    assert "daemon STARTING, ImexDaemonWaitingForRecovery" in message
+    assert "members not connected now: rack0-tray1 (slot 1)" in message
