@@ -16,6 +16,7 @@ CDSIM = 79  # test_continuity and test_kubernetes_mode
 CDSIM_DOWN_DURING_START = 80
 CDSIM_MESH_TLS = 83
 CDSIM_FAULTS = 86
+CDSIM_RECOVERY = 88
 DASHBOARD = 91
 
 FIXED = frozenset(
@@ -28,6 +29,7 @@ FIXED = frozenset(
         CDSIM_DOWN_DURING_START,
         CDSIM_MESH_TLS,
         CDSIM_FAULTS,
+        CDSIM_RECOVERY,
         DASHBOARD,
     }
 )

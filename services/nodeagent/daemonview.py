@@ -22,6 +22,7 @@ import asyncio
 
 import structlog
 
+from libs.contract.names import REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from libs.state.watch import Resync, WatchEvent, watch_prefix
@@ -83,11 +84,16 @@ class DaemonView:
             and (node_id is None or status.node_id == node_id)
         )
 
+    def refused(self, domain_uid: str) -> bool:
+        """The IMEX agent started no daemon and never will (the node's driver is too old)."""
+        status = self.status
+        return self.domain_uid == domain_uid and status is not None and status.reason == REASON_DRIVER_TOO_OLD
+
     async def wait_ready(self, domain_uid: str, timeout_s: float, node_id: int | None = None) -> bool:
         """True once this node's daemon for the domain is READY in the store, as IMEX node
         `node_id` when given (the record of a daemon started for an index this node held before
         leaving and rejoining says READY until the IMEX agent restarts it); False if that does
-        not happen within `timeout_s`."""
+        not happen within `timeout_s`, or at once when the IMEX agent refused to start one."""
         self.follow(domain_uid)
         if self.ready(domain_uid, node_id):
             return True
@@ -95,6 +101,8 @@ class DaemonView:
         try:
             async with asyncio.timeout(timeout_s):
                 while not self.ready(domain_uid, node_id):
+                    if self.refused(domain_uid):
+                        return False
                     await self._changed.wait()
         except TimeoutError:
             return False

@@ -35,7 +35,7 @@ import structlog
 from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
 from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
-from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
+from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME, REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.state.codec import UndecodableValue
@@ -390,6 +390,8 @@ class DeviceState:
         if status is None:
             return base + " (no daemon status yet)"
         state = pb.DaemonState(status.value.state).name
+        if status.value.reason == REASON_DRIVER_TOO_OLD:
+            base = f"IMEX daemon for domain {domain_uid} cannot run on node {node_name}"
         reason = f", {status.value.reason}" if status.value.reason else ""
         detail = f"; {status.value.last_error}" if status.value.last_error else ""
         return f"{base} (daemon {state}{reason}{detail})"
