@@ -48,7 +48,7 @@ from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
-from services.imexagent.probe import NvidiaCtlProbe, ProbeResult, ReadinessProbe
+from services.imexagent.probe import CONNECTED, NvidiaCtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.probepace import ProbePace
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes, recently_connected
@@ -575,7 +575,7 @@ class DomainDaemon:
         missing = [
             f"{name} (slot {i})"
             for i, name in enumerate(d.slot_nodes)
-            if name and i != d.index and probe.connections.get(i) != "CONNECTED"
+            if name and i != d.index and probe.connections.get(i) != CONNECTED
         ]
         if missing:
             return f"{base}; members not connected now: {', '.join(missing)}"
