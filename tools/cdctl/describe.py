@@ -80,6 +80,8 @@ def reasons_not_ready(snap: Snapshot, domain: pb.ComputeDomain) -> list[str]:
             reasons.append(f"{m.node_name}: no IMEX daemon status yet (its IMEX agent has not started it)")
         elif daemon.state != pb.DaemonState.READY:
             text = f"{m.node_name}: IMEX daemon {enum_name(daemon.state)}"
+            if daemon.reason:
+                text += f" ({daemon.reason})"
             if daemon.restarts:
                 text += f" after {daemon.restarts} restart(s)"
             if daemon.last_error:
