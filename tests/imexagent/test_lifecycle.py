@@ -265,11 +265,23 @@ def test_a_burst_of_joins_is_signalled_once_it_is_quiet() -> None:
     assert policy.should_send(11.0, responsive=True)
 
 
-def test_a_daemon_hung_at_start_is_killed_after_the_silence_limit() -> None:
+def test_a_daemon_hung_at_start_is_stopped_after_the_silence_limit() -> None:
     lc = DaemonLifecycle(POLICY)
     lc.started(0.0)
     assert lc.probed(19.9, answered=False, ready=False) is Verdict.NOTHING
     assert lc.probed(20.0, answered=False, ready=False) is Verdict.STOP
+
+
+def test_a_refused_daemon_is_failed_with_the_reason_and_never_due() -> None:
+    lc = DaemonLifecycle(POLICY)
+    lc.refused("driver 570.133.20 is older than 570.158.01")
+    assert (lc.state, lc.last_error, lc.ready) == (
+        FAILED,
+        "driver 570.133.20 is older than 570.158.01",
+        False,
+    )
+    assert not lc.start_due(0.0) and not lc.start_due(1e12)
+    assert lc.probed(5.0, answered=False, ready=False) is Verdict.NOTHING  # nothing runs to stop
 
 
 def test_policy_rejects_nonsense() -> None:
