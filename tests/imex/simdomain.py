@@ -71,6 +71,7 @@ class SimNode:
     reconnect_initial_s: float | None = 0.05
     reconnect_max_s: float | None = 0.25
     sigusr1_min_interval_s: float | None = 0.0
+    grace_s: int = -1  # IMEX_NODE_DISCONNECTED_GRACE_TIME
     mesh_tls: MeshTlsFiles | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -114,6 +115,7 @@ class SimNode:
                 reconnect_initial_s=self.reconnect_initial_s,
                 reconnect_max_s=self.reconnect_max_s,
                 sigusr1_min_interval_s=self.sigusr1_min_interval_s,
+                node_disconnected_grace_time_s=self.grace_s,
                 mesh_tls=self.mesh_tls,
             )
         )
