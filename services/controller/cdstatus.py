@@ -13,8 +13,9 @@
   every member is ready, none is lost, and (numNodes > 0) at least numNodes
   members are present;
 - the `Ready` condition carries the reason that explains a NotReady domain,
-  most severe first: Terminating, NodeLost, ImexDaemonFailed,
-  WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
+  most severe first: Terminating, NodeLost, ImexDaemonFailed, PeerUnreachable
+  (node record alive, IMEX links lost: `reachability.py`), WaitingForNodes,
+  ImexDaemonsNotReady, WaitingForPeers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from libs.gen.computedomain.state import v1 as pb
 from services.controller.liveness import Liveness, liveness
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
+from services.controller.reachability import Unreachable, unreachable
 from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
 
 CONDITION_READY = "Ready"
@@ -33,6 +35,7 @@ REASON_ALL_NODES_READY = "AllNodesReady"
 REASON_TERMINATING = "Terminating"
 REASON_NODE_LOST = "NodeLost"
 REASON_IMEX_DAEMON_FAILED = "ImexDaemonFailed"
+REASON_PEER_UNREACHABLE = "PeerUnreachable"
 REASON_WAITING_FOR_NODES = "WaitingForNodes"
 REASON_DAEMONS_NOT_READY = "ImexDaemonsNotReady"
 REASON_WAITING_FOR_PEERS = "WaitingForPeers"
@@ -133,6 +136,22 @@ def _peers_message(obs: DomainObservation, waiting: Sequence[str], live: Livenes
     )
 
 
+def _unreachable_message(obs: DomainObservation, cut: Sequence[Unreachable]) -> str:
+    cut_off = [u for u in cut if u.cut_off] or list(cut)
+    shown = []
+    for u in cut_off[:_MAX_NAMED]:
+        member = obs.members[u.node]
+        name = f"{u.node} (index {member.index})" if member.index >= 0 else u.node
+        shown.append(f"{name} from {len(u.lost_by)} of {u.peers} peer(s)")
+    extra = len(cut_off) - _MAX_NAMED
+    return (
+        "IMEX links lost while the node records are alive (not a node loss): "
+        + "; ".join(shown)
+        + (f"; and {extra} more" if extra > 0 else "")
+        + ". Imports stay valid until the daemons' IMEX_NODE_DISCONNECTED_GRACE_TIME runs out"
+    )
+
+
 def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
     live = live if live is not None else liveness(obs)
     domain = obs.domain
@@ -158,6 +177,9 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
             details.append(f"{name}: {daemon.last_error or pb.DaemonState(daemon.state).name}")
         more = f"; and {len(failed) - _MAX_NAMED} more" if len(failed) > _MAX_NAMED else ""
         return Verdict(False, REASON_IMEX_DAEMON_FAILED, "IMEX daemon failed on " + "; ".join(details) + more)
+    cut = unreachable(obs, live)
+    if cut:
+        return Verdict(False, REASON_PEER_UNREACHABLE, _unreachable_message(obs, cut))
     if not present:
         wanted = f"{num_nodes}" if num_nodes > 0 else "at least 1"
         return Verdict(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")

@@ -57,6 +57,8 @@ class DaemonRecord:
     connected_nodes: frozenset[str] = frozenset()
     # Of the daemons/<uid>/<node> key: a loss decision compares the reports it relied on.
     mod_revision: int = 0
+    # Member nodes the daemon was connected to and lost (-N: DISCONNECTED): peers it cannot reach.
+    disconnected_nodes: frozenset[str] = frozenset()
 
     @classmethod
     def from_pb(cls, daemon: pb.DaemonStatus, mod_revision: int = 0) -> DaemonRecord:
@@ -66,6 +68,7 @@ class DaemonRecord:
             daemon.updated_unix_ms,
             frozenset(daemon.connected_nodes),
             mod_revision,
+            frozenset(daemon.disconnected_nodes),
         )
 
 

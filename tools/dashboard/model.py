@@ -63,7 +63,7 @@ HEALTH = {
     pb.Health.UNHEALTHY: "UNHEALTHY",
 }
 # Reasons of a NotReady domain that mean something broke (the others are normal formation steps).
-SEVERITY_OF_REASON = {"NodeLost": "warning", "ImexDaemonFailed": "error"}
+SEVERITY_OF_REASON = {"NodeLost": "warning", "PeerUnreachable": "warning", "ImexDaemonFailed": "error"}
 _DIGITS = re.compile(r"(\d+)")
 
 

@@ -381,6 +381,12 @@ class DaemonStatus(betterproto.Message):
     Names of the member nodes this daemon reports connected (nvidia-imex-ctl -N).
     """
 
+    disconnected_nodes: List[str] = betterproto.string_field(14)
+    """
+    Names of the member nodes this daemon was connected to and lost (-N: DISCONNECTED), past a
+     short debounce: peers it cannot reach although both may be alive.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class Reservation(betterproto.Message):
