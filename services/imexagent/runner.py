@@ -12,8 +12,9 @@ what happened and does what they say:
 * it died: restarted after the lifecycle's backoff, with the exit reason and log tail reported;
 * status: READY/STARTING/NOT_READY/FAILED, node ID, instance, the member nodes whose slot it
   reports CONNECTED and those it lost (DISCONNECTED), the slot addresses and the count of hosts
-  rewrites; a failed mesh credential reload as the last error of a daemon that stays READY. Written when it changes,
-  fenced on the member record's revision so a status never outlives its member.
+  rewrites; a failed mesh credential reload as the last error of a daemon that stays READY.
+  Written when it changes, fenced on the member record's revision so a status never outlives
+  its member.
 
 Blocking work (fork/exec, fsynced writes, rmtree) runs in worker threads with a deadline.
 """

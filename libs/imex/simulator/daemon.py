@@ -31,8 +31,8 @@ At least as strict as the real daemon, so that what works against it works again
   SIGHUP is logged and otherwise ignored.
 
 Faults (command service): ``CRASH`` exits 1 at once; ``HANG`` blocks the process for good (only
-SIGKILL ends it); ``DROP`` cuts one peer and refuses it until SIGUSR1 or ``HEAL``; ``CUT seconds=S`` partitions all
-of this node's peer links for S seconds (``PeerMesh.cut_links``).
+SIGKILL ends it); ``DROP`` cuts one peer and refuses it until SIGUSR1 or ``HEAL``; ``CUT
+seconds=S`` partitions all of this node's peer links for S seconds (``PeerMesh.cut_links``).
 
 Start-up time is a product target (many daemons start at once on small machines), so this
 module uses epoll and the C-level ``_socket``/``_signal`` modules directly: importing asyncio,
