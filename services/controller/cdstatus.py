@@ -14,8 +14,9 @@
   members are present;
 - the `Ready` condition carries the reason that explains a NotReady domain,
   most severe first: Terminating, NodeLost, ImexDriverTooOld, ImexDaemonFailed,
-  ImexDaemonWaitingForRecovery, WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
-  The last two daemon reasons are the IMEX agent's (the daemon status record's `reason`); a
+  ImexDaemonWaitingForRecovery, PeerUnreachable (node record alive, IMEX links lost:
+  `reachability.py`), WaitingForNodes, ImexDaemonsNotReady, WaitingForPeers.
+  The driver and recovery reasons are the IMEX agent's (the daemon status record's `reason`); a
   daemon waiting for recovery is also named in a NodeLost message, since a lost importer is
   often what it waits for.
 """
@@ -29,6 +30,7 @@ from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVE
 from libs.gen.computedomain.state import v1 as pb
 from services.controller.liveness import Liveness, liveness
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
+from services.controller.reachability import Unreachable, unreachable
 from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
 
 CONDITION_READY = "Ready"
@@ -37,6 +39,7 @@ REASON_ALL_NODES_READY = "AllNodesReady"
 REASON_TERMINATING = "Terminating"
 REASON_NODE_LOST = "NodeLost"
 REASON_IMEX_DAEMON_FAILED = "ImexDaemonFailed"
+REASON_PEER_UNREACHABLE = "PeerUnreachable"
 REASON_WAITING_FOR_NODES = "WaitingForNodes"
 REASON_DAEMONS_NOT_READY = "ImexDaemonsNotReady"
 REASON_WAITING_FOR_PEERS = "WaitingForPeers"
@@ -156,6 +159,22 @@ def _reason_message(obs: DomainObservation, names: Sequence[str], what: str) -> 
     return f"{what} " + "; ".join(details) + more
 
 
+def _unreachable_message(obs: DomainObservation, cut: Sequence[Unreachable]) -> str:
+    cut_off = [u for u in cut if u.cut_off] or list(cut)
+    shown = []
+    for u in cut_off[:_MAX_NAMED]:
+        member = obs.members[u.node]
+        name = f"{u.node} (index {member.index})" if member.index >= 0 else u.node
+        shown.append(f"{name} from {len(u.lost_by)} of {u.peers} peer(s)")
+    extra = len(cut_off) - _MAX_NAMED
+    return (
+        "IMEX links lost while the node records are alive (not a node loss): "
+        + "; ".join(shown)
+        + (f"; and {extra} more" if extra > 0 else "")
+        + ". Imports stay valid until the daemons' IMEX_NODE_DISCONNECTED_GRACE_TIME runs out"
+    )
+
+
 def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
     live = live if live is not None else liveness(obs)
     domain = obs.domain
@@ -196,6 +215,9 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
             REASON_IMEX_WAITING_FOR_RECOVERY,
             _reason_message(obs, recovering, "IMEX daemon waiting for recovery on"),
         )
+    cut = unreachable(obs, live)
+    if cut:
+        return Verdict(False, REASON_PEER_UNREACHABLE, _unreachable_message(obs, cut))
     if not present:
         wanted = f"{num_nodes}" if num_nodes > 0 else "at least 1"
         return Verdict(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")

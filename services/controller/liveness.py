@@ -21,10 +21,10 @@ is READY and connected to every other active fabric member of its clique.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from services.controller.observed import DomainObservation, MemberRecord
+from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,18 @@ def live_peers(obs: DomainObservation, name: str) -> list[str]:
     )
 
 
+def live_reports(obs: DomainObservation) -> Iterator[tuple[str, MemberRecord, DaemonRecord]]:
+    """(reporter, its member record, its daemon status) of every live reporter."""
+    for reporter, daemon in obs.daemons.items():
+        me = obs.members.get(reporter)
+        if me is not None and live_reporter(obs, reporter, me):
+            yield reporter, me, daemon
+
+
 def vouched_for(obs: DomainObservation) -> dict[str, set[str]]:
     """Member -> the live peers of its clique whose daemons report it connected."""
     out: dict[str, set[str]] = {}
-    for reporter, daemon in obs.daemons.items():
-        me = obs.members.get(reporter)
-        if me is None or not live_reporter(obs, reporter, me):
-            continue
+    for reporter, me, daemon in live_reports(obs):
         for name in daemon.connected_nodes:
             peer = obs.members.get(name)
             if peer is not None and name != reporter and peer.clique_id == me.clique_id:

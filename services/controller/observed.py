@@ -59,6 +59,8 @@ class DaemonRecord:
     mod_revision: int = 0
     # Why it is not READY beyond its state (libs/contract/names.py REASON_*), "" if nothing more.
     reason: str = ""
+    # Member nodes the daemon was connected to and lost (-N: DISCONNECTED): peers it cannot reach.
+    disconnected_nodes: frozenset[str] = frozenset()
 
     @classmethod
     def from_pb(cls, daemon: pb.DaemonStatus, mod_revision: int = 0) -> DaemonRecord:
@@ -69,6 +71,7 @@ class DaemonRecord:
             frozenset(daemon.connected_nodes),
             mod_revision,
             daemon.reason,
+            frozenset(daemon.disconnected_nodes),
         )
 
 

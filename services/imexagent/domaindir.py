@@ -90,6 +90,7 @@ class DomainDir:
             server_port=settings.server_port,
             cmd_port=settings.cmd_port,
             wait_for_quorum=settings.wait_for_quorum,
+            node_disconnected_grace_time_s=settings.disconnected_grace_s,
             log_file_max_size_mb=settings.log_file_max_size_mb,
             hosts_file=str(self.hosts),
             heartbeat_interval_s=settings.sim_heartbeat_interval_s,

@@ -50,6 +50,8 @@ class ProbeResult:
     instance: str = ""  # the daemon instance ("" unknown)
     connections: Mapping[int, str] = field(default_factory=dict)  # node ID -> connection status
     addresses: Mapping[int, str] = field(default_factory=dict)  # node ID -> address it resolves to
+    # Why the daemon's last TLS credential reload failed (simulator's STATUS; "" otherwise).
+    credentials_error: str = ""
 
     @property
     def answered(self) -> bool:
@@ -91,6 +93,7 @@ class SimulatorProbe:
             instance=status.instance,
             connections=dict(status.connections),
             addresses=dict(status.addresses),
+            credentials_error=status.credentials_error,
         )
 
 

@@ -16,8 +16,10 @@ what happened and does what they say:
 * a new instance waiting for the nodes that imported its memory before an unclean stop
   (WAITING_FOR_RECOVERY): reason ImexDaemonWaitingForRecovery, naming the members not connected;
 * status: READY/STARTING/NOT_READY/FAILED, node ID, instance, the member nodes whose slot it
-  reports CONNECTED, the slot addresses and the count of hosts rewrites. Written when it changes,
-  fenced on the member record's revision so a status never outlives its member.
+  reports CONNECTED and those it lost (DISCONNECTED), the slot addresses and the count of hosts
+  rewrites; a failed mesh credential reload as the last error of a daemon that stays READY.
+  Written when it changes, fenced on the member record's revision so a status never outlives
+  its member.
 
 Blocking work (fork/exec, fsynced writes, rmtree) runs in worker threads with a deadline.
 """
@@ -51,7 +53,13 @@ from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
 from services.imexagent.probe import CONNECTED, NvidiaCtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.probepace import ProbePace
 from services.imexagent.settings import ImexSettings
-from services.imexagent.slotmap import DesiredDaemon, Identity, connected_nodes, recently_connected
+from services.imexagent.slotmap import (
+    DesiredDaemon,
+    Identity,
+    connected_nodes,
+    disconnected_nodes,
+    recently_connected,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -102,6 +110,7 @@ class StatusFields(NamedTuple):
     peers: tuple[str, ...]
     generation: int
     connected: tuple[str, ...]
+    disconnected: tuple[str, ...]
 
 
 _IMMEDIATE = 8  # fields before this index are written at once when they change
@@ -473,6 +482,16 @@ class DomainDaemon:
         if self.process is None or not self.process.alive:
             return  # the exit is handled on the next step
         if result.answered:
+            previous = self.last_probe
+            if result.credentials_error and (
+                previous is None or previous.credentials_error != result.credentials_error
+            ):
+                log.error(
+                    "IMEX daemon could not reload its mesh credentials; it keeps the previous ones",
+                    cd_uid=self.uid,
+                    node=self.node,
+                    error=result.credentials_error,
+                )
             self.last_probe = result
             for name in connected_nodes(self.desired, dict(result.connections)):
                 self._seen_connected[name] = now
@@ -543,8 +562,14 @@ class DomainDaemon:
             if probe is not None
             else ()
         )
+        disconnected = (
+            tuple(n for n in disconnected_nodes(d, dict(probe.connections)) if n not in connected)
+            if probe is not None
+            else ()
+        )
         failing = lc.state in (NOT_READY, FAILED)
-        reason, last_error = "", lc.last_error
+        # A failed credential reload leaves the daemon READY with its mesh: shown, not failing.
+        reason, last_error = "", lc.last_error or (probe.credentials_error if probe is not None else "")
         if self.refusal and not running:
             reason = REASON_DRIVER_TOO_OLD
         elif probe is not None and probe.state == STATE_WAITING_FOR_RECOVERY:
@@ -561,6 +586,7 @@ class DomainDaemon:
             tuple(d.slot_addresses) if self.written_hosts is not None else (),
             self.generation,
             connected,
+            disconnected,
         )
 
     def _recovery_wait(self, probe: ProbeResult) -> str:
@@ -597,6 +623,7 @@ class DomainDaemon:
             instance=f.instance,
             connected_nodes=list(f.connected),
             reason=f.reason,
+            disconnected_nodes=list(f.disconnected),
             updated_unix_ms=int(time.time() * 1000),
         )
 

@@ -16,6 +16,13 @@ from services.imexagent.lifecycle import LifecyclePolicy
 
 BackendChoice = Literal["auto", "nvidia", "simulated"]
 
+# IMEX_NODE_DISCONNECTED_GRACE_TIME rendered for every daemon: a peer unreachable this long has its
+# imports and exports cleaned up (nvidia-imex's default, -1, keeps them forever). Ten minutes is
+# PyTorch's default NCCL collective timeout: a job cut off from a peer that long has aborted by
+# itself, so the clean-up costs it nothing, while any shorter partition (a switch port flapping, a
+# link re-dialled) leaves a running job's imports valid. Why not forever: see docs/operations.md.
+DEFAULT_DISCONNECTED_GRACE_S = 600
+
 
 @dataclass(frozen=True)
 class ImexSettings:
@@ -32,6 +39,8 @@ class ImexSettings:
     # Where the command service listens; "" = this node's address.
     cmd_bind_ip: str = ""
     wait_for_quorum: str = imexcfg.QUORUM_RECOVERY
+    # IMEX_NODE_DISCONNECTED_GRACE_TIME: -1 forever, 0 at once, else seconds.
+    disconnected_grace_s: int = DEFAULT_DISCONNECTED_GRACE_S
     log_file_max_size_mb: int = 64
     # What an empty slot resolves to: an address nothing listens on.
     placeholder_address: str = slots.PLACEHOLDER_ADDRESS
@@ -94,6 +103,8 @@ class ImexSettings:
                 problems.append(f"{name} must be >= 0")
         if self.poll_interval_starting_s > self.poll_interval_ready_s:
             problems.append("poll_interval_starting_s must be <= poll_interval_ready_s")
+        if self.disconnected_grace_s < -1:
+            problems.append("disconnected_grace_s must be -1 (forever), 0 or seconds")
         if self.wait_for_quorum not in imexcfg.WAIT_FOR_QUORUM_VALUES:
             problems.append(f"wait_for_quorum must be one of {imexcfg.WAIT_FOR_QUORUM_VALUES}")
         if not self.placeholder_address or any(ch.isspace() for ch in self.placeholder_address):
@@ -120,6 +131,10 @@ def _required(value: Any) -> str | None:
 
 def _port(value: Any) -> str | None:
     return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
+
+
+def _grace(value: Any) -> str | None:
+    return None if value >= -1 else "must be -1 (forever), 0 (at once) or a number of seconds"
 
 
 def _address(value: Any) -> str | None:
@@ -160,6 +175,12 @@ class ImexAgentSettings(EtcdSettings):
         "Address an empty IMEX slot resolves to (nothing may listen there).",
         validate=_address,
     )
+    imex_disconnected_grace_s: int = setting(
+        DEFAULT_DISCONNECTED_GRACE_S,
+        "IMEX_NODE_DISCONNECTED_GRACE_TIME of the daemons: seconds an unreachable peer keeps its "
+        "imports and exports before they are cleaned up (-1: forever, nvidia-imex's default).",
+        validate=_grace,
+    )
     stop_daemons_on_exit: bool = setting(
         False,
         "Stop the IMEX daemons when the agent stops (default: leave them running; the next "
@@ -191,5 +212,6 @@ class ImexAgentSettings(EtcdSettings):
             nvidia_imex_binary=self.nvidia_imex_binary,
             nvidia_imex_ctl_binary=self.nvidia_imex_ctl_binary,
             placeholder_address=self.placeholder_address,
+            disconnected_grace_s=self.imex_disconnected_grace_s,
             stop_daemons_on_exit=self.stop_daemons_on_exit,
         )

@@ -144,6 +144,16 @@ def recently_connected(
     ]
 
 
+def disconnected_nodes(desired: DesiredDaemon, connections: dict[int, str]) -> list[str]:
+    """Names of the other member nodes whose link the daemon reports DISCONNECTED (it was up in
+    this instance's life and is lost), in slot order."""
+    return [
+        name
+        for index, name in enumerate(desired.slot_nodes)
+        if name and index != desired.index and connections.get(index) == "DISCONNECTED"
+    ]
+
+
 def connected_nodes(desired: DesiredDaemon, connections: dict[int, str]) -> list[str]:
     """Names of the other member nodes whose slot the daemon reports CONNECTED, in slot order."""
     return [

@@ -40,6 +40,7 @@ TRAYS = 6
 ADDRESS_BLOCK = address_blocks.CDSIM_FAULTS
 JOB = "grow"
 PARTITION_S = 30.0  # as long as the outage a running job must not notice
+CUT_S = 20.0  # IMEX links cut: past the daemons' heartbeat timeout, short of the grace time
 
 
 # ---- the gate on its own ---------------------------------------------------------------------
@@ -240,6 +241,37 @@ def test_a_member_cut_off_etcd_loses_its_record_but_the_job_stays_ready(cluster:
 def test_a_partition_of_an_unknown_node_is_refused(cluster: Path) -> None:
     result = cdsim(cluster, "fault", "partition-etcd", "rack9-tray0", "--down-for", "3")
     assert result.returncode == 1 and "rack9-tray0" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_member_whose_links_are_cut_is_peer_unreachable_and_keeps_its_imports(cluster: Path) -> None:
+    """Past the daemons' heartbeat timeout (15 s), well short of the agent's grace time (600 s)."""
+    before = members(cluster)
+    victim = sorted(before)[1]
+    uid = job_doc(cluster)["domain_uid"]
+    with ReadyWatch(cluster, uid) as watch:
+        out = ok(cdsim(cluster, "fault", "cut-links", victim, "--for", str(CUT_S)))
+        assert "PeerUnreachable (not NodeLost)" in out
+        ok(
+            cdsim(
+                cluster,
+                "job",
+                "wait",
+                JOB,
+                "--status",
+                "NotReady",
+                "--reason",
+                "PeerUnreachable",
+                "--timeout",
+                "30",
+            )
+        )
+        ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", str(CUT_S + 30)))
+    reasons = {reason for _, _, reason in watch.seen}
+    assert "PeerUnreachable" in reasons and "NodeLost" not in reasons, watch.seen
+    assert members(cluster) == before, "an index, daemon pid or instance changed"
+    assert "all 2 imports valid" in ok(cdsim(cluster, "job", "check", JOB))
+    assert "invariants 1-4 hold" in ok(cdsim(cluster, "check"))
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ class SimNode:
     reconnect_initial_s: float | None = 0.05
     reconnect_max_s: float | None = 0.25
     sigusr1_min_interval_s: float | None = 0.0
+    grace_s: int = -1  # IMEX_NODE_DISCONNECTED_GRACE_TIME
     mesh_tls: MeshTlsFiles | None = None
     wait_for_quorum: str = QUORUM_RECOVERY
     driver_version: str = ""  # "": no directive (the simulator assumes a current release)
@@ -122,6 +123,7 @@ class SimNode:
                 reconnect_initial_s=self.reconnect_initial_s,
                 reconnect_max_s=self.reconnect_max_s,
                 sigusr1_min_interval_s=self.sigusr1_min_interval_s,
+                node_disconnected_grace_time_s=self.grace_s,
                 mesh_tls=self.mesh_tls,
                 wait_for_quorum=self.wait_for_quorum,
                 driver_version=self.driver_version,

@@ -3,12 +3,14 @@ what will happen."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from typing import Any, TextIO
 
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.errors import UnknownNodeError
-from tools.cdsim import control, procscan
+from services.imexagent.settings import DEFAULT_DISCONNECTED_GRACE_S
+from tools.cdsim import control, linkcut, procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
@@ -119,4 +121,25 @@ def partition_etcd(layout: StateLayout, node: str, seconds: float, out: TextIO) 
         f"({IMEX_AGENT_LEASE_TTL_S}s), but the node is not lost while its peers report it connected: "
         f"running jobs stay Ready. Afterwards both programs reconnect by themselves and the node "
         f"record comes back.\n"
+    )
+
+
+def cut_links(layout: StateLayout, node: str, seconds: float, out: TextIO) -> None:
+    """Partition the node's IMEX links for `seconds` while every process lives (tools/cdsim/linkcut.py)."""
+    _check_node(layout, node)
+    try:
+        cut = asyncio.run(linkcut.cut_links(layout.node(node).imex_dir, seconds))
+    except ValueError as exc:
+        raise CommandError(f"--for: {exc}") from None
+    except linkcut.NoDaemon as exc:
+        raise CommandError(
+            f"no IMEX daemon of {node} took the cut (is the node in a domain?): {exc}"
+        ) from None
+    daemons = ", ".join(f"pid {pid} ({domain})" for pid, domain in sorted(cut.items()))
+    out.write(
+        f"Cut the IMEX links of {node} for {seconds:g}s, both ways: {daemons}. Every process lives and "
+        f"its node record stays, so its domain reports it PeerUnreachable (not NodeLost) once its "
+        f"peers lose it. A running job's imports survive a cut shorter than the daemons' "
+        f"IMEX_NODE_DISCONNECTED_GRACE_TIME ({DEFAULT_DISCONNECTED_GRACE_S}s unless the IMEX agent was "
+        f"told otherwise); after a longer one, imports across the cut are cleaned up.\n"
     )

@@ -10,7 +10,7 @@
     cdsim job check NAME [-n NS]
     cdsim fault kill-agent NODE [--down-for S] | kill-imex-agent NODE [--down-for S]
                 | kill-node NODE [--down-for S] | kill-imex NODE | kill-controller REPLICA
-                | restart-etcd | partition-etcd NODE --down-for S
+                | restart-etcd | partition-etcd NODE --down-for S | cut-links NODE --for S
     cdsim check [--idle] [--settle S]
     cdsim down
 
@@ -199,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_argument(
         "--down-for", type=float, required=True, metavar="SECONDS", help="how long the node stays cut off"
     )
+    cut = fault_sub.add_parser(
+        "cut-links",
+        parents=[common],
+        help="cut a node's IMEX links both ways for a while (every process lives)",
+    )
+    cut.add_argument("node")
+    cut.add_argument(
+        "--for", dest="seconds", type=float, required=True, metavar="SECONDS", help="how long the cut lasts"
+    )
     return parser
 
 
@@ -329,6 +338,8 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             faults.kill_controller(layout, args.replica, out, args.down_for)
         elif args.fault == "partition-etcd":
             faults.partition_etcd(layout, args.node, args.down_for, out)
+        elif args.fault == "cut-links":
+            faults.cut_links(layout, args.node, args.seconds, out)
         else:
             faults.restart_etcd(layout, out)
 

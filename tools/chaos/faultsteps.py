@@ -16,7 +16,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
@@ -34,6 +34,9 @@ MAX_NODES_DOWN = 2
 HANG_REPLACED_S = 75.0
 # A standby must lead within one lease TTL (the failover target); the margin covers a busy 2-core machine.
 FAILOVER_BOUND_S = 12.0
+# Longest link cut: past the daemons' heartbeat timeout (15 s), well short of the IMEX agent's
+# IMEX_NODE_DISCONNECTED_GRACE_TIME (services/imexagent/settings.py), so imports must survive.
+CUT_LINKS_MAX_S = 25.0
 GARBAGE_MARKER = b"\xff\xfe chaos: not a protobuf envelope \x00"
 
 
@@ -84,6 +87,8 @@ class FaultSteps:
             self._kill_node(step)
         elif action == p.PARTITION_ETCD:
             self._partition_etcd(step)
+        elif action == p.CUT_LINKS:
+            self._cut_links(step)
         elif action == p.CORRUPT_CHECKPOINT:
             node = self._pick_node(step, prefer_busy_with_claims=step.coin)
             if node is None:
@@ -331,22 +336,50 @@ class FaultSteps:
         self._spawn(action, self._partition_etcd_run(node, seconds))
 
     async def _partition_etcd_run(self, node: str, seconds: float) -> None:
-        assert self.handle is not None
-        handle = self.handle
-        cut = False
+        handle = self._handle()
+        await self._timed_run(
+            p.PARTITION_ETCD, node, seconds, lambda: injectors.partition_etcd(handle, node, seconds)
+        )
 
-        async def partition() -> str:
-            nonlocal cut
-            detail = await injectors.partition_etcd(handle, node, seconds)
-            cut = True
+    async def _timed_run(
+        self, action: str, node: str, seconds: float, inject: Callable[[], Awaitable[str]]
+    ) -> None:
+        """Do a fault that ends by itself after `seconds`; the node stays busy until then."""
+        done = False
+
+        async def run() -> str:
+            nonlocal done
+            detail = await inject()
+            done = True
             return detail
 
         try:
-            await self._fault(p.PARTITION_ETCD, partition())
-            if cut:
-                await asyncio.sleep(seconds)  # the node stays busy while it is cut off
+            await self._fault(action, run())
+            if done:
+                await asyncio.sleep(seconds)
         finally:
             self.busy_nodes.discard(node)
+
+    def _cut_links(self, step: p.Step) -> None:
+        """Cut a member's IMEX links, from shorter than a heartbeat timeout to well past it, always
+        shorter than the daemons' grace time: imports must survive (invariant 6)."""
+        action = p.CUT_LINKS
+        candidates = sorted(set(injectors.nodes_with_daemons(self._handle())) - self.busy_nodes)
+        node = p.pick(candidates, step.picks[0])
+        if node is None:
+            self._skipped(action, "no IMEX daemon runs on a free node")
+            return
+        seconds = 1.0 + CUT_LINKS_MAX_S * step.length
+        self.busy_nodes.add(node)
+        self._spawn(action, self._cut_links_run(node, seconds))
+
+    async def _cut_links_run(self, node: str, seconds: float) -> None:
+        handle = self._handle()
+        await self._timed_run(p.CUT_LINKS, node, seconds, lambda: injectors.cut_links(handle, node, seconds))
+
+    def _handle(self) -> ClusterHandle:
+        assert self.handle is not None
+        return self.handle
 
     async def _indices_held(self, node: str) -> list[continuity.IndexExpectation]:
         """The indices `node` holds in its domains now (what it must take again when it returns)."""

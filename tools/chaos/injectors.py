@@ -19,7 +19,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.imex.simulator import client as simclient
 from libs.state.store import TRANSIENT_ERRORS, Store
-from tools.cdsim import control, procscan
+from tools.cdsim import control, linkcut, procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import agent_name, imex_agent_name
 
@@ -139,6 +139,17 @@ async def partition_etcd(handle: ClusterHandle, node: str, seconds: float) -> st
     their peer links are untouched); the cut ends by itself."""
     answer = await _control(handle, "partition-etcd", node=node, seconds=round(seconds, 2))
     return f"{node}: cut off etcd for {seconds:.1f}s ({answer.get('connections_cut')} connections reset)"
+
+
+async def cut_links(handle: ClusterHandle, node: str, seconds: float) -> str:
+    """Cut the IMEX links of every daemon on the node for `seconds`, both ways (every process
+    lives); the daemons end the cut by themselves."""
+    try:
+        cut = await linkcut.cut_links(handle.layout.node(node).imex_dir, round(seconds, 2))
+    except linkcut.NoDaemon as exc:
+        raise NotApplicable(f"no IMEX daemon on {node} took the cut: {exc}") from None
+    pids = ", ".join(str(pid) for pid in sorted(cut))
+    return f"{node}: IMEX links of daemon pid {pids} cut for {seconds:.1f}s"
 
 
 async def corrupt_checkpoint(handle: ClusterHandle, node: str, garbage: bytes) -> str:

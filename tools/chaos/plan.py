@@ -28,6 +28,7 @@ CONTROLLER_FAILOVER = "controller-failover"
 ETCD_RESTART = "etcd-restart"
 KILL_NODE = "kill-node"  # plugin, IMEX agent and daemons die; back later with its old index
 PARTITION_ETCD = "partition-etcd"  # the node's programs cut off etcd; daemons and peer links stay
+CUT_LINKS = "cut-links"  # the node's IMEX links cut both ways, shorter than the grace time
 CORRUPT_CHECKPOINT = "corrupt-checkpoint"
 UNDECODABLE_VALUE = "undecodable-value"
 
@@ -46,6 +47,7 @@ FAULTS = (
     ETCD_RESTART,
     KILL_NODE,
     PARTITION_ETCD,
+    CUT_LINKS,
     CORRUPT_CHECKPOINT,
     UNDECODABLE_VALUE,
 )
@@ -62,6 +64,7 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {
     ETCD_RESTART: 0.7,
     KILL_NODE: 1.0,
     PARTITION_ETCD: 1.5,
+    CUT_LINKS: 1.5,
     CORRUPT_CHECKPOINT: 1.0,
     UNDECODABLE_VALUE: 1.0,
 }

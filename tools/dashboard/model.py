@@ -65,6 +65,7 @@ HEALTH = {
 # Reasons of a NotReady domain that mean something broke (the others are normal formation steps).
 SEVERITY_OF_REASON = {
     "NodeLost": "warning",
+    "PeerUnreachable": "warning",
     "ImexDaemonFailed": "error",
     "ImexDriverTooOld": "error",
     "ImexDaemonWaitingForRecovery": "warning",

@@ -196,7 +196,7 @@ function renderDomains(doc) {
   list.replaceChildren();
   if (!doc.domains.length) list.append(el("div", { class: "empty", text: "No ComputeDomains." }));
   for (const d of doc.domains) {
-    const bad = d.reason === "NodeLost" || d.reason === "ImexDaemonFailed";
+    const bad = d.reason === "NodeLost" || d.reason === "PeerUnreachable" || d.reason === "ImexDaemonFailed";
     const pill = d.deleting ? "Deleting" : d.status;
     const why = d.status !== "Ready" && d.reason
       ? el("div", { class: "why" + (bad ? " bad" : "") }, el("b", { text: d.reason }), ": " + d.message) : null;

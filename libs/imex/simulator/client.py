@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 2.0
-FAULTS = ("crash", "hang", "drop-peer", "heal")
+FAULTS = ("crash", "hang", "drop-peer", "heal")  # what the ctl tool injects
+CUT_LINKS = "cut-links"  # cdsim's partition fault (takes a duration)
 _MAX_REPLY = 1 << 20
 _RECV_CHUNK = 1 << 16
 
@@ -236,8 +237,11 @@ async def inject_fault(
     fault: str,
     peer: str | int | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109
+    *,
+    seconds: float | None = None,
 ) -> None:
-    """Inject a fault: ``crash``, ``hang``, ``drop-peer`` (needs ``peer``) or ``heal``.
+    """Inject a fault: ``crash``, ``hang``, ``drop-peer`` (needs ``peer``), ``heal`` or
+    ``cut-links`` (needs ``seconds``: every peer link of the daemon partitioned that long).
 
     ``peer`` of drop-peer is a node ID (an int or a string of digits) or a peer's address.
 
@@ -255,8 +259,12 @@ async def inject_fault(
             raise ValueError("drop-peer needs the peer's node ID or address")
         key = "node" if isinstance(peer, int) or peer.isdigit() else "addr"
         message = proto.encode(proto.CMD_DROP, {key: str(peer)})
+    elif fault == CUT_LINKS:
+        if seconds is None or not 0 < seconds <= 3600:
+            raise ValueError(f"cut-links needs seconds in (0, 3600], got {seconds}")
+        message = proto.encode(proto.CMD_CUT, {"seconds": repr(float(seconds))})
     else:
-        raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
+        raise ValueError(f"unknown fault {fault!r}; expected one of {(*FAULTS, CUT_LINKS)}")
     verb, fields = await request(cmd_host, cmd_port, message, timeout)
     if verb != proto.REPLY_OK:
         raise CommandRejected(fields.get("reason", verb))

@@ -19,10 +19,14 @@ At least as strict as the real daemon, so that what works against it works again
   only; no peer needed). ``-N``: this daemon's links to every node of its map.
 * SIGUSR1 (at most once per 5 s, ``# SIM_SIGUSR1_MIN_INTERVAL_S``; a repeat is logged and
   ignored): re-resolve every name, close and re-dial every outgoing link at once, heal
-  drop-peer faults. The nodes config is NOT re-read; imports are unaffected.
+  drop-peer faults. The nodes config is NOT re-read; imports are unaffected. With TLS it first
+  reloads the credentials and tells the peers to reload theirs; a failed reload changes nothing
+  (``libs.imex.simulator.reload``).
 * Imports (``IMPORT``/``IMPORTS``/``UNIMPORT`` on the command service): what local jobs imported
   from which node ID's daemon instance. Invalid once a handshake shows that node running another
-  instance (it restarted) or it said BYE (SIGTERM); never on a plain reconnect.
+  instance (it restarted) or it said BYE (SIGTERM); never on a plain reconnect. With
+  ``IMEX_NODE_DISCONNECTED_GRACE_TIME`` set, also once that node stayed disconnected that long
+  (``libs.imex.simulator.grace``).
 * SIGTERM, SIGINT, SIGQUIT: BYE to every peer, exit 0. A new instance ID at every start.
   SIGHUP is logged and otherwise ignored.
 * Persistence file and recovery (``recovery.py``): the nodes that imported this daemon's memory
@@ -33,7 +37,8 @@ At least as strict as the real daemon, so that what works against it works again
   the node's driver; ``libs/imex/driver.py``): on an older one, an ERROR line and exit status 1.
 
 Faults (command service): ``CRASH`` exits 1 at once; ``HANG`` blocks the process for good (only
-SIGKILL ends it); ``DROP`` cuts one peer and refuses it until SIGUSR1 or ``HEAL``.
+SIGKILL ends it); ``DROP`` cuts one peer and refuses it until SIGUSR1 or ``HEAL``; ``CUT
+seconds=S`` partitions all of this node's peer links for S seconds (``PeerMesh.cut_links``).
 
 Start-up time is a product target (many daemons start at once on small machines), so this
 module uses epoll and the C-level ``_socket``/``_signal`` modules directly: importing asyncio,
@@ -53,8 +58,10 @@ from libs.imex.driver import host_names_refusal
 from libs.imex.simulator import protocol as proto
 from libs.imex.simulator import recovery as persist
 from libs.imex.simulator.daemonlog import DaemonLog
+from libs.imex.simulator.grace import DisconnectClock
 from libs.imex.simulator.imports import ImportTable
-from libs.imex.simulator.links import CMD, OPEN, Conn, PeerMesh
+from libs.imex.simulator.links import CMD, OPEN, Conn
+from libs.imex.simulator.reload import CredentialReload
 from libs.imex.simulator.resolver import HostsResolver, is_ip
 from libs.imex.simulator.settings import ConfigError, Settings
 
@@ -71,7 +78,7 @@ _SIGNAL_NAMES = {
 }
 
 
-class Daemon(PeerMesh):
+class Daemon(CredentialReload):
     """The simulated daemon: peer links, command service, imports, signals (one thread)."""
 
     def __init__(
@@ -80,7 +87,9 @@ class Daemon(PeerMesh):
         super().__init__(settings, log, names, own_id, resolver)
         self.imports = ImportTable()
         self.recovery = persist.Recovery(self.map_digest, False, None, own_id, len(names))
+        self.grace = DisconnectClock(settings.disconnected_grace_s)
         self.last_sigusr1 = -1e18
+        self.credentials_error = ""
         self.exit_code: int | None = None
 
     # ----------------------------------------------------------------- start-up and main loop
@@ -107,6 +116,25 @@ class Daemon(PeerMesh):
                 if self.exit_code is not None:
                     return self.exit_code
             self._run_timers(time.monotonic())
+
+    def _next_deadline(self) -> float:
+        deadline = super()._next_deadline()
+        grace = self.grace.next_deadline()
+        return deadline if grace is None or grace > deadline else grace
+
+    def _run_timers(self, now: float) -> None:
+        super()._run_timers(now)
+        if self.grace.enabled:
+            for node_id in self.grace.observe(self._connected_ids(), self.instances, now):
+                self.log.write(
+                    "WARNING",
+                    f"Node {node_id} disconnected for {self.grace.grace_s} s "
+                    "(IMEX_NODE_DISCONNECTED_GRACE_TIME): cleaning up its imports and exports",
+                )
+                for entry in self.imports.exporter_disconnected(node_id, self.grace.grace_s):
+                    self.log.write(
+                        "WARNING", f"Import of job {entry.job} from node {node_id} invalid: {entry.reason}"
+                    )
 
     def _install_signal_handlers(self) -> None:
         # The C-level handler writes each signal number into this pipe, which wakes epoll; the
@@ -258,6 +286,8 @@ class Daemon(PeerMesh):
             reply = self._drop(fields)
         elif verb == proto.CMD_HEAL:
             self._heal("heal command")
+        elif verb == proto.CMD_CUT:
+            reply = self._cut(fields)
         else:
             reply = (proto.REPLY_ERR, {"reason": f"unknown command {verb}"})
         self._send(conn, proto.encode(*reply))
@@ -282,6 +312,7 @@ class Daemon(PeerMesh):
             "map": self.map_digest,
             "nodes": ",".join(self.names),
             "dropped": ",".join(str(i) for i in sorted(self.dropped)),
+            "cred_error": self.credentials_error,
         }
         for i in range(len(self.names)):
             link = self.links.get(i)
@@ -318,6 +349,16 @@ class Daemon(PeerMesh):
                 self._close(conn)
         return proto.REPLY_OK, {}
 
+    def _cut(self, fields: dict[str, str]) -> tuple[str, dict[str, str]]:
+        try:
+            seconds = float(fields.get("seconds", ""))
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= 3600:
+            return proto.REPLY_ERR, {"reason": "CUT needs seconds=<s> in (0, 3600]"}
+        self.cut_links(seconds)
+        return proto.REPLY_OK, {}
+
     def _heal(self, why: str) -> None:
         if self.dropped:
             self.log.write("INFO", f"Healing dropped nodes {sorted(self.dropped)} ({why})")
@@ -345,40 +386,6 @@ class Daemon(PeerMesh):
                 self._on_sigusr1()
             elif signum == _signal.SIGHUP:
                 self.log.write("INFO", "Received SIGHUP (the simulator keeps no verbose log buffer)")
-
-    def _on_sigusr1(self) -> None:
-        now = time.monotonic()
-        if now - self.last_sigusr1 < self.settings.sigusr1_min_interval_s:
-            self.log.write(
-                "WARNING",
-                f"Received SIGUSR1 within {self.settings.sigusr1_min_interval_s:g} s of the last one, ignored",
-            )
-            return
-        self.last_sigusr1 = now
-        self.log.write(
-            "INFO", "Received SIGUSR1: re-resolving node names and restarting all peer connections"
-        )
-        if self.mesh_tls is not None:
-            failed = self.mesh_tls.reload()
-            if failed:
-                self.log.write(
-                    "ERROR", f"Reloading SSL credentials failed, keeping the previous ones: {failed}"
-                )
-            else:
-                self.log.write("INFO", "Reloaded SSL credentials")
-        self.resolver.refresh(force=True)
-        self._heal("SIGUSR1")
-        for link in self.links.values():
-            if link.conn is not None:
-                self._close(link.conn)
-                link.conn = None
-                if link.status == proto.CONN_CONNECTED:
-                    link.status = proto.CONN_DISCONNECTED
-                    link.reason = "restarting connections (SIGUSR1)"
-            link.backoff = self.settings.reconnect_initial_s
-            link.next_attempt = None
-            link.attempts = 0
-            self._dial(link)
 
     def _shutdown(self) -> None:
         self._set_state(proto.STATE_SHUTTING_DOWN)

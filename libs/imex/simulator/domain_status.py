@@ -55,6 +55,8 @@ class DaemonStatus:
     hostname: str = ""
     map_digest: str = ""
     dropped: tuple[int, ...] = ()
+    # Why the last TLS credential reload failed ("" when it worked or none was tried).
+    credentials_error: str = ""
 
     @property
     def ready(self) -> bool:
@@ -82,6 +84,7 @@ class DaemonStatus:
             hostname=fields.get("host", ""),
             map_digest=fields.get("map", ""),
             dropped=tuple(int(i) for i in _split(fields.get("dropped", "")) if i.isdigit()),
+            credentials_error=fields.get("cred_error", ""),
         )
 
 

@@ -5,7 +5,8 @@ import stays usable while the exporting daemon is the same *instance*: a restart
 forgotten its exports, so every importer drops what it imported from the old instance (the job
 then fails with "invalid resource handle"). A plain reconnect of the same instance (a network
 blip, SIGUSR1 on either side) invalidates nothing. A daemon stopped with SIGTERM tells its peers
-(BYE) that its exports are gone.
+(BYE) that its exports are gone. With IMEX_NODE_DISCONNECTED_GRACE_TIME set, an exporter that stays
+disconnected that long is cleaned up (``grace.DisconnectClock``).
 
 Pure: the daemon feeds it what it sees in handshakes and BYEs. Imported by the daemon at
 start-up: no imports at run time.
@@ -66,6 +67,18 @@ class ImportTable:
         for entry in self.entries.values():
             if entry.node_id == node_id and entry.valid and entry.instance == instance:
                 entry.invalidate(f"exporter node {node_id} shut down (instance {instance})")
+                hit.append(entry)
+        return hit
+
+    def exporter_disconnected(self, node_id: int, grace_s: int) -> list[ImportEntry]:
+        """``node_id`` stayed disconnected for the grace time: its references are cleaned up."""
+        hit = []
+        for entry in self.entries.values():
+            if entry.node_id == node_id and entry.valid:
+                entry.invalidate(
+                    f"exporter node {node_id} disconnected for {grace_s} s "
+                    "(IMEX_NODE_DISCONNECTED_GRACE_TIME): cleaned up"
+                )
                 hit.append(entry)
         return hit
 

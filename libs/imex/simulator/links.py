@@ -13,7 +13,12 @@ node ID of the map, and checks every handshake as strictly as nvidia-imex:
   (NODE_MAP_MISMATCH), a node ID out of range or equal to its own, a dropped node (fault), and
   a source address that is not what that node ID's name resolves to now;
 * each side pings over its own outgoing link, and a link silent for three heartbeat intervals
-  is dead.
+  is dead;
+* ``cut_links`` (fault injection) stands for a network partition of this node: for a while no
+  peer byte is read or sent, nothing is accepted and every dial times out, while the command
+  service keeps answering. Peers see their links fall silent and time out, as behind a dead switch
+  port; unread and unsent bytes wait in the socket buffers, as TCP keeps them, so a link that has
+  not timed out yet carries on afterwards.
 
 Every instance a handshake shows and every BYE goes to the ``_instance_seen``/``_exporter_gone``
 hooks (imports). One thread, epoll, C-level ``_socket``: start-up time is a product target.
@@ -54,6 +59,7 @@ OPEN = "open"
 # Connection kinds.
 _OUT = "out"
 _IN = "in"
+INCOMING = _IN
 CMD = "cmd"
 
 
@@ -156,6 +162,7 @@ class PeerMesh:
         self.cmd_listener: _socket.socket | None = None
         self.wakeup_r = -1
         self.next_tick = 0.0
+        self.cut_until: float | None = None  # peer links cut (fault) until then
 
     # ------------------------------------------------------------------ hooks of the subclass
 
@@ -170,6 +177,9 @@ class PeerMesh:
 
     def _exporter_gone(self, conn: Conn) -> None:
         """The peer on ``conn`` said BYE: it is shutting down."""
+
+    def _peer_reloaded(self, node_id: int) -> None:
+        """``node_id`` reloaded its TLS credentials and asks this daemon to reload too."""
 
     def _peer_message(self, conn: Conn, verb: str, fields: dict[str, str]) -> None:
         """Any other message of a peer on an open incoming link."""
@@ -192,6 +202,8 @@ class PeerMesh:
 
     def _next_deadline(self) -> float:
         deadline = self.next_tick
+        if self.cut_until is not None and self.cut_until < deadline:
+            deadline = self.cut_until
         for link in self.links.values():
             if link.next_attempt is not None and link.next_attempt < deadline:
                 deadline = link.next_attempt
@@ -208,6 +220,10 @@ class PeerMesh:
             conn = self.conns.get(fd)
             if conn is None:
                 return
+            if self.cut_until is not None and conn.kind != CMD:
+                if mask & _EPOLL_BROKEN:  # registered for nothing while cut: only errors get here
+                    self._lost(conn, "connection reset")
+                return
             if conn.phase == _CONNECTING:
                 self._finish_connect(conn, broken=bool(mask & _EPOLL_BROKEN))
                 return
@@ -217,6 +233,8 @@ class PeerMesh:
                 self._flush(conn)
 
     def _run_timers(self, now: float) -> None:
+        if self.cut_until is not None and now >= self.cut_until:
+            self._restore_links()
         for link in self.links.values():
             if link.next_attempt is not None and link.next_attempt <= now:
                 link.next_attempt = None
@@ -304,6 +322,8 @@ class PeerMesh:
         self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
+        if self.cut_until is not None and conn.kind != CMD:
+            return  # partitioned: the bytes wait, as TCP would keep them
         try:
             sent = conn.sock.send(conn.wbuf) if conn.wbuf else 0
         except BlockingIOError:
@@ -427,6 +447,9 @@ class PeerMesh:
             self._link_down(link, status, why, quiet=True)
             return
         link.address = address
+        if self.cut_until is not None:
+            self._link_down(link, status, f"{address}: connection timed out", quiet=True)
+            return
         if link.attempts % LOG_EVERY == 1:
             self.log.write(
                 "INFO",
@@ -508,6 +531,8 @@ class PeerMesh:
             self._close(conn)
             self._exporter_gone(conn)
             self._link_down(link, proto.CONN_DISCONNECTED, "peer is shutting down")
+        elif verb == proto.RELOAD:
+            self._peer_reloaded(conn.node_id)
         # PING: receiving it already refreshed last_recv.
 
     def _welcomed(self, link: PeerLink, conn: Conn, fields: dict[str, str]) -> None:
@@ -569,6 +594,8 @@ class PeerMesh:
                 self._close(conn)
                 self._exporter_gone(conn)
                 self.log.write("INFO", f"Incoming connection from node {conn.node_id} ended: peer said BYE")
+            elif verb == proto.RELOAD:
+                self._peer_reloaded(conn.node_id)
             elif verb != proto.PING:
                 self._peer_message(conn, verb, fields)
             return  # PING: last_recv is already refreshed
@@ -636,6 +663,39 @@ class PeerMesh:
         conn.phase = OPEN  # nothing more is read; the reply is sent, then we close
         self._send(conn, proto.encode(proto.REFUSE, {"code": code, "reason": reason}))
         self._close(conn)
+
+    # ---------------------------------------------------------------------- partition fault
+
+    def cut_links(self, seconds: float) -> None:
+        """Partition this node's peer links for ``seconds`` (from now; a repeat extends it)."""
+        now = time.monotonic()
+        already = self.cut_until is not None
+        self.cut_until = max(self.cut_until or now, now + seconds)
+        self.log.write("WARNING", f"Fault injected: IMEX network links cut for {seconds:g} s")
+        if already:
+            return
+        if self.peer_listener is not None:
+            self.epoll.modify(self.peer_listener.fileno(), 0)
+        for conn in self.conns.values():
+            if conn.kind != CMD:
+                self.epoll.modify(conn.fd, 0)
+
+    def _restore_links(self) -> None:
+        self.cut_until = None
+        self.log.write("INFO", "IMEX network links restored (fault over)")
+        if self.peer_listener is not None:
+            self.epoll.modify(self.peer_listener.fileno(), _EPOLLIN)
+        for conn in list(self.conns.values()):
+            if conn.kind == CMD or self.conns.get(conn.fd) is not conn:
+                continue
+            conn.writing = conn.phase == _CONNECTING
+            self.epoll.modify(conn.fd, _EPOLLOUT if conn.writing else _EPOLLIN)
+            if not conn.writing:
+                self._flush(conn)
+
+    def _connected_ids(self) -> list[int]:
+        """Peer node IDs with an open link in either direction."""
+        return [i for i in self.links if i in self.incoming or self._has_open_link(i)]
 
 
 def _family(ip: str) -> int:

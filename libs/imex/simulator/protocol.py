@@ -10,8 +10,9 @@ Peer link (client = the node that dials, server = the node that accepts):
   addr=<client address> map=<nodes map digest>``
 * server -> client ``WELCOME domain=<uid> node_id=<server's ID> instance=<id> addr=<address>
   map=<digest>`` or ``REFUSE code=<code> reason=<text>`` (then the server closes)
-* either side ``PING`` (heartbeat, sent when the link was quiet for one interval) and ``BYE``
-  (the sender is shutting down: its exports are gone).
+* either side ``PING`` (heartbeat, sent when the link was quiet for one interval), ``BYE``
+  (the sender is shutting down: its exports are gone) and ``RELOAD`` (the sender reloaded its TLS
+  credentials on SIGUSR1: the receiver reloads its own and restarts its outgoing links).
 * client -> server ``IMPORTED job=<name>`` / ``UNIMPORTED job=<name>``: a job on the client
   imported memory the server exported / dropped those imports.
 
@@ -24,8 +25,10 @@ Command service (one request line, the reply, then the daemon closes the connect
 * ``IMPORTS`` -> ``IMPORTS n=<count>`` and per entry k ``job.<k> node.<k> inst.<k> valid.<k>
   (1|0) why.<k>``
 * ``UNIMPORT job=<name>`` -> ``OK removed=<count>``
-* ``CRASH`` | ``HANG`` | ``DROP node=<id>`` (or ``addr=<address>``) | ``HEAL`` -> ``OK`` (or
-  ``ERR reason=..``)
+* ``CRASH`` | ``HANG`` | ``DROP node=<id>`` (or ``addr=<address>``) | ``HEAL`` | ``CUT
+  seconds=<s>`` -> ``OK`` (or ``ERR reason=..``)
+
+STATUS also carries ``cred_error=<why>`` while the last TLS credential reload failed.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ BYE = "BYE"
 # of the exporter, which keeps its importers in its persistence file (recovery.py).
 IMPORTED = "IMPORTED"
 UNIMPORTED = "UNIMPORTED"
+RELOAD = "RELOAD"
 
 # Refusal codes.
 REFUSE_NODE_MAP_MISMATCH = "node-map-mismatch"  # different nodes config (or SIM_DOMAIN_ID)
@@ -79,6 +83,7 @@ CMD_CRASH = "CRASH"
 CMD_HANG = "HANG"
 CMD_DROP = "DROP"
 CMD_HEAL = "HEAL"
+CMD_CUT = "CUT"
 CMD_IMPORT = "IMPORT"
 CMD_IMPORTS = "IMPORTS"
 CMD_UNIMPORT = "UNIMPORT"

@@ -15,6 +15,9 @@ DEFAULT_RECONNECT_INITIAL_S = 0.5
 DEFAULT_RECONNECT_MAX_S = 3.0
 # nvidia-imex ignores a SIGUSR1 within 5 s of the last one (IMEX_MINIMUM_SSL_RELOAD_INTERVAL).
 DEFAULT_SIGUSR1_MIN_INTERVAL_S = 5.0
+# IMEX_NODE_DISCONNECTED_GRACE_TIME: -1 waits for a lost peer forever (nvidia-imex's default), 0
+# cleans up at once, N > 0 after N seconds.
+GRACE_FOREVER = -1
 
 
 class ConfigError(Exception):
@@ -70,6 +73,7 @@ class Settings:
         self.sigusr1_min_interval_s = _seconds(
             values, keys.SIM_SIGUSR1_MIN_INTERVAL_S, DEFAULT_SIGUSR1_MIN_INTERVAL_S
         )
+        self.disconnected_grace_s = _grace(values)
         self.mesh_tls = _mesh_tls(values)
         self.security_target_override = values.get(keys.IMEX_SECURITY_TARGET_OVERRIDE, "")
 
@@ -127,6 +131,17 @@ def _mesh_tls(values: dict[str, str]) -> MeshTlsPaths | None:
             raise ConfigError(f"{where} is empty: SSL_TLS needs every key, certificate and CA file")
         files[key] = path
     return MeshTlsPaths(files)
+
+
+def _grace(values: dict[str, str]) -> int:
+    """IMEX_NODE_DISCONNECTED_GRACE_TIME as nvidia-imex documents it: -1, 0 or seconds > 0."""
+    grace = _int(values, keys.IMEX_NODE_DISCONNECTED_GRACE_TIME, GRACE_FOREVER)
+    if grace < GRACE_FOREVER:
+        raise ConfigError(
+            f"{keys.IMEX_NODE_DISCONNECTED_GRACE_TIME} must be -1 (wait forever), 0 or a number of "
+            f"seconds, got {grace}"
+        )
+    return grace
 
 
 def _int(values: dict[str, str], key: str, default: int) -> int:

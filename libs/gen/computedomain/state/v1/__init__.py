@@ -390,6 +390,12 @@ class DaemonStatus(betterproto.Message):
      config). Empty otherwise; last_error says more.
     """
 
+    disconnected_nodes: List[str] = betterproto.string_field(15)
+    """
+    Names of the member nodes this daemon was connected to and lost (-N: DISCONNECTED), past a
+     short debounce: peers it cannot reach although both may be alive.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class Reservation(betterproto.Message):
