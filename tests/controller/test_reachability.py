@@ -21,7 +21,7 @@ def cut(parts: dict, node: str) -> None:
             d.updated_unix_ms,
             d.connected_nodes - lost,
             d.mod_revision + 1,
-            frozenset(lost),
+            disconnected_nodes=frozenset(lost),
         )
 
 
@@ -43,7 +43,7 @@ def test_one_lost_link_names_both_ends() -> None:
     for a, b in (("n0", "n1"), ("n1", "n0")):
         d = parts["daemons"][a]
         parts["daemons"][a] = DaemonRecord(
-            d.state, "", 0, d.connected_nodes - {b}, d.mod_revision + 1, frozenset({b})
+            d.state, "", 0, d.connected_nodes - {b}, d.mod_revision + 1, disconnected_nodes=frozenset({b})
         )
     v = cdstatus.verdict(obs(**parts))
     assert v.reason == cdstatus.REASON_PEER_UNREACHABLE
