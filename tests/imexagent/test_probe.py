@@ -141,3 +141,20 @@ async def test_ctl_probe_without_the_tool_or_the_daemon_says_unavailable(tmp_pat
     await gone.wait()
     result = await CtlProbe(ExecCtl([str(stand_in_ctl(tmp_path))])).probe(tmp_path / "c", gone.pid, 1.0)
     assert not result.answered and f"/proc/{gone.pid}/ns/mnt" in result.detail
+
+
+async def test_a_daemon_found_ready_is_asked_for_its_links_alone(tmp_path: Path, daemon: int) -> None:
+    """Once READY, one ctl call per probe: -N -j, whose row of this node carries its state."""
+    calls = tmp_path / "calls"
+    ctl = stand_in_ctl(tmp_path)
+    logged = tmp_path / "logged-ctl"
+    logged.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {ctl} "$@"\n')
+    logged.chmod(logged.stat().st_mode | stat.S_IEXEC)
+    probe = CtlProbe(ExecCtl([str(logged)]), node_id=0)
+    first = await probe.probe(tmp_path / "config.cfg", daemon, 5.0)
+    second = await probe.probe(tmp_path / "config.cfg", daemon, 5.0)
+    assert first.ready and second.ready and second.connections == first.connections
+    assert calls.read_text().split() == ["-q", "-N", "-N"]
+    # Another process (a restart): -q first again.
+    await probe.probe(tmp_path / "config.cfg", os.getpid(), 5.0)
+    assert calls.read_text().split()[3] == "-q"
