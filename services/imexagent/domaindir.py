@@ -4,8 +4,8 @@
 
 * ``config.cfg``: the daemon's configuration (libs/imex/config.py) with the simulator directive
   ``# SIM_HOSTS_FILE=<hosts>`` (a comment to nvidia-imex; the real daemon resolves through the
-  system resolver, so it is started in a private mount namespace with this file bind-mounted
-  over /etc/hosts: see ``nvidia_daemon_argv``);
+  system resolver). Every daemon, simulated or not, is started in a private mount namespace
+  with this file bind-mounted over /etc/hosts (libs/imex/hostsns.py), where its ctl runs too;
 * ``nodes_config.cfg``: the 18 slot names of the domain's clique, written once before the first
   start and never while a daemon runs on it (a daemon reads it only at start);
 * ``hosts``: slot name -> address of its member (or the placeholder), replaced atomically when
@@ -25,6 +25,7 @@ from pathlib import Path
 from libs.fsio.atomic import write_atomic
 from libs.imex import config as imexcfg
 from libs.imex import slots
+from libs.imex.hostsns import private_hosts_argv
 from services.imexagent.meshcreds import mesh_files
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity
@@ -188,8 +189,4 @@ def nvidia_daemon_argv(imex_binary: str, config: Path, hosts: Path) -> list[str]
     is bind-mounted over /etc/hosts; the node's and the container's /etc/hosts are untouched.
     Needs CAP_SYS_ADMIN (the IMEX agent's container is privileged) and util-linux `unshare`.
     """
-    script = 'mount --bind "$1" /etc/hosts && exec "$2" -c "$3"'
-    return [
-        "unshare", "--mount", "--propagation", "private", "--",
-        "/bin/sh", "-c", script, "imex-mount", str(hosts), imex_binary, str(config),
-    ]  # fmt: skip
+    return private_hosts_argv([imex_binary, "-c", str(config)], str(hosts))

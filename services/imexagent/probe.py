@@ -1,13 +1,20 @@
-"""Readiness and connection probes of one IMEX daemon.
+"""Readiness and connection probes of one IMEX daemon, through its ctl, in its mount namespace.
 
-* Simulated daemon: one in-process ``STATUS`` exchange with its command service
-  (``libs.imex.simulator.client.query_status``): state, node ID, instance and the connection
-  status of every slot.
-* nvidia-imex: its command protocol is not public, so ``nvidia-imex-ctl -q -c <config>`` gives
-  the state (local only: READY once the daemon is up), and once READY ``nvidia-imex-ctl -N -j -c
-  <config>`` gives this daemon's connection to every node of its map. The parsers take what they
-  can from the text and never raise: a probe that cannot tell says UNAVAILABLE or reports no
-  connections.
+nvidia-imex's command protocol is not public, so the probe is what an operator would type:
+``nvidia-imex-ctl -q -c <config>`` for the state (local only: READY once the daemon is up), and
+once READY ``nvidia-imex-ctl -N -j -c <config>`` for this daemon's connection to every node of
+its map. ``-N`` resolves the node names itself, and they resolve only in the daemon's mount
+namespace (libs/imex/hostsns.py), so every call runs there:
+
+* ``ExecCtl``: the ctl as a process, started with ``nsenter`` into the daemon's namespace
+  (``--imex-backend=nvidia``);
+* ``SimulatorCtl``: the simulator's ctl (libs/imex/simulator/ctl.py) called in-process with its
+  root at ``/proc/<daemon pid>/root``, which shows the files as the daemon's namespace does. The
+  same program on the same files, minus an interpreter start per probe (see docs/operations.md,
+  "Running against the real nvidia-imex").
+
+Both print the same text, which the same parsers read. The parsers take what they can and never
+raise: a probe that cannot tell says UNAVAILABLE or reports no connections.
 """
 
 from __future__ import annotations
@@ -16,16 +23,18 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from libs.imex.simulator import client as simclient
+from libs.imex import hostsns
+from libs.imex.simulator import ctl as simctl
 from libs.imex.simulator import protocol as simproto
 
 STATE_READY = simproto.STATE_READY
 STATE_UNAVAILABLE = simproto.STATE_UNAVAILABLE
+STATE_WAITING_FOR_RECOVERY = simproto.STATE_WAITING_FOR_RECOVERY
 CONNECTED = simproto.CONN_CONNECTED
 
 # The letters of nvidia-imex-ctl -N's connectivity table, by their names.
@@ -50,7 +59,8 @@ class ProbeResult:
     instance: str = ""  # the daemon instance ("" unknown)
     connections: Mapping[int, str] = field(default_factory=dict)  # node ID -> connection status
     addresses: Mapping[int, str] = field(default_factory=dict)  # node ID -> address it resolves to
-    # Why the daemon's last TLS credential reload failed (simulator's STATUS; "" otherwise).
+    # Why the daemon's last TLS credential reload failed ("" none, or not told: nvidia-imex's
+    # -N -j has no such field; the simulator's adds ``credentialsError``).
     credentials_error: str = ""
 
     @property
@@ -63,38 +73,60 @@ class ProbeResult:
 
 
 class ReadinessProbe(Protocol):
-    async def probe(
-        self, config_path: Path, cmd_host: str, cmd_port: int, timeout_s: float
-    ) -> ProbeResult: ...
+    async def probe(self, config_path: Path, pid: int, timeout_s: float) -> ProbeResult: ...
 
 
-class SimulatorProbe:
-    """In-process query of the simulated daemon's command service (one short TCP exchange)."""
+# (stdout, stderr) of a ctl call, or the text of why it gave nothing.
+CtlOutput = tuple[str, str] | str
 
-    def __init__(self, placeholder: str = "") -> None:
-        # Empty slots resolve here; never connecting to them is no news worth a status line.
-        self.placeholder = placeholder
 
-    async def probe(self, config_path: Path, cmd_host: str, cmd_port: int, timeout_s: float) -> ProbeResult:
+class CtlRunner(Protocol):
+    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput: ...
+
+
+class ExecCtl:
+    """The ctl program, run in the mount namespace of the daemon `pid` with nsenter."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        self.command = list(command)
+
+    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput:
+        argv = hostsns.in_namespace_argv(pid, [*self.command, *args])
+        name = " ".join(self.command)
         try:
-            status = await simclient.query_status(cmd_host, cmd_port, timeout_s)
-        except simclient.DaemonUnavailable as exc:
-            return ProbeResult(STATE_UNAVAILABLE, str(exc))
-        reasons = status.reasons
-        detail = "; ".join(
-            f"node {i} ({status.addresses.get(i, '?')}): {conn}{': ' + reasons[i] if reasons.get(i) else ''}"
-            for i, conn in sorted(status.connections.items())
-            if conn != CONNECTED and i != status.node_id and status.addresses.get(i) != self.placeholder
-        )
-        return ProbeResult(
-            state=status.state,
-            detail=detail if status.ready else f"daemon {status.state}" + (f"; {detail}" if detail else ""),
-            node_id=status.node_id,
-            instance=status.instance,
-            connections=dict(status.connections),
-            addresses=dict(status.addresses),
-            credentials_error=status.credentials_error,
-        )
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as exc:
+            return f"cannot run {argv[0]}: {exc.strerror or exc}"
+        try:
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            return f"{name} {' '.join(args[:2])} gave no answer within {timeout_s:g} s"
+        finally:
+            if proc.returncode is None:  # timed out, or the probe was cancelled: no orphan
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        text, why = out.decode(errors="replace"), err.decode(errors="replace")
+        if not text.strip() and proc.returncode != 0 and why.strip().startswith("nsenter"):
+            return f"ctl in the daemon's mount namespace: {why.strip()[-300:]}"
+        return text, why
+
+
+class SimulatorCtl:
+    """The simulator's ctl, in-process, seeing the files through the daemon's root directory."""
+
+    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput:
+        try:
+            async with asyncio.timeout(timeout_s):
+                done = await simctl.run(
+                    [*args, "--timeout", f"{timeout_s:g}"], root=hostsns.namespace_root(pid)
+                )
+        except TimeoutError:
+            return f"the simulator's ctl {' '.join(args[:2])} gave no answer within {timeout_s:g} s"
+        return done.stdout, done.stderr
 
 
 def parse_ctl_query(text: str) -> str:
@@ -111,31 +143,58 @@ def _status_name(raw: object) -> str:
     return CTL_LEGEND.get(text, text.upper())
 
 
-def parse_ctl_nodes_json(text: str, node_id: int) -> tuple[dict[int, str], dict[int, str]]:
-    """From ``nvidia-imex-ctl -N -j``: (connections, addresses) of node `node_id` to every node."""
+@dataclass(frozen=True)
+class NodesView:
+    """What ``-N -j`` says about one node's links."""
+
+    connections: dict[int, str] = field(default_factory=dict)  # node ID -> connection status
+    addresses: dict[int, str] = field(default_factory=dict)  # node ID -> address shown
+    reasons: dict[int, str] = field(default_factory=dict)  # node ID -> why not connected
+    node_id: int = -1  # the node ID the document says is the daemon's (-1: it does not say)
+    instance: str = ""  # the daemon's instance, if the document shows it
+    state: str = ""  # the state the node's row shows ("" none)
+    credentials_error: str = ""  # the simulator's ``credentialsError`` ("" none)
+
+
+def parse_ctl_nodes_view(text: str, node_id: int) -> NodesView:
+    """From ``nvidia-imex-ctl -N -j``: node `node_id`'s links (-1: the node the document names)."""
     try:
         doc = json.loads(text)
-        nodes = doc["nodes"]
-        mine = nodes[str(node_id)]
-        raw = mine.get("connections", {})
+        named = doc.get("nodeId", -1)
+        own = node_id if node_id >= 0 else named if isinstance(named, int) else -1
+        row = doc["nodes"][str(own)]
+        raw = row.get("connections", {})
+        state = str(row.get("status", "") or "")
     except (ValueError, KeyError, TypeError, AttributeError):
-        return {}, {}
-    connections: dict[int, str] = {}
-    addresses: dict[int, str] = {}
+        return NodesView()
     if not isinstance(raw, dict):
-        return {}, {}
+        return NodesView()
+    view = NodesView(
+        node_id=own,
+        instance=str(doc.get("instance", "") or ""),
+        state=state if _STATE_WORD.fullmatch(state) else "",
+        credentials_error=str(doc.get("credentialsError", "") or ""),
+    )
     for key, entry in raw.items():
         try:
             index = int(key)
         except ValueError:
             continue
         if isinstance(entry, dict):
-            connections[index] = _status_name(entry.get("status", ""))
+            view.connections[index] = _status_name(entry.get("status", ""))
             if entry.get("host"):
-                addresses[index] = str(entry["host"])
+                view.addresses[index] = str(entry["host"])
+            if entry.get("reason"):
+                view.reasons[index] = str(entry["reason"])
         else:
-            connections[index] = _status_name(entry)
-    return connections, addresses
+            view.connections[index] = _status_name(entry)
+    return view
+
+
+def parse_ctl_nodes_json(text: str, node_id: int) -> tuple[dict[int, str], dict[int, str]]:
+    """From ``nvidia-imex-ctl -N -j``: (connections, addresses) of node `node_id` to every node."""
+    view = parse_ctl_nodes_view(text, node_id)
+    return view.connections, view.addresses
 
 
 def parse_ctl_nodes_table(text: str, node_id: int) -> dict[int, str]:
@@ -164,44 +223,69 @@ def parse_ctl_nodes_table(text: str, node_id: int) -> dict[int, str]:
     return {}
 
 
-class NvidiaCtlProbe:
-    """``nvidia-imex-ctl -q`` for the state, ``-N -j`` for the connections of a READY daemon."""
+class CtlProbe:
+    """The state and connections of a daemon through its ctl, run by `run` in the daemon's mount
+    namespace: ``-q`` (local, cheap), then ``-N -j`` once READY. A daemon that was READY at the
+    last probe is asked ``-N -j`` alone, whose row of this node shows its state too; ``-q`` again
+    only when that row cannot be read. (One ctl call per probe of a settled daemon instead of
+    two: on a node each call is a process.)"""
 
-    def __init__(self, ctl_binary: str, node_id: int = -1) -> None:
-        self.ctl_binary = ctl_binary
-        # The real daemon's node ID is its slot: the only line resolving to its own address.
+    def __init__(self, run: CtlRunner, node_id: int = -1, placeholder: str = "") -> None:
+        self.run = run
+        # The daemon's node ID is its slot: the only line resolving to its own address.
         self.node_id = node_id
+        # Empty slots resolve here; never connecting to them is no news worth a status line.
+        self.placeholder = placeholder
+        self._ready_pid = 0  # the daemon process the last probe found READY (0: none)
 
-    async def _run(self, args: list[str], timeout_s: float) -> tuple[str, str] | str:
-        """(stdout, stderr), or the text of why the tool gave nothing."""
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.ctl_binary, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-            )
-        except OSError as exc:
-            return f"cannot run {self.ctl_binary}: {exc.strerror or exc}"
-        try:
-            async with asyncio.timeout(timeout_s):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            return f"{self.ctl_binary} {' '.join(args[:2])} gave no answer within {timeout_s:g} s"
-        return out.decode(errors="replace"), err.decode(errors="replace")
-
-    async def probe(self, config_path: Path, cmd_host: str, cmd_port: int, timeout_s: float) -> ProbeResult:
-        got = await self._run(["-q", "-c", str(config_path)], timeout_s)
+    async def probe(self, config_path: Path, pid: int, timeout_s: float) -> ProbeResult:
+        nodes_args = ["-N", "-j", "-c", str(config_path)]
+        if pid == self._ready_pid:
+            nodes = await self.run(nodes_args, pid, timeout_s)
+            view = self._view(nodes)
+            if view.state:
+                return self._result(view.state, view, nodes, pid)
+        got = await self.run(["-q", "-c", str(config_path)], pid, timeout_s)
         if isinstance(got, str):
+            self._ready_pid = 0
             return ProbeResult(STATE_UNAVAILABLE, got)
         state = parse_ctl_query(got[0])
+        if state == STATE_WAITING_FOR_RECOVERY:
+            # Its links say which importers it still waits for.
+            nodes = await self.run(nodes_args, pid, timeout_s)
+            return self._result(state, self._view(nodes), nodes, pid)
         if state != STATE_READY:
-            return ProbeResult(state, (got[1].strip() or got[0].strip())[-300:])
-        nodes = await self._run(["-N", "-j", "-c", str(config_path)], timeout_s)
-        connections: dict[int, str] = {}
-        addresses: dict[int, str] = {}
-        if not isinstance(nodes, str):
-            connections, addresses = parse_ctl_nodes_json(nodes[0], self.node_id)
-            if not connections:
-                connections = parse_ctl_nodes_table(nodes[0], self.node_id)
-        return ProbeResult(state, node_id=self.node_id, connections=connections, addresses=addresses)
+            self._ready_pid = 0
+            return ProbeResult(state, got[1].strip()[-300:] or f"daemon {state}")
+        nodes = await self.run(nodes_args, pid, timeout_s)
+        return self._result(state, self._view(nodes), nodes, pid)
+
+    def _view(self, nodes: CtlOutput) -> NodesView:
+        if isinstance(nodes, str):
+            return NodesView()
+        view = parse_ctl_nodes_view(nodes[0], self.node_id)
+        if not view.connections:
+            view = NodesView(connections=parse_ctl_nodes_table(nodes[0], self.node_id), state=view.state)
+        return view
+
+    def _result(self, state: str, view: NodesView, nodes: CtlOutput, pid: int) -> ProbeResult:
+        self._ready_pid = pid if state == STATE_READY else 0
+        node_id = self.node_id if self.node_id >= 0 else view.node_id
+        return ProbeResult(
+            state,
+            detail=self._detail(view, node_id) or (nodes if isinstance(nodes, str) else ""),
+            node_id=node_id,
+            instance=view.instance,
+            connections=view.connections,
+            addresses=view.addresses,
+            credentials_error=view.credentials_error,
+        )
+
+    def _detail(self, view: NodesView, node_id: int) -> str:
+        """The links that are not up, but those to empty slots."""
+        return "; ".join(
+            f"node {i} ({view.addresses.get(i, '?')}): {conn}"
+            + (f": {view.reasons[i]}" if view.reasons.get(i) else "")
+            for i, conn in sorted(view.connections.items())
+            if conn != CONNECTED and i != node_id and view.addresses.get(i) != self.placeholder
+        )

@@ -41,16 +41,17 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName
 from libs.imex.config import MeshTlsFiles
 from libs.imex.driver import host_names_refusal
+from libs.imex.hostsns import private_hosts_argv
 from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
 from libs.imex.simulator.protocol import STATE_WAITING_FOR_RECOVERY
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import watch_prefix
 from services.imexagent import process as proc
-from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
+from services.imexagent.domaindir import DomainDir
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
-from services.imexagent.probe import CONNECTED, NvidiaCtlProbe, ProbeResult, ReadinessProbe
+from services.imexagent.probe import CONNECTED, CtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.probepace import ProbePace
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import (
@@ -339,20 +340,24 @@ class DomainDaemon:
         async with asyncio.timeout(self.settings.io_timeout_s):
             return await asyncio.to_thread(fn, *args)
 
+    def _forked(self) -> bool:
+        return self.backend == "simulated" and not self.settings.daemon_command
+
     def _launcher(self) -> Launcher:
         """The simulated daemon starts from the simulator's fork server (no interpreter start-up
-        per daemon, which nvidia-imex does not pay either); anything else is exec'd."""
-        if self.backend == "simulated" and not self.settings.daemon_command:
-            return fork_server().spawn
+        per daemon, which nvidia-imex does not pay either); anything else is exec'd. Either way
+        in a mount namespace of its own with the domain's hosts file over /etc/hosts."""
+        if self._forked():
+            server, hosts = fork_server(), self.dir.hosts
+            return lambda argv, cwd, log_path: server.spawn(argv, cwd, log_path, hosts)
         return proc.spawn_daemon
 
     def _argv(self) -> list[str]:
         config = str(self.dir.config)
-        if self.settings.daemon_command:
-            return [*self.settings.daemon_command, "-c", config]
-        if self.backend == "simulated":
+        if self._forked():
             return simulator_daemon_argv(config)
-        return nvidia_daemon_argv(self.settings.nvidia_imex_binary, self.dir.config, self.dir.hosts)
+        command = self.settings.daemon_command or (self.settings.nvidia_imex_binary,)
+        return private_hosts_argv([*command, "-c", config], str(self.dir.hosts))
 
     async def _replace(self) -> None:
         assert self.process is not None and self.identity is not None
@@ -418,7 +423,7 @@ class DomainDaemon:
         self._seen_connected.clear()  # a new instance: its links are new
         self._next_probe = now  # READY may come within a few ms
         self.pace.fresh(now)
-        if isinstance(self.probe, NvidiaCtlProbe):
+        if isinstance(self.probe, CtlProbe):
             self.probe.node_id = d.index
         if pidfile_error is not None:  # the next agent still finds it by its command line
             log.warning(
@@ -436,10 +441,6 @@ class DomainDaemon:
             restarts=self.lifecycle.restarts,
         )
 
-    def _through_bind_mount(self) -> bool:
-        """Whether the running daemon sees the hosts file through a bind mount (nvidia-imex)."""
-        return self.backend == "nvidia" and not self.settings.daemon_command
-
     async def _sync_hosts(self) -> None:
         # Taken before the write's await: a membership change during it must not be taken as written.
         addresses = self.desired.slot_addresses
@@ -450,8 +451,9 @@ class DomainDaemon:
             self._hosts_for = addresses
             return
         # On the loop: a small write without fsync (domaindir.py); through the shared thread pool
-        # it queued behind every other blocking call of the process.
-        self.dir.write_hosts(text, in_place=self._through_bind_mount())
+        # it queued behind every other blocking call of the process. In place: every daemon
+        # sees the file through a bind mount over its /etc/hosts.
+        self.dir.write_hosts(text, in_place=True)
         self.written_hosts = text
         self._hosts_for = addresses
         self.generation += 1
@@ -476,8 +478,7 @@ class DomainDaemon:
     async def _poll(self) -> None:
         assert self.process is not None
         s = self.settings
-        host = s.cmd_bind_ip or self.desired.address
-        result = await self.probe.probe(self.dir.config, host, s.cmd_port, s.query_timeout_s)
+        result = await self.probe.probe(self.dir.config, self.process.pid, s.query_timeout_s)
         now = self._now()
         if self.process is None or not self.process.alive:
             return  # the exit is handled on the next step

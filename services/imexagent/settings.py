@@ -34,6 +34,8 @@ class ImexSettings:
     nvidia_imex_ctl_binary: str = "nvidia-imex-ctl"
     # Replaces the backend's daemon command (argv before "-c <config>"); tests use it.
     daemon_command: tuple[str, ...] = ()
+    # Replaces the backend's ctl (run with nsenter in the daemon's mount namespace); tests use it.
+    ctl_command: tuple[str, ...] = ()
     server_port: int = imexcfg.DEFAULT_SERVER_PORT
     cmd_port: int = imexcfg.DEFAULT_CMD_PORT
     # Where the command service listens; "" = this node's address.

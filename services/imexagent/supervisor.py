@@ -36,7 +36,7 @@ from libs.state.watch import M, Resync, WatchEvent, watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, domain_dirs
 from services.imexagent.meshcreds import PrefixWatcher
-from services.imexagent.probe import NvidiaCtlProbe, ReadinessProbe, SimulatorProbe
+from services.imexagent.probe import CtlProbe, CtlRunner, ExecCtl, ReadinessProbe, SimulatorCtl
 from services.imexagent.runner import DomainDaemon
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Membership, membership_of
@@ -109,9 +109,16 @@ class ImexSupervisor:
     # ---- public -------------------------------------------------------------------------
 
     def make_probe(self) -> ReadinessProbe:
-        if self.backend == "simulated":
-            return SimulatorProbe(self.settings.placeholder_address)
-        return NvidiaCtlProbe(self.settings.nvidia_imex_ctl_binary)
+        """A daemon's probe: its ctl in its mount namespace; the simulator's ctl in-process."""
+        s = self.settings
+        run: CtlRunner
+        if s.ctl_command:
+            run = ExecCtl(s.ctl_command)
+        elif self.backend == "simulated":
+            run = SimulatorCtl()
+        else:
+            run = ExecCtl([s.nvidia_imex_ctl_binary])
+        return CtlProbe(run, placeholder=s.placeholder_address)
 
     def nudge(self, domain_uid: str) -> None:
         """Act now (e.g. right after this node joined or left `domain_uid`)."""

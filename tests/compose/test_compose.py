@@ -212,6 +212,13 @@ def test_each_node_imex_agent_owns_its_own_address_on_the_network() -> None:
     assert len(set(addresses)) == len(addresses)
 
 
+def test_each_node_imex_agent_may_give_its_daemons_their_own_mount_namespace() -> None:
+    """Every daemon, simulated too, gets the domain's hosts file over /etc/hosts in a mount
+    namespace of its own, which Docker's default seccomp and AppArmor profiles forbid."""
+    agents = programs_running(IMEX_AGENT_TARGET).values()
+    assert agents and all(SERVICES[name].get("privileged") is True for name in agents)
+
+
 def test_each_node_plugin_shares_its_imex_agents_address_and_starts_after_it() -> None:
     plugins = programs_running(PLUGIN_TARGET)
     imex_agents = programs_running(IMEX_AGENT_TARGET)

@@ -9,27 +9,40 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from libs.imex import slots
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
+from libs.imex.hostsns import private_hosts_argv
 from libs.imex.simulator import client
 from libs.imex.simulator import protocol as proto
-from tests.imex.simdomain import REPO_ROOT, SimCluster, SimNode, free_loopback_addresses, start
+from tests.imex.simdomain import (
+    REPO_ROOT,
+    SimCluster,
+    SimNode,
+    free_loopback_addresses,
+    slot_addresses,
+    start,
+)
 
 READY = "READY"
 
 
-async def ctl(node: SimNode | None, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the ctl tool as a process, as a user or script would (``-c <config>`` unless None)."""
+async def ctl(
+    node: SimNode | None, *args: str, inside: bool = False, hosts: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the ctl tool as a process, as a user or script would (``-c <config>`` unless None);
+    ``inside``: in a mount namespace with the node's hosts file (or `hosts`) over /etc/hosts,
+    where the daemon's names resolve (the IMEX agent runs every ctl call in the daemon's)."""
     target = [] if node is None else ["-c", str(node.config_path)]
+    argv = [sys.executable, "-m", "libs.imex.simulator.ctl", *target, *args]
+    if inside:
+        assert node is not None
+        argv = private_hosts_argv(argv, str(hosts or node.hosts_path))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "libs.imex.simulator.ctl",
-        *target,
-        *args,
+        *argv,
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -54,7 +67,7 @@ async def test_members_identify_their_slots_connect_and_ctl_shows_this_daemons_v
     direct = await ctl(None, "-i", nodes[2].address, str(DEFAULT_CMD_PORT), "-q")
     assert (direct.returncode, direct.stdout) == (0, "READY\n")
 
-    full = await ctl(nodes[0], "-N", "-j", "-H")
+    full = await ctl(nodes[0], "-N", "-j", "-H", inside=True)
     assert full.returncode == 0, full.stderr
     report = json.loads(full.stdout)
     assert report["status"] == "UP"  # empty slots (the placeholder) do not count
@@ -70,10 +83,49 @@ async def test_members_identify_their_slots_connect_and_ctl_shows_this_daemons_v
         "reason": links["5"]["reason"],
     }
     assert len(report["nodes"]) == slots.MAX_SLOTS
-    table = (await ctl(nodes[0], "-N")).stdout
+    table = (await ctl(nodes[0], "-N", inside=True)).stdout
     assert "Domain State: UP" in table and "C   C   C   N" in table
     log = nodes[0].log_text()
     assert f"Connection established to node 1 with address {nodes[0].slot_name(1)}" in log
+
+
+async def test_a_ctl_where_the_slot_names_do_not_resolve_sees_no_peer(cluster: SimCluster):
+    """The ctl resolves the node names itself, through the /etc/hosts where it runs (as the real
+    nvidia-imex-ctl must): outside the daemon's mount namespace no node of the map is reached
+    and none shows connected, though every link is up. -q, local only, still answers."""
+    nodes = cluster.domain(3)
+    await start(nodes, members=3)
+    await nodes[0].wait_connected(range(3))
+
+    outside = await ctl(nodes[0], "-N", "-j", "-H")
+    assert outside.returncode == 0, outside.stderr
+    report = json.loads(outside.stdout)
+    assert all(node["connections"] == {} for node in report["nodes"].values())
+    assert {node["status"] for node in report["nodes"].values()} == {"UNAVAILABLE"}
+    assert {node["host"] for node in report["nodes"].values()} == {""}
+    assert "nodeId" not in report and report["status"] == "DEGRADED"
+    table = (await ctl(nodes[0], "-N")).stdout
+    assert "Domain State: DEGRADED" in table and " C " not in table
+    assert (await ctl(nodes[0], "-q")).stdout == "READY\n"
+
+    inside = json.loads((await ctl(nodes[0], "-N", "-j", inside=True)).stdout)
+    links = inside["nodes"]["0"]["connections"]
+    assert [links[str(i)]["status"] for i in range(3)] == ["CONNECTED"] * 3
+
+
+async def test_a_ctl_whose_hosts_map_the_own_slot_elsewhere_cannot_place_the_daemon(cluster: SimCluster):
+    """A hosts file that resolves the names, but not the daemon's own one to its address: the
+    ctl reached a daemon it cannot find in the map, so it shows no row's connections."""
+    nodes = cluster.domain(2)
+    await start(nodes, members=2)
+    await nodes[0].wait_connected([1])
+    other = cluster.root / "other-hosts"
+    other.write_text(
+        slots.render_hosts(slot_addresses([nodes[1].address] * 2), "cd-uid-1", nodes[0].clique_id)
+    )
+    report = json.loads((await ctl(nodes[0], "-N", "-j", inside=True, hosts=other)).stdout)
+    assert all(node["connections"] == {} for node in report["nodes"].values())
+    assert report["nodes"]["1"]["host"] == nodes[1].address
 
 
 async def test_ready_alone_with_no_peer_up(cluster: SimCluster):
@@ -198,7 +250,7 @@ async def test_daemons_of_different_maps_refuse_each_other(cluster: SimCluster):
     status = await a.wait_until(lambda st: st.connections[1] == "NODE_MAP_MISMATCH", "map mismatch")
     assert "node map mismatch" in status.reasons[1]
     await b.wait_log(f"Refused connection from {a_addr}: node map mismatch")
-    table = (await ctl(a, "-N")).stdout
+    table = (await ctl(a, "-N", inside=True)).stdout
     assert "!M!" in table and "Domain State: DEGRADED" in table
 
 

@@ -1,13 +1,22 @@
-"""Parsing of what nvidia-imex-ctl prints (-q, -N, -N -j), and the ctl probe against a stand-in."""
+"""Parsing of what nvidia-imex-ctl prints (-q, -N, -N -j), and the ctl probe against a stand-in
+run where the daemon lives: in its mount namespace, with the domain's hosts file over /etc/hosts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from libs.imex.hostsns import private_hosts_argv
 from services.imexagent.probe import (
-    NvidiaCtlProbe,
+    CtlProbe,
+    ExecCtl,
     parse_ctl_nodes_json,
     parse_ctl_nodes_table,
     parse_ctl_query,
@@ -78,19 +87,74 @@ def test_nodes_json_of_this_node() -> None:
     assert parse_ctl_nodes_json(json.dumps({"nodes": []}), 0) == ({}, {})
 
 
-async def test_ctl_probe_reads_state_then_connections(tmp_path: Path) -> None:
-    """A stand-in nvidia-imex-ctl: -q prints READY, -N -j prints the JSON above."""
+SLOT_NAME = "s0.tag.cd-probe.imex.invalid"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[int]:
+    """A stand-in daemon process in a mount namespace of its own, where SLOT_NAME resolves."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"10.0.0.1 {SLOT_NAME}\n")
+    process = subprocess.Popen(private_hosts_argv(["sleep", "60"], str(hosts)))
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def stand_in_ctl(tmp_path: Path) -> Path:
+    """A stand-in nvidia-imex-ctl that, like the real one, resolves the node names itself: -q
+    prints READY; -N -j prints the JSON above only where the slot name resolves."""
     doc = tmp_path / "n.json"
     doc.write_text(json.dumps(CTL_N_JSON))
     ctl = tmp_path / "nvidia-imex-ctl"
-    ctl.write_text(f'#!/bin/sh\nif [ "$1" = "-q" ]; then echo READY; else cat {doc}; fi\n')
+    ctl.write_text(
+        f'#!/bin/sh\nif [ "$1" = "-q" ]; then echo READY; exit 0; fi\n'
+        f"getent hosts {SLOT_NAME} >/dev/null && cat {doc} || echo '{{\"nodes\": {{}}}}'\n"
+    )
     ctl.chmod(ctl.stat().st_mode | stat.S_IEXEC)
-    probe = NvidiaCtlProbe(str(ctl), node_id=0)
-    result = await probe.probe(tmp_path / "config.cfg", "127.0.0.1", 50005, 5.0)
+    return ctl
+
+
+async def test_ctl_probe_reads_state_then_connections_in_the_daemons_namespace(
+    tmp_path: Path, daemon: int
+) -> None:
+    probe = CtlProbe(ExecCtl([str(stand_in_ctl(tmp_path))]), node_id=0, placeholder="127.255.255.254")
+    result = await probe.probe(tmp_path / "config.cfg", daemon, 5.0)
     assert result.ready and result.node_id == 0
     assert result.connections[0] == "CONNECTED" and result.connections[1] == "DISCONNECTED"
+    assert result.detail == "node 1 (10.0.0.2): DISCONNECTED"  # the empty slot 2 is no news
 
 
-async def test_ctl_probe_without_the_tool_says_unavailable(tmp_path: Path) -> None:
-    result = await NvidiaCtlProbe(str(tmp_path / "missing")).probe(tmp_path / "c", "127.0.0.1", 1, 1.0)
-    assert not result.answered and "cannot run" in result.detail
+async def test_the_same_ctl_run_in_the_agents_namespace_sees_no_connection(tmp_path: Path) -> None:
+    """What probing from the agent's own namespace would see: the names do not resolve."""
+    probe = CtlProbe(ExecCtl([str(stand_in_ctl(tmp_path))]), node_id=0)
+    result = await probe.probe(tmp_path / "config.cfg", os.getpid(), 5.0)
+    assert result.ready and result.connections == {}
+
+
+async def test_ctl_probe_without_the_tool_or_the_daemon_says_unavailable(tmp_path: Path, daemon: int) -> None:
+    result = await CtlProbe(ExecCtl([str(tmp_path / "missing")])).probe(tmp_path / "c", daemon, 1.0)
+    assert not result.answered and "missing" in result.detail
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()
+    result = await CtlProbe(ExecCtl([str(stand_in_ctl(tmp_path))])).probe(tmp_path / "c", gone.pid, 1.0)
+    assert not result.answered and f"/proc/{gone.pid}/ns/mnt" in result.detail
+
+
+async def test_a_daemon_found_ready_is_asked_for_its_links_alone(tmp_path: Path, daemon: int) -> None:
+    """Once READY, one ctl call per probe: -N -j, whose row of this node carries its state."""
+    calls = tmp_path / "calls"
+    ctl = stand_in_ctl(tmp_path)
+    logged = tmp_path / "logged-ctl"
+    logged.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {ctl} "$@"\n')
+    logged.chmod(logged.stat().st_mode | stat.S_IEXEC)
+    probe = CtlProbe(ExecCtl([str(logged)]), node_id=0)
+    first = await probe.probe(tmp_path / "config.cfg", daemon, 5.0)
+    second = await probe.probe(tmp_path / "config.cfg", daemon, 5.0)
+    assert first.ready and second.ready and second.connections == first.connections
+    assert calls.read_text().split() == ["-q", "-N", "-N"]
+    # Another process (a restart): -q first again.
+    await probe.probe(tmp_path / "config.cfg", os.getpid(), 5.0)
+    assert calls.read_text().split()[3] == "-q"

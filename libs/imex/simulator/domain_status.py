@@ -115,16 +115,29 @@ class Import:
 
 
 def build_nodes_report(
-    status: DaemonStatus | None, *, now: float | None = None, with_hostnames: bool = False
+    status: DaemonStatus | None,
+    *,
+    now: float | None = None,
+    with_hostnames: bool = False,
+    seen: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """The ``-N -j`` document from one daemon's own status (None: the daemon was unreachable)."""
+    """The ``-N -j`` document from one daemon's own status (None: the daemon was unreachable).
+
+    ``seen``: the address each node's name resolves to where the ctl runs (None: the daemon's
+    own resolution). A node whose name does not resolve there cannot be reached: it shows no
+    address and UNAVAILABLE. Unless the daemon's own name resolves there to the daemon's
+    address, the ctl cannot tell which row is the daemon's: no row carries connections, and no
+    node ID or instance is shown."""
     if status is None:
         return {"nodes": {}, "timestamp": format_timestamp(now), "status": DOMAIN_DOWN}
+    hosts = dict(status.addresses) if seen is None else {i: a for i, a in seen.items() if a}
+    if seen is not None and (not status.address or hosts.get(status.node_id) != status.address):
+        return _unplaced_report(status, hosts, now, with_hostnames)
     nodes: dict[str, Any] = {}
     connections: dict[str, Any] = {}
     for i, name in enumerate(status.nodes):
         entry: dict[str, Any] = {
-            "host": status.addresses.get(i, ""),
+            "host": hosts.get(i, ""),
             "status": status.connections.get(i, proto.CONN_INVALID),
             "changed": True,
         }
@@ -142,10 +155,10 @@ def build_nodes_report(
             if mine
             else (
                 proto.STATE_READY
-                if status.connections.get(i) == proto.CONN_CONNECTED
+                if status.connections.get(i) == proto.CONN_CONNECTED and hosts.get(i)
                 else proto.STATE_UNAVAILABLE
             ),
-            "host": status.addresses.get(i, ""),
+            "host": hosts.get(i, ""),
         }
         if with_hostnames:
             node["hostName"] = name
@@ -153,13 +166,32 @@ def build_nodes_report(
         node["changed"] = True
         node["version"] = status.version if mine else ""
         nodes[str(i)] = node
-    return {
+    report: dict[str, Any] = {
         "nodes": nodes,
         "nodeId": status.node_id,
         "instance": status.instance,
         "timestamp": format_timestamp(now),
         "status": domain_state(status),
     }
+    if status.credentials_error:
+        # The simulator's own field: nvidia-imex reports a failed reload only in its log.
+        report["credentialsError"] = status.credentials_error
+    return report
+
+
+def _unplaced_report(
+    status: DaemonStatus, hosts: Mapping[int, str], now: float | None, with_hostnames: bool
+) -> dict[str, Any]:
+    """The document of a ctl that reached a daemon but cannot place it in the node map."""
+    nodes: dict[str, Any] = {}
+    for i, name in enumerate(status.nodes):
+        node: dict[str, Any] = {"status": proto.STATE_UNAVAILABLE, "host": hosts.get(i, "")}
+        if with_hostnames:
+            node["hostName"] = name
+        node.update(connections={}, changed=True, version="")
+        nodes[str(i)] = node
+    state = DOMAIN_DEGRADED if status.ready else DOMAIN_DOWN
+    return {"nodes": nodes, "timestamp": format_timestamp(now), "status": state}
 
 
 def domain_state(status: DaemonStatus) -> str:

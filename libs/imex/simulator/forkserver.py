@@ -13,7 +13,9 @@ It is safe because the server stays single-threaded, opens no sockets and starts
 
 Protocol: one JSON request per line on stdin, one JSON answer per line on stdout.
 
-    {"op": "spawn", "argv": [...], "args": ["-c", cfg], "cwd": dir, "log": file} -> {"pid": n}
+    {"op": "spawn", "argv": [...], "args": ["-c", cfg], "cwd": dir, "log": file,
+     "hosts": file (optional: the child gets a mount namespace with it over /etc/hosts,
+     libs/imex/hostsns.py)} -> {"pid": n}
     {"op": "wait", "pid": n} -> {"returncode": code}   (code as subprocess.Popen's; null if unknown)
     any failure -> {"error": "..."}
 
@@ -68,6 +70,14 @@ def _run_child(request: dict, main: object) -> None:
         os.dup2(log_fd, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         set_cmdline(request["argv"])
+        if request.get("hosts"):
+            from libs.imex.hostsns import NamespaceError, enter_private_hosts  # loaded by main()
+
+            try:
+                enter_private_hosts(request["hosts"])
+            except NamespaceError as exc:
+                print(f"cannot give the daemon its own /etc/hosts: {exc.strerror}", file=sys.stderr)
+                raise SystemExit(1) from None
         code = main(list(request["args"]))  # type: ignore[operator]
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -131,7 +141,10 @@ class _Server:
 
 
 def main() -> int:
+    from libs.imex import hostsns
     from libs.imex.simulator import daemon, meshtls  # noqa: F401  (meshtls: ssl, paid once here)
+
+    hostsns.load_libc()  # ctypes and libc, paid once here too
 
     return _Server(daemon.main).serve()
 

@@ -68,15 +68,19 @@ class ForkServer:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def spawn(self, argv: Sequence[str], cwd: Path, log_path: Path) -> ForkedDaemon:
+    def spawn(
+        self, argv: Sequence[str], cwd: Path, log_path: Path, hosts: Path | None = None
+    ) -> ForkedDaemon:
         """Start the daemon of `argv` (a `simulator_daemon_argv`) in its own session, output
-        appended to `log_path`. ForkServerError if it could not be started."""
+        appended to `log_path`, with `hosts` over /etc/hosts in a mount namespace of its own if
+        given (libs/imex/hostsns.py). ForkServerError if it could not be started."""
         args = list(argv)
         if len(args) < 4 or args[3] != RUN_DAEMON_SCRIPT:
             raise ValueError(f"not a simulated daemon command line: {args}")
-        answer = self._ask(
-            {"op": "spawn", "argv": args, "args": args[4:], "cwd": str(cwd), "log": str(log_path)}, retry=True
-        )
+        request = {"op": "spawn", "argv": args, "args": args[4:], "cwd": str(cwd), "log": str(log_path)}
+        if hosts is not None:
+            request["hosts"] = str(hosts)
+        answer = self._ask(request, retry=True)
         return ForkedDaemon(self, int(answer["pid"]))
 
     def returncode(self, pid: int) -> int | None:
