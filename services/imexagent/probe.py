@@ -265,7 +265,11 @@ class CtlProbe:
             return NodesView()
         view = parse_ctl_nodes_view(nodes[0], self.node_id)
         if not view.connections:
-            view = NodesView(connections=parse_ctl_nodes_table(nodes[0], self.node_id), state=view.state)
+            view = NodesView(
+                connections=parse_ctl_nodes_table(nodes[0], self.node_id),
+                state=view.state,
+                credentials_error=view.credentials_error,
+            )
         return view
 
     def _result(self, state: str, view: NodesView, nodes: CtlOutput, pid: int) -> ProbeResult:

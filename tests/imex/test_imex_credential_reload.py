@@ -10,7 +10,7 @@ from pathlib import Path
 
 from libs.imex import meshpki
 from libs.imex.simulator import client
-from services.imexagent.probe import SimulatorProbe
+from services.imexagent.probe import CtlProbe, SimulatorCtl
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_mesh_tls import (
     DOMAIN,
@@ -46,7 +46,8 @@ async def test_a_reload_of_an_unusable_file_keeps_the_mesh_and_says_why(cluster:
     status = await nodes[0].wait_until(lambda st: bool(st.credentials_error), "credentials error in STATUS")
     assert "IMEX_SERVER_CERT" in status.credentials_error
     # What the IMEX agent reads, and reports as the last error of a daemon that stays READY.
-    probed = await SimulatorProbe().probe(nodes[0].config_path, nodes[0].address, PORT, 1.0)
+    assert nodes[0].proc is not None
+    probed = await CtlProbe(SimulatorCtl(), node_id=0).probe(nodes[0].config_path, nodes[0].proc.pid, 1.0)
     assert probed.ready and probed.credentials_error == status.credentials_error
     # No link was restarted and no peer was asked to reload: nothing to see anywhere.
     await nodes[0].wait_connected(range(3))

@@ -132,7 +132,7 @@ def build_nodes_report(
         return {"nodes": {}, "timestamp": format_timestamp(now), "status": DOMAIN_DOWN}
     hosts = dict(status.addresses) if seen is None else {i: a for i, a in seen.items() if a}
     if seen is not None and (not status.address or hosts.get(status.node_id) != status.address):
-        return _unplaced_report(status, hosts, now, with_hostnames)
+        return _with_credentials_error(_unplaced_report(status, hosts, now, with_hostnames), status)
     nodes: dict[str, Any] = {}
     connections: dict[str, Any] = {}
     for i, name in enumerate(status.nodes):
@@ -166,15 +166,20 @@ def build_nodes_report(
         node["changed"] = True
         node["version"] = status.version if mine else ""
         nodes[str(i)] = node
-    report: dict[str, Any] = {
+    report = {
         "nodes": nodes,
         "nodeId": status.node_id,
         "instance": status.instance,
         "timestamp": format_timestamp(now),
         "status": domain_state(status),
     }
+    return _with_credentials_error(report, status)
+
+
+def _with_credentials_error(report: dict[str, Any], status: DaemonStatus) -> dict[str, Any]:
+    """The simulator's own field, about the local daemon wherever the ctl runs: nvidia-imex
+    reports a failed credential reload only in its log."""
     if status.credentials_error:
-        # The simulator's own field: nvidia-imex reports a failed reload only in its log.
         report["credentialsError"] = status.credentials_error
     return report
 
