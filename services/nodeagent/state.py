@@ -166,6 +166,8 @@ class DeviceState:
         self._domain_headers: dict[str, tuple[int, DomainHeader | None]] = {}
         self._channel_major: int | None = None
         self._ensured_channels: set[int] = set()
+        # Set once the start-up reconcile made the checkpoint the truth about this node's claims.
+        self.reconciled = asyncio.Event()
 
     # ---- prepare ---------------------------------------------------------------------------
 
@@ -570,7 +572,55 @@ class DeviceState:
                 self.metrics.reconciled.labels(action=action).inc(count)
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
         log.info("reconcile done", node=node_name, **{k: v for k, v in vars(report).items() if v})
+        self.reconciled.set()
         return report
+
+    # ---- records lost from the store -------------------------------------------------------
+
+    async def restore_record(self, claim_uid: str) -> str | None:
+        """Write a held claim's PreparedClaim again if the store lost it (deleted, undecodable,
+        or naming another domain or node); what was wrong, None if nothing was written.
+
+        The checkpoint is the truth about this node's claims; without the record the controller
+        would release a returning LOST member and its index. Decided under the claim's domain
+        lock, so a concurrent unprepare (which deletes the record) is never undone."""
+        entry = self.checkpoint.get(claim_uid)
+        if entry is None or not entry.domain_uid or entry.migrated_from is not None:
+            return None
+        async with self._domain_locks.hold(entry.domain_uid):
+            entry = self.checkpoint.get(claim_uid)
+            if entry is None or not entry.domain_uid:
+                return None
+            node = entry.node or self.identity.node.name
+            key = self.store.keys.preparation(node, claim_uid)
+            try:
+                item = await self.store.get(key, pb.PreparedClaim, strict=True)
+            except UndecodableValue as exc:
+                problem = f"was overwritten with an undecodable value ({exc.reason})"
+            else:
+                if item is None:
+                    problem = "is missing (deleted)"
+                elif (item.value.domain_uid, item.value.node_name) != (entry.domain_uid, node):
+                    problem = f"names domain {item.value.domain_uid} on node {item.value.node_name}"
+                else:
+                    return None
+            completed = entry.state is ClaimState.PREPARE_COMPLETED
+            await self.store.put(
+                key,
+                pb.PreparedClaim(
+                    claim_uid=claim_uid,
+                    namespace=entry.namespace,
+                    name=entry.name,
+                    node_name=node,
+                    domain_uid=entry.domain_uid,
+                    state=pb.PreparedState.PREPARE_COMPLETED
+                    if completed
+                    else pb.PreparedState.PREPARE_STARTED,
+                    cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
+                    updated_unix_ms=_now_ms(),
+                ),
+            )
+        return problem
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
         self.checkpoint.mark_prepare_started(

@@ -17,8 +17,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.cdsim.cli import cdsim, ok
-from tests.imexagent.agent_process import start_agent, stop_agent
-from tests.imexagent.imex_rack import free_cluster
+from tests.nodeagent.agent_procs import sim_cluster
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState
 from tools.cdsim.services import IMEX_AGENT_KIND, imex_agent_name
@@ -43,39 +42,40 @@ async def test_cdsim_check_flags_a_running_node_missing_from_the_inventory(
 ) -> None:
     layout = StateLayout.at(tmp_path / "sim")
     layout.root.mkdir(parents=True)
-    cluster = free_cluster(1)
-    cluster.save(layout.cluster_file)
-    node_base = tmp_path / "node"
-    node_base.mkdir()
-    cluster.save(node_base / "cluster.json")
-    store = Store(EtcdConfig(endpoint=private_etcd.endpoint))
-    await store.connect()
-    agent = await start_agent(cluster, node_base, private_etcd.endpoint, store.keys.prefix, 0, TTL_S)
-    try:
-        info = ProcessInfo(
-            name=imex_agent_name(agent.name),
-            kind=IMEX_AGENT_KIND,
-            pid=agent.process.pid,
-            running=True,
-            healthy=True,
-            node=agent.name,
-        )
-        RunState(phase="ready", etcd_endpoint=private_etcd.endpoint, processes={info.name: info}).save(layout)
-        await _registered(store, agent.name, 30.0)
-        assert IN_INVENTORY in ok(await asyncio.to_thread(cdsim, layout.root, "check"))
+    etcd = EtcdConfig(endpoint=private_etcd.endpoint)
+    async with Store(etcd) as store:
+        with sim_cluster(etcd, trays=1) as sim:
+            sim.cluster.save(layout.cluster_file)
+            agent = sim.agent(sim.cluster.node_name(0, 0), imex_args=["--lease-ttl-s", str(TTL_S)]).imex
+            assert agent is not None
+            agent.start()
+            process = agent.process
+            assert process is not None
+            info = ProcessInfo(
+                name=imex_agent_name(agent.name),
+                kind=IMEX_AGENT_KIND,
+                pid=process.pid,
+                running=True,
+                healthy=True,
+                node=agent.name,
+            )
+            RunState(phase="ready", etcd_endpoint=private_etcd.endpoint, processes={info.name: info}).save(
+                layout
+            )
+            await _registered(store, agent.name, 30.0)
+            assert IN_INVENTORY in ok(await asyncio.to_thread(cdsim, layout.root, "check"))
 
-        agent.process.send_signal(signal.SIGSTOP)
-        try:
-            await store.put_raw(store.keys.node(agent.name), b"\xff garbled by hand")
-            failed = await asyncio.to_thread(cdsim, layout.root, "check", "--settle", "0.5")
-        finally:
-            agent.process.send_signal(signal.SIGCONT)
-        assert failed.returncode != 0, failed.stdout
-        assert f"inv7: node {agent.name}'s IMEX agent is alive but its record" in failed.stderr, failed.stderr
+            process.send_signal(signal.SIGSTOP)
+            try:
+                await store.put_raw(store.keys.node(agent.name), b"\xff garbled by hand")
+                failed = await asyncio.to_thread(cdsim, layout.root, "check", "--settle", "0.5")
+            finally:
+                process.send_signal(signal.SIGCONT)
+            assert failed.returncode != 0, failed.stdout
+            assert f"inv7: node {agent.name}'s IMEX agent is alive but its record" in failed.stderr, (
+                failed.stderr
+            )
 
-        # Running again, the agent writes its record back and the check passes.
-        await _registered(store, agent.name, float(TTL_S))
-        assert IN_INVENTORY in ok(await asyncio.to_thread(cdsim, layout.root, "check"))
-    finally:
-        await stop_agent(agent)
-        await store.close()
+            # Running again, the agent writes its record back and the check passes.
+            await _registered(store, agent.name, float(TTL_S))
+            assert IN_INVENTORY in ok(await asyncio.to_thread(cdsim, layout.root, "check"))

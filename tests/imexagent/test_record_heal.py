@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -30,8 +31,8 @@ from services.advisor.model import PlacementRequest, Reason
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from tests.advisor.fleet import node_record
 from tests.advisor.harness import advisor_on_store
-from tests.imexagent.agent_process import AgentProcess, start_agent, stop_agent
-from tests.imexagent.imex_rack import eventually, free_cluster
+from tests.imexagent.imex_rack import eventually
+from tests.nodeagent.agent_procs import ImexAgentProcess, sim_cluster
 
 NODES = 2
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).
@@ -46,7 +47,7 @@ GARBAGE = b"\xff\x00 not a node record \x13\x37"
 class Nodes:
     store: Store
     cluster: ClusterDescription
-    agents: list[AgentProcess]
+    agents: list[ImexAgentProcess]
     advisor: Advisor
 
     @property
@@ -76,29 +77,36 @@ class Nodes:
 
 
 @pytest.fixture
-async def nodes(store: Store, etcd_config: EtcdConfig, tmp_path: Path) -> AsyncIterator[Nodes]:
-    cluster = free_cluster(NODES)
-    cluster.save(tmp_path / "cluster.json")
-    agents: list[AgentProcess] = []
-    try:
-        for tray in range(NODES):
-            agents.append(
-                await start_agent(cluster, tmp_path, etcd_config.endpoint, etcd_config.prefix, tray, TTL_S)
-            )
+async def nodes(store: Store, etcd_config: EtcdConfig) -> AsyncIterator[Nodes]:
+    with sim_cluster(etcd_config, trays=NODES) as sim:
+        agents = [
+            sim.agent(sim.cluster.node_name(0, tray), imex_args=["--lease-ttl-s", str(TTL_S)]).imex
+            for tray in range(NODES)
+        ]
+        for agent in agents:
+            assert agent is not None
+            agent.start()
         # A node of another clique: with the victim gone the cluster is still big enough, so a
         # Place on the victim's clique is refused for capacity, not as larger than the cluster.
         async with advisor_on_store(store, [BYSTANDER]) as advisor:
-            running = Nodes(store, cluster, agents, advisor)
+            running = Nodes(store, sim.cluster, [a for a in agents if a is not None], advisor)
             await eventually(running.all_registered, 30.0, "both agents registered")
             await eventually(running.fits, 5.0, "the advisor counts both nodes")
-            yield running
-    finally:
-        for agent in agents:
-            await stop_agent(agent)
+            try:
+                yield running
+            finally:
+                for agent in running.agents:
+                    if agent.running and agent.process is not None:
+                        agent.process.send_signal(signal.SIGCONT)
 
 
-def _logged(agent: AgentProcess, event: str, text: str) -> bool:
-    return any(e.get("event") == event and text in str(e.get("problem", "")) for e in agent.log_events())
+def _logged(agent: ImexAgentProcess, event: str, text: str) -> bool:
+    for line in agent.log_file.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("event") == event and text in str(record.get("problem", "")):
+                return True
+    return False
 
 
 @pytest.mark.parametrize(
@@ -139,7 +147,7 @@ async def test_a_deleted_or_garbled_record_is_back_within_a_lease_period(
         5.0,
         "the agent logs the lost record and why",
     )
-    assert victim.process.returncode is None and took < TTL_S
+    assert victim.running and took < TTL_S
 
 
 async def test_a_stale_record_without_the_lease_is_replaced(nodes: Nodes) -> None:
@@ -163,8 +171,10 @@ async def test_the_checker_flags_a_live_node_missing_from_the_inventory(nodes: N
     """Frozen (alive, but not running) the agent cannot heal: the absence is visible to placement
     and to the checker; running again, it writes the record back and both clear."""
     victim = nodes.agents[1]
+    victim_process = victim.process
+    assert victim_process is not None
     assert await check_inventory(nodes.store, nodes.names) == []
-    victim.process.send_signal(signal.SIGSTOP)
+    victim_process.send_signal(signal.SIGSTOP)
     try:
         # Well within the lease: it is not lost, only its record is gone.
         await nodes.store.put_raw(nodes.store.keys.node(victim.name), GARBAGE)
@@ -177,7 +187,7 @@ async def test_the_checker_flags_a_live_node_missing_from_the_inventory(nodes: N
         violations = await check_inventory(nodes.store, nodes.names)
         assert len(violations) == 1 and victim.name in violations[0] and violations[0].startswith("inv7:")
     finally:
-        victim.process.send_signal(signal.SIGCONT)
+        victim_process.send_signal(signal.SIGCONT)
 
     async def clean() -> bool:
         return await check_inventory(nodes.store, nodes.names) == []
