@@ -37,6 +37,7 @@ from libs.state.codec import UndecodableValue
 from libs.state.lease import KeptLease
 from libs.state.store import Store, with_retries
 from libs.state.watch import Resync, watch_prefix
+from services.imexagent.meshcreds import PrefixWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -167,9 +168,16 @@ class NodeInventory:
     """Keeps ``nodes/<node>`` on a kept lease and in step with the hardware."""
 
     def __init__(
-        self, store: Store, node_name: str, hardware: NodeHardware, settings: InventorySettings
+        self,
+        store: Store,
+        node_name: str,
+        hardware: NodeHardware,
+        settings: InventorySettings,
+        watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.store = store
+        # How our own key is watched (a host of many simulated agents shares the plugin's watch).
+        self._watch = watch
         self.node_name = node_name
         self.hardware = hardware
         self.settings = settings
@@ -376,7 +384,7 @@ class NodeInventory:
 
     async def _watch_record(self) -> None:
         """Follow our own key; any change that is not our write asks the keeper to look."""
-        async for item in watch_prefix(self.store, self.key, pb.Node):
+        async for item in self._watch(self.store, self.key, pb.Node):
             if isinstance(item, Resync):
                 self._check_wanted.set()
             # The key as a prefix also covers longer names (tray1 / tray10).

@@ -74,7 +74,7 @@ def compose_imex_agent(
     """The IMEX agent's parts on a given store and hardware (``run_imex_agent`` and tools that
     host many simulated nodes in one process build it the same way)."""
     return ImexAgent(
-        inventory=NodeInventory(store, node_name, hardware, inventory),
+        inventory=NodeInventory(store, node_name, hardware, inventory, watch=watch),
         supervisor=ImexSupervisor(store, node_name, hardware, work_dir, imex, watch=watch),
     )
 
