@@ -47,7 +47,7 @@ from libs.state.membership import (
     join_domain,
     leave_domain,
 )
-from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
+from libs.state.store import TRANSIENT_ERRORS, ConflictError, Read, Store, StoreUnavailable
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
 from services.nodeagent.checkpointwriter import CheckpointWriter
 from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
@@ -583,7 +583,9 @@ class DeviceState:
 
         The checkpoint is the truth about this node's claims; without the record the controller
         would release a returning LOST member and its index. Decided under the claim's domain
-        lock, so a concurrent unprepare (which deletes the record) is never undone."""
+        lock, so a concurrent unprepare (which deletes the record) is never undone, and written
+        only over the value that was read, so a prepare's own write meanwhile (its completed
+        record travels outside that lock) is never overwritten."""
         entry = self.checkpoint.get(claim_uid)
         if entry is None or not entry.domain_uid or entry.migrated_from is not None:
             return None
@@ -593,8 +595,10 @@ class DeviceState:
                 return None
             node = entry.node or self.identity.node.name
             key = self.store.keys.preparation(node, claim_uid)
+            (found,) = (await self.store.txn([], [Read(key)])).reads
+            read_at = found[0].mod_revision if found else 0
             try:
-                item = await self.store.get(key, pb.PreparedClaim, strict=True)
+                item = self.store.decode_kv(found[0], pb.PreparedClaim, strict=True) if found else None
             except UndecodableValue as exc:
                 problem = f"was overwritten with an undecodable value ({exc.reason})"
             else:
@@ -605,7 +609,7 @@ class DeviceState:
                 else:
                     return None
             completed = entry.state is ClaimState.PREPARE_COMPLETED
-            await self.store.put(
+            written = await self.store.compare_and_swap(
                 key,
                 pb.PreparedClaim(
                     claim_uid=claim_uid,
@@ -619,8 +623,9 @@ class DeviceState:
                     cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
                     updated_unix_ms=_now_ms(),
                 ),
+                read_at,
             )
-        return problem
+        return problem if written else None
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
         self.checkpoint.mark_prepare_started(
