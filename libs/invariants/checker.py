@@ -5,6 +5,7 @@ Used by the tests, `cdsim check`, the demo and the chaos soak.
 `check_store_invariants` covers invariants 1-4; for 4 it reads each member's IMEX files on disk
 (with `nodes`): the fixed slot list, unchanged since its daemon started, and (at quiescence:
 peers catch up shortly after a membership change) the slot resolution in its hosts file.
+`check_inventory` covers invariant 7: a node whose agent is alive is in the inventory.
 `check_domain_gone` covers invariant 5 after a domain was deleted: no record in the store, no
 file, process or checkpoint entry on any node. `check_cluster_idle`
 checks that nothing of any domain is left anywhere (the end of a demo).
@@ -136,6 +137,23 @@ async def check_store_invariants(
                     f"{list(d.peers)}, members hold {expected}"
                 )
     return violations
+
+
+async def check_inventory(store: Store, live_nodes: Iterable[str]) -> list[str]:
+    """Invariant 7: every node whose IMEX agent is alive has its record in the inventory.
+
+    `live_nodes` are the nodes whose agent process runs (the caller knows: cdsim's supervisor, a
+    test). A record that is missing or undecodable is what the placement advisor does not count,
+    so the node silently drops out of placement while it looks free everywhere else. An agent
+    writes its record again within a lease period; only at quiescence is its absence a fault.
+    """
+    items, _ = await store.list(store.keys.nodes(), pb.Node)
+    present = {store.keys.last_segment(i.key) for i in items}
+    return [
+        f"inv7: node {node}'s IMEX agent is alive but its record {store.keys.node(node)} is "
+        "missing or undecodable: the advisor does not count the node"
+        for node in sorted(set(live_nodes) - present)
+    ]
 
 
 def slot_addresses(domain_members: Iterable[pb.Member], clique_id: str) -> list[str]:

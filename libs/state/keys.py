@@ -10,6 +10,7 @@
 <prefix>daemons/<uid>/<node>                   DaemonStatus
 <prefix>reservations/<id>                      Reservation (on a TTL lease)
 <prefix>nodereservations/<node>                Reservation guard of one node (same lease)
+<prefix>advisorkey                             AdvisorIdKey (the extender's reservation id key)
 <prefix>election/<name>                        LeaderRecord (on the leader's lease)
 <prefix>meshca/<uid>                           MeshAuthority (the domain's CA; controller only)
 <prefix>meshcsr/<uid>/<node>                   MeshCertificateRequest (the node's IMEX agent)
@@ -103,6 +104,9 @@ class Keys:
 
     def node_reservation(self, node: str) -> str:
         return self.node_reservations() + _segment(node, "node name")
+
+    def advisor_id_key(self) -> str:
+        return f"{self.prefix}advisorkey"
 
     def mesh_authorities(self) -> str:
         return f"{self.prefix}meshca/"

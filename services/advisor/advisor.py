@@ -39,6 +39,7 @@ from services.advisor.model import (
 )
 from services.advisor.policies import Demand, Infeasible, Plan
 from services.advisor.reservations import (
+    NotHolder,
     ReservationConflict,
     ReservationExists,
     Written,
@@ -358,13 +359,18 @@ class Advisor:
         assert written is not None
         return _info(written)
 
-    async def release(self, reservation_id: str) -> tuple[bool, list[str]]:
+    async def release(self, reservation_id: str, caller: str) -> tuple[bool, list[str]]:
+        """Remove the reservation if `caller` holds it ("" = this advisor's default holder, as a
+        reservation made without a holder is held); NotHolder, changing nothing, if not."""
         if not reservation_id or "/" in reservation_id:
             raise InvalidRequest("reservation_id", "must be a non-empty id without '/'")
+        caller = caller or self.config.holder
         store = self._require_store()
         inv = self.inventory
         record = inv.reservations.get(reservation_id)
         revision = inv.reservation_revision(reservation_id)
+        if record is not None and record.holder != caller:
+            raise NotHolder(reservation_id, caller)
         if record is not None and revision and fits_one_txn(record.node_names):
             # What this advisor knows of the reservation is enough to remove it in one write.
             removed_at = await remove_in_one_txn(
@@ -376,7 +382,7 @@ class Advisor:
                 # Counted in the metrics; at debug level each one (a scheduler releases thousands a second).
                 log.debug("reservation released", reservation=reservation_id, nodes=len(record.node_names))
                 return True, list(record.node_names)
-        removed = await delete_reservation(store, reservation_id)
+        removed = await delete_reservation(store, reservation_id, caller)
         if removed is None:
             return False, []
         inv.apply_reservation(reservation_id, None, await store.revision())

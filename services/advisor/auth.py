@@ -5,8 +5,9 @@ the scheduler extender speak TLS and require a client certificate of that CA (mu
 without one cannot even complete a handshake. kube-scheduler presents its certificate through the
 extender's ``tlsConfig``. The client's identity is its certificate's common name; reservations
 made over gRPC are charged to it, whatever ``holder`` the request names, so the per-holder cap
-(``--max-reserved-nodes-per-holder``) cannot be dodged by renaming. The unix socket listener is
-for local clients (its file mode admits the advisor's group only); their declared holder stands.
+(``--max-reserved-nodes-per-holder``) cannot be dodged by renaming, and a Release is allowed only
+to the reservation's holder. The unix socket listener is for local clients (its file mode admits
+the advisor's group only); their declared holder stands, as it does without TLS.
 """
 
 from __future__ import annotations
@@ -54,5 +55,5 @@ def track_client_identity(server: Server) -> None:
 
 
 def charged_holder(declared: str) -> str:
-    """Whom a reservation is charged to: the authenticated client if there is one."""
+    """Whom a reservation is charged to, and who releases: the authenticated client if there is one."""
     return CLIENT_IDENTITY.get() or declared

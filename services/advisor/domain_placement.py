@@ -5,8 +5,8 @@ whole domain: spec.numNodes if set, else the size hint annotation of the pod,
 else one node at a time (in the clique with the most room, so the domain can
 grow there). Later pods of the domain may only go to nodes reserved for or
 bound to it; when none of those is left among the scheduler's candidates, one
-more node is reserved in the domain's clique(s). Reservations use fixed ids
-(`cd-<uid>-<n>`), so two advisor replicas cannot both make the first one. Once its nodes
+more node is reserved in the domain's clique(s). Reservations use fixed, unguessable ids
+(`reservation_ids.py`), so two advisor replicas cannot both make the first one. Once its nodes
 are bound to the domain, or the domain is gone, the reaper releases such a reservation
 (`reservation_reaper.py`); a pod of a domain known to be gone is refused.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from libs.gen.computedomain.state import v1 as pb
 from services.advisor.advisor import Advisor, ReservationContention
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName
+from services.advisor.reservation_ids import ExtenderIds
 from services.advisor.reservations import ReservationExists
 
 log = structlog.get_logger(__name__)
@@ -47,16 +47,6 @@ class Allowance:
     resolvable: bool = True
 
 
-def reservation_id(domain_uid: str, sequence: int) -> str:
-    return f"cd-{domain_uid}-{sequence}"
-
-
-def next_sequence(domain_uid: str, existing_ids: Iterable[str]) -> int:
-    pattern = re.compile(rf"cd-{re.escape(domain_uid)}-(\d+)")
-    numbers = [int(m.group(1)) for rid in existing_ids if (m := pattern.fullmatch(rid))]
-    return max(numbers, default=-1) + 1
-
-
 class DomainPlacer:
     def __init__(
         self,
@@ -64,8 +54,11 @@ class DomainPlacer:
         ttl_s: int = 300,
         holder: str = "kube-scheduler-extender",
         presence: DomainPresence | None = None,
+        ids: ExtenderIds | None = None,
     ) -> None:
         self.advisor = advisor
+        # The replicas' shared key in production (main.py); a key of its own otherwise.
+        self.ids = ids if ids is not None else ExtenderIds()
         self.ttl_s = ttl_s
         self.holder = holder
         # Which domains are gone (None: not known; every domain is then taken to be live).
@@ -75,9 +68,7 @@ class DomainPlacer:
     def made_by_extender(self, record: pb.Reservation) -> bool:
         """Whether the reservation is one an extender (this one or another replica's) made for
         its domain's pods; those of other holders (gRPC clients) are theirs to release."""
-        if not record.domain_uid or not record.id.startswith(f"cd-{record.domain_uid}-"):
-            return False
-        if not record.id.removeprefix(f"cd-{record.domain_uid}-").isdigit():
+        if not record.domain_uid or self.ids.sequence_of(record.domain_uid, record.id) is None:
             return False
         return record.holder == self.holder or record.holder.startswith(EXTENDER_HOLDER_PREFIX)
 
@@ -134,7 +125,7 @@ class DomainPlacer:
         usable = held & candidate_set
         if usable:
             return Allowance(frozenset(usable), cliques, self._outside_message(domain_uid, cliques), False)
-        sequence = next_sequence(domain_uid, (r.id for r in inv.domain_reservations(domain_uid)))
+        sequence = self.ids.next_sequence(domain_uid, (r.id for r in inv.domain_reservations(domain_uid)))
         if not held:
             wanted = size or 1
             request = PlacementRequest(
@@ -149,7 +140,7 @@ class DomainPlacer:
                 reserve=True,
                 reservation_ttl_s=self.ttl_s,
                 holder=self.holder,
-                reservation_id=reservation_id(domain_uid, sequence),
+                reservation_id=self.ids.make(domain_uid, sequence),
             )
             what = f"{wanted} node(s) for ComputeDomain {domain_uid}"
         else:
@@ -171,7 +162,7 @@ class DomainPlacer:
                 reserve=True,
                 reservation_ttl_s=self.ttl_s,
                 holder=self.holder,
-                reservation_id=reservation_id(domain_uid, sequence),
+                reservation_id=self.ids.make(domain_uid, sequence),
             )
             what = f"one more node for ComputeDomain {domain_uid} in clique(s) {', '.join(cliques)}"
         try:

@@ -3,7 +3,8 @@
 Errors map to gRPC status codes with a message naming the culprit:
 INVALID_ARGUMENT (bad input, the field is named), ABORTED (nodes taken by a
 concurrent writer), ALREADY_EXISTS (reservation id in use), FAILED_PRECONDITION
-(a named node is unhealthy), UNAVAILABLE (inventory not synced yet, or the store
+(a named node is unhealthy), PERMISSION_DENIED (a Release by another than the
+reservation's holder), UNAVAILABLE (inventory not synced yet, or the store
 unreachable). A failed call never stops the server.
 """
 
@@ -40,7 +41,7 @@ from services.advisor.model import (
     ReservationInfo,
     Segment,
 )
-from services.advisor.reservations import ReservationConflict, ReservationExists
+from services.advisor.reservations import NotHolder, ReservationConflict, ReservationExists
 from services.advisor.wire import (
     decode_place_request,
     decode_release_request,
@@ -191,6 +192,8 @@ def grpc_errors(method: str) -> Iterator[None]:
         raise GRPCError(Status.FAILED_PRECONDITION, str(exc)) from None
     except HolderOverCap as exc:
         raise GRPCError(Status.RESOURCE_EXHAUSTED, str(exc)) from None
+    except NotHolder as exc:
+        raise GRPCError(Status.PERMISSION_DENIED, str(exc)) from None
     except _UNAVAILABLE as exc:
         raise GRPCError(Status.UNAVAILABLE, f"store unavailable: {exc or type(exc).__name__}") from None
     except asyncio.CancelledError:
@@ -296,7 +299,8 @@ class PlacementService(pp.PlacementAdvisorBase):
         data = await stream.recv_message()
         assert data is not None
         with grpc_errors("Release"):
-            released, nodes = await self.advisor.release(decode_release_request(data))
+            reservation_id, declared = decode_release_request(data)
+            released, nodes = await self.advisor.release(reservation_id, charged_holder(declared))
         await stream.send_message(encode_release_response(released, nodes))
 
     async def _reserve_wire(self, request: PlacementRequest) -> bytes:

@@ -44,6 +44,7 @@ from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
 from services.advisor.metrics import AdvisorMetrics
+from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.settings import AdvisorSettings
 from services.advisor.standard_services import standard_services
@@ -166,6 +167,7 @@ class AdvisorService:
                     ttl_s=s.extender_reservation_ttl_s,
                     holder=f"{EXTENDER_HOLDER_PREFIX}{s.holder}",
                     presence=presence,
+                    ids=ExtenderIds(await shared_key(self.store)),
                 )
                 # Releases the extender's reservations once bound or once their domain is gone.
                 reaper = ReservationReaper(placer, presence, self.metrics)

@@ -62,6 +62,16 @@ class ReservationExists(RuntimeError):
         self.reservation_id = reservation_id
 
 
+class NotHolder(RuntimeError):
+    """The caller of a Release is not the reservation's holder (nothing was changed)."""
+
+    def __init__(self, reservation_id: str, caller: str) -> None:
+        super().__init__(
+            f"reservation {reservation_id} is not held by {caller!r}: only its holder may release it"
+        )
+        self.reservation_id = reservation_id
+
+
 @dataclass(frozen=True, slots=True)
 class Written:
     record: pb.Reservation
@@ -310,12 +320,16 @@ async def who_holds(store: Store, nodes: Sequence[str]) -> dict[str, str]:
     return {node: why for node, why in results if why is not None}
 
 
-async def delete_reservation(store: Store, reservation_id: str) -> pb.Reservation | None:
-    """Remove a reservation and its guards; the record that was removed, or None if none existed."""
+async def delete_reservation(store: Store, reservation_id: str, holder: str) -> pb.Reservation | None:
+    """Remove a reservation of `holder` and its guards; the record that was removed, or None if
+    none existed. NotHolder (nothing removed) when another holder's: the removal is guarded by the
+    revision of the record whose holder was checked."""
     for _ in range(3):
         current = await store.get(store.keys.reservation(reservation_id), pb.Reservation)
         if current is None:
             return None
+        if current.value.holder != holder:
+            raise NotHolder(reservation_id, holder)
         nodes = current.value.node_names
         if not fits_one_txn(nodes):
             break

@@ -206,17 +206,20 @@ def decode_place_request(data: bytes, field_prefix: str = "") -> PlacementReques
     )
 
 
-def decode_release_request(data: bytes) -> str:
-    """A ReleaseRequest's bytes -> its reservation id; InvalidRequest for undecodable bytes."""
+def decode_release_request(data: bytes) -> tuple[str, str]:
+    """A ReleaseRequest's bytes -> (reservation id, declared holder); InvalidRequest for
+    undecodable bytes."""
     try:
         fields = _fields(data)
     except WireError as exc:
         raise InvalidRequest("request", f"not a ReleaseRequest: {exc}") from None
-    reservation_id = ""
+    reservation_id = holder = ""
     for number, wire_type, value in fields:
         if number == 1 and wire_type == 2:
             reservation_id = _text(value, "reservation_id")
-    return reservation_id
+        elif number == 2 and wire_type == 2:
+            holder = _text(value, "holder")
+    return reservation_id, holder
 
 
 # ---- encoding ------------------------------------------------------------------------------

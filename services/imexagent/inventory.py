@@ -4,8 +4,11 @@ The Node record (address, clique, GPUs, health, versions) lives at ``nodes/<node
 IMEX agent's `KeptLease`: while ``cd-imex-agent`` runs the lease is refreshed, and when it dies or is
 cut off the record vanishes after one TTL, which is how the controller learns of node loss (a
 restart or upgrade of the kubelet plugin changes nothing here). After a lost lease
-the record is written again on a new one. Hardware health events (fabric state, clique, health)
-rewrite the record. A clique that is not settled yet (fabric IN_PROGRESS) or unreadable hardware
+the record is written again on a new one. The agent owns the key: it watches it, and when the
+record is deleted (an operator's ``etcdctl del``), overwritten (a restore from an older backup,
+another writer, no lease) or undecodable, it writes its own record again at once; health shows
+the ``registered`` gate closed, with the reason, until it is back. Hardware health events
+(fabric state, clique, health) rewrite the record. A clique that is not settled yet (fabric IN_PROGRESS) or unreadable hardware
 is reported in ``fabric_message`` and retried; it never stops the agent (upstream #1264).
 
 Pure core: `build_node_record` turns a hardware snapshot into the record. Thin shell:
@@ -30,8 +33,11 @@ from libs.hardware.health import DEFAULT_QUERY_TIMEOUT_S
 from libs.hardware.offloop import OffLoopCalls
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
+from libs.state.codec import UndecodableValue
 from libs.state.lease import KeptLease
 from libs.state.store import Store, with_retries
+from libs.state.watch import Resync, watch_prefix
+from services.imexagent.meshcreds import PrefixWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -162,14 +168,24 @@ class NodeInventory:
     """Keeps ``nodes/<node>`` on a kept lease and in step with the hardware."""
 
     def __init__(
-        self, store: Store, node_name: str, hardware: NodeHardware, settings: InventorySettings
+        self,
+        store: Store,
+        node_name: str,
+        hardware: NodeHardware,
+        settings: InventorySettings,
+        watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.store = store
+        # How our own key is watched (a host of many simulated agents shares the plugin's watch).
+        self._watch = watch
         self.node_name = node_name
         self.hardware = hardware
         self.settings = settings
         self.address = node_address(hardware, settings.node_ip)
-        self.lease = KeptLease(store, settings.lease_ttl_s, on_acquired=self._on_lease_acquired)
+        self.key = store.keys.node(node_name)
+        self.lease = KeptLease(
+            store, settings.lease_ttl_s, on_acquired=self._on_lease_acquired, on_lost=self._on_lease_lost
+        )
         self._calls = OffLoopCalls(settings.hardware_query_timeout_s, name=f"hardware-{node_name}")
         # Where a failing or stalled hardware query is shown (set by the agent that serves health).
         self.health: Health | None = None
@@ -185,6 +201,12 @@ class NodeInventory:
         self._write_lock = asyncio.Lock()
         self._written: bytes | None = None
         self._written_lease: int | None = None
+        # Store revision of our last write: the watch skips its own echo.
+        self._written_revision = 0
+        # Set by the watch of our key when it changed under us; the keeper checks and rewrites.
+        self._check_wanted = asyncio.Event()
+        # Records rewritten because they went missing or were overwritten (tests, metrics).
+        self.rewrites = 0
 
     # ---- public --------------------------------------------------------------
 
@@ -218,11 +240,13 @@ class NodeInventory:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lease.run(), name=f"node-lease-{self.node_name}")
             tasks.create_task(self._follow_hardware(), name=f"node-hardware-{self.node_name}")
+            tasks.create_task(self._watch_record(), name=f"node-record-watch-{self.node_name}")
+            tasks.create_task(self._keep_record(), name=f"node-record-keeper-{self.node_name}")
 
     async def deregister(self) -> None:
         """Remove the record now (decommissioning); a plain shutdown lets it expire instead."""
         await self.lease.revoke()
-        self._registered.clear()
+        self._set_registered(False, "deregistered")
 
     # ---- internals -----------------------------------------------------------
 
@@ -266,7 +290,7 @@ class NodeInventory:
         # The lease is refreshed only after this returns: a stalled query must not outlast it.
         await self._refresh_hardware(timeout_s=self.settings.lease_ttl_s / 4)
         await self._write(lease_id, force=True)
-        self._registered.set()
+        self._set_registered(True)
         log.info(
             "node registered",
             node=self.node_name,
@@ -283,9 +307,8 @@ class NodeInventory:
             if not force and content == self._written and lease_id == self._written_lease:
                 return
             node.registered_unix_ms = int(time.time() * 1000)
-            key = self.store.keys.node(self.node_name)
-            await with_retries(
-                lambda: self.store.put(key, node, lease=lease_id),
+            self._written_revision = await with_retries(
+                lambda: self.store.put(self.key, node, lease=lease_id),
                 what=f"write node record {self.node_name}",
                 deadline_s=float(self.settings.lease_ttl_s),
             )
@@ -340,3 +363,86 @@ class NodeInventory:
                 if close is not None:
                     with contextlib.suppress(Exception):
                         await close()
+
+    def _set_registered(self, registered: bool, problem: str = "") -> None:
+        """The ``registered`` readiness gate: open only while our record is in the store."""
+        if registered:
+            self._registered.set()
+        else:
+            self._registered.clear()
+        if self.health is None:
+            return
+        self.health.set_ready("registered", registered)
+        if registered:
+            self.health.clear_warning("node-record")
+        else:
+            self.health.set_warning("node-record", f"node record {self.key} {problem}")
+
+    async def _on_lease_lost(self, lease_id: int) -> None:
+        # The record went with the lease; the next grant writes it again.
+        self._set_registered(False, f"lapsed with its lease {lease_id}; registering on a new lease")
+
+    async def _watch_record(self) -> None:
+        """Follow our own key; any change that is not our write asks the keeper to look."""
+        async for item in self._watch(self.store, self.key, pb.Node):
+            if isinstance(item, Resync):
+                self._check_wanted.set()
+            # The key as a prefix also covers longer names (tray1 / tray10).
+            elif item.key == self.key and item.revision != self._written_revision:
+                self._check_wanted.set()
+
+    async def _keep_record(self) -> None:
+        """Write our record again whenever the store lost it or holds something else there."""
+        backoff = Backoff(initial=0.05, cap=self.settings.lease_ttl_s / 4)
+        while True:
+            await self._check_wanted.wait()
+            self._check_wanted.clear()
+            while True:
+                try:
+                    await self._heal_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    delay = backoff.next_delay()
+                    log.warning(
+                        "node record check failed; retrying",
+                        node=self.node_name,
+                        error=str(exc) or type(exc).__name__,
+                        retry_in_s=round(delay, 3),
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
+                break
+
+    async def _record_problem(self, lease_id: int) -> str | None:
+        """What is wrong with the stored record (None: it is the one we wrote, on our lease)."""
+        try:
+            item = await self.store.get(self.key, pb.Node, strict=True)
+        except UndecodableValue as exc:
+            return f"was overwritten with an undecodable value ({exc.reason})"
+        if item is None:
+            return "is missing (deleted)"
+        if item.mod_revision == self._written_revision and item.lease == lease_id:
+            return None
+        if item.lease != lease_id:
+            return f"was overwritten without this agent's lease {lease_id} (lease {item.lease or 'none'})"
+        if _without_timestamp(item.value) != self._written:
+            return "was overwritten with another record"
+        return None
+
+    async def _heal_once(self) -> None:
+        lease_id = self.lease.lease_id
+        # Before the first write on a lease, the lease callback writes the record.
+        if lease_id is None or lease_id != self._written_lease:
+            return
+        async with self._write_lock:  # a write in flight is not taken for a foreign one
+            problem = await self._record_problem(lease_id)
+        if problem is None or lease_id != self.lease.lease_id:
+            return
+        self._set_registered(False, f"{problem}; writing it again")
+        log.warning("node record lost from the store; writing it again", node=self.node_name, problem=problem)
+        await self._write(lease_id, force=True)
+        self.rewrites += 1
+        self._set_registered(True)
+        log.info("node record written again", node=self.node_name, lease=lease_id, problem=problem)

@@ -74,7 +74,7 @@ def compose_imex_agent(
     """The IMEX agent's parts on a given store and hardware (``run_imex_agent`` and tools that
     host many simulated nodes in one process build it the same way)."""
     return ImexAgent(
-        inventory=NodeInventory(store, node_name, hardware, inventory),
+        inventory=NodeInventory(store, node_name, hardware, inventory, watch=watch),
         supervisor=ImexSupervisor(store, node_name, hardware, work_dir, imex, watch=watch),
     )
 
@@ -106,15 +106,15 @@ class DaemonCollector(Collector):
         yield reloads
 
 
-async def _mark_registered(inventory: NodeInventory, health: Health, warn_after_s: float = 30.0) -> None:
-    """Ready once the node record is in the store (peers and the plugin depend on it)."""
+async def _warn_until_registered(inventory: NodeInventory, warn_after_s: float = 30.0) -> None:
+    """Log while the first registration takes long; the inventory itself keeps the ``registered``
+    readiness gate (open only while its record is in the store)."""
     while True:
         try:
             await inventory.wait_registered(warn_after_s)
         except TimeoutError:
             log.warning("node not registered in the store yet; waiting", node=inventory.node_name)
             continue
-        health.set_ready("registered", True)
         return
 
 
@@ -173,7 +173,7 @@ async def run_imex_agent(
         registry.register(DaemonCollector(agent.supervisor))
         agent_task = asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}")
         log.info("IMEX agent running", node=node_name, health_port=health_port, hardware=settings.hardware)
-        registered = asyncio.create_task(_mark_registered(agent.inventory, health))
+        registered = asyncio.create_task(_warn_until_registered(agent.inventory))
         try:
             await stop.wait()
         finally:

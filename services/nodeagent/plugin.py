@@ -6,7 +6,7 @@ caller is what a process owns and a host shares or does without: the etcd client
 handle, the health server, signal handlers, the Kubernetes client and the ResourceSlice.
 
 `compose_plugin` builds the parts; `Plugin.tasks` are the background tasks to keep running (the
-node record and daemon record views); `Plugin.serve` waits for the node record, reconciles and
+node record and daemon record views, the keeper of its prepared claims' records); `Plugin.serve` waits for the node record, reconciles and
 opens the DRA socket, then the registration socket (kubelet starts calling only then);
 `Plugin.close` closes both sockets, registration first.
 """
@@ -34,6 +34,7 @@ from services.nodeagent.daemonview import DaemonView
 from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.nodeview import NodeView
+from services.nodeagent.recordkeeper import RecordKeeper
 from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.state import STORE_FAILURES, DeviceState
@@ -49,6 +50,7 @@ class Plugin:
     node_view: NodeView
     daemons: DaemonView
     state: DeviceState
+    records: RecordKeeper
     health: Health
     metrics: AgentMetrics
     kubelet_dir: Path
@@ -66,7 +68,11 @@ class Plugin:
 
     def tasks(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
         """The background tasks to keep running (name, coroutine function)."""
-        return [("node-view", self.node_view.run), ("daemon-view", self.daemons.run)]
+        return [
+            ("node-view", self.node_view.run),
+            ("daemon-view", self.daemons.run),
+            ("prepared-claim-records", self.records.run),
+        ]
 
     async def serve(self, stop: asyncio.Event) -> bool:
         """Wait for the node record, reconcile, open the DRA then the registration socket.
@@ -152,6 +158,7 @@ def compose_plugin(
         node_view=node_view,
         daemons=daemons,
         state=state,
+        records=RecordKeeper(state, node_view, health, watch=watch),
         health=health,
         metrics=metrics,
         kubelet_dir=kubelet_dir,

@@ -47,7 +47,7 @@ from libs.state.membership import (
     join_domain,
     leave_domain,
 )
-from libs.state.store import TRANSIENT_ERRORS, ConflictError, Store, StoreUnavailable
+from libs.state.store import TRANSIENT_ERRORS, ConflictError, Read, Store, StoreUnavailable
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
 from services.nodeagent.checkpointwriter import CheckpointWriter
 from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
@@ -166,6 +166,8 @@ class DeviceState:
         self._domain_headers: dict[str, tuple[int, DomainHeader | None]] = {}
         self._channel_major: int | None = None
         self._ensured_channels: set[int] = set()
+        # Set once the start-up reconcile made the checkpoint the truth about this node's claims.
+        self.reconciled = asyncio.Event()
 
     # ---- prepare ---------------------------------------------------------------------------
 
@@ -573,7 +575,60 @@ class DeviceState:
                 self.metrics.reconciled.labels(action=action).inc(count)
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
         log.info("reconcile done", node=node_name, **{k: v for k, v in vars(report).items() if v})
+        self.reconciled.set()
         return report
+
+    # ---- records lost from the store -------------------------------------------------------
+
+    async def restore_record(self, claim_uid: str) -> str | None:
+        """Write a held claim's PreparedClaim again if the store lost it (deleted, undecodable,
+        or naming another domain or node); what was wrong, None if nothing was written.
+
+        The checkpoint is the truth about this node's claims; without the record the controller
+        would release a returning LOST member and its index. Decided under the claim's domain
+        lock, so a concurrent unprepare (which deletes the record) is never undone, and written
+        only over the value that was read, so a prepare's own write meanwhile (its completed
+        record travels outside that lock) is never overwritten."""
+        entry = self.checkpoint.get(claim_uid)
+        if entry is None or not entry.domain_uid or entry.migrated_from is not None:
+            return None
+        async with self._domain_locks.hold(entry.domain_uid):
+            entry = self.checkpoint.get(claim_uid)
+            if entry is None or not entry.domain_uid:
+                return None
+            node = entry.node or self.identity.node.name
+            key = self.store.keys.preparation(node, claim_uid)
+            (found,) = (await self.store.txn([], [Read(key)])).reads
+            read_at = found[0].mod_revision if found else 0
+            try:
+                item = self.store.decode_kv(found[0], pb.PreparedClaim, strict=True) if found else None
+            except UndecodableValue as exc:
+                problem = f"was overwritten with an undecodable value ({exc.reason})"
+            else:
+                if item is None:
+                    problem = "is missing (deleted)"
+                elif (item.value.domain_uid, item.value.node_name) != (entry.domain_uid, node):
+                    problem = f"names domain {item.value.domain_uid} on node {item.value.node_name}"
+                else:
+                    return None
+            completed = entry.state is ClaimState.PREPARE_COMPLETED
+            written = await self.store.compare_and_swap(
+                key,
+                pb.PreparedClaim(
+                    claim_uid=claim_uid,
+                    namespace=entry.namespace,
+                    name=entry.name,
+                    node_name=node,
+                    domain_uid=entry.domain_uid,
+                    state=pb.PreparedState.PREPARE_COMPLETED
+                    if completed
+                    else pb.PreparedState.PREPARE_STARTED,
+                    cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
+                    updated_unix_ms=_now_ms(),
+                ),
+                read_at,
+            )
+        return problem if written else None
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
         self.checkpoint.mark_prepare_started(

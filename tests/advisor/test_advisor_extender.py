@@ -29,11 +29,14 @@ from services.advisor.domain_sources import (
 from services.advisor.extender import Extender, build_extender_app
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
+from services.advisor.reservation_ids import ExtenderIds
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 
 PAYLOADS = Path(__file__).parent / "payloads"
 CLUSTER = ClusterDescription(racks=4, trays_per_rack=18, seed="extender-test")
 DOMAIN = "6b1e3c55-0d7a-4f26-9c1e-52a8f0b3d7aa"
+# The extender's reservation id key of these tests (replicas share one; see reservation_ids.py).
+IDS = ExtenderIds(bytes(range(32)))
 
 
 def pod_args(node_names: list[str], **changes: Any) -> dict[str, Any]:
@@ -92,7 +95,7 @@ async def env(store: Store) -> AsyncIterator[Env]:
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
     templates = StaticTemplateSource({("team-a", "trainer-channel"): DOMAIN})
     sizes = StaticDomainSizes({})
-    extender = Extender(DomainPlacer(Advisor(inventory, store), ttl_s=60), templates, sizes)
+    extender = Extender(DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS), templates, sizes)
     client = TestClient(TestServer(build_extender_app(extender)))
     await client.start_server()
     try:
@@ -130,7 +133,7 @@ async def test_first_pod_reserves_num_nodes_in_one_clique_and_later_pods_follow(
     # Everything else is refused with a reason that names the domain; no preemption can change it.
     assert set(first["FailedAndUnresolvableNodes"]) == set(env.names) - set(allowed)
     assert all(DOMAIN in why for why in first["FailedAndUnresolvableNodes"].values())
-    record = await env.store.get(env.store.keys.reservation(f"cd-{DOMAIN}-0"), pb.Reservation)
+    record = await env.store.get(env.store.keys.reservation(IDS.make(DOMAIN, 0)), pb.Reservation)
     assert record is not None and sorted(record.value.node_names) == sorted(allowed)
     assert record.value.domain_uid == DOMAIN
 
@@ -167,7 +170,7 @@ async def test_unknown_size_grows_one_node_at_a_time_inside_the_clique(env: Env)
     (node_b,) = second["NodeNames"]
     assert node_b != node_a and env.clique_of(node_b) == clique
     ids = sorted(r.id for r in env.inventory.domain_reservations(DOMAIN))
-    assert ids == [f"cd-{DOMAIN}-0", f"cd-{DOMAIN}-1"]
+    assert ids == sorted([IDS.make(DOMAIN, 0), IDS.make(DOMAIN, 1)])
 
 
 async def test_domain_larger_than_a_clique_spans_few_cliques(env: Env) -> None:

@@ -44,6 +44,7 @@ EXPECTED_CHECKS = {
     "Reserve taken nodes",
     "WatchCapacity sees the reservation",
     "WatchCapacity min_interval_ms=-1",
+    "Release by another holder",
     "Release",
     "Release empty id",
 }

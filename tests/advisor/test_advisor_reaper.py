@@ -29,6 +29,7 @@ from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
+from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
@@ -114,8 +115,9 @@ async def test_an_18_node_job_deleted_and_applied_again_schedules_at_once(
     await put_nodes(store, records)
     await store.put(store.keys.domain("job-1"), domain_record("job-1", 18))
     async with running_advisor(settings_for(etcd_config, identity="r1")) as advisor:
+        ids = ExtenderIds(await shared_key(store))
         assert sorted(await filter_pod(session, advisor, pod("job-1", 0, nodes))) == sorted(nodes)
-        rid = "cd-job-1-0"
+        rid = ids.make("job-1", 0)
         assert (await reservation(store, rid)) is not None
         # Pods bind one by one: while one node is not bound yet, the reservation stays.
         for node in nodes[:-1]:
@@ -160,6 +162,7 @@ async def test_deleting_a_domain_releases_all_its_extender_reservations_and_no_o
     await store.put(store.keys.domain("doomed"), domain_record("doomed", 6))
     await store.put(store.keys.domain("bystander"), domain_record("bystander", 2))
     async with running_advisor(settings_for(etcd_config, identity="r1")) as advisor:
+        ids = ExtenderIds(await shared_key(store))
         reserved = await filter_pod(session, advisor, pod("doomed", 0, nodes))
         assert len(reserved) == 6
         # Only two of its pods were bound when the job was deleted.
@@ -179,7 +182,7 @@ async def test_deleting_a_domain_releases_all_its_extender_reservations_and_no_o
         async def released_at_once() -> bool:
             # The advisor counts the release once its transaction has answered, which may be a
             # moment after this client already sees the record gone.
-            gone = await reservation(store, "cd-doomed-0") is None
+            gone = await reservation(store, ids.make("doomed", 0)) is None
             return gone and released(advisor, "domain-deleted") == 1
 
         await wait_until(released_at_once, 5.0, "the deleted domain's reservation to go")
@@ -188,7 +191,7 @@ async def test_deleting_a_domain_releases_all_its_extender_reservations_and_no_o
         assert not set(reserved) & set(left)
         assert (await reservation(store, "kai-1")) is not None
         assert {n: left[n] for n in free[:2]} == {n: "kai-1" for n in free[:2]}
-        assert (await reservation(store, "cd-bystander-0")) is not None
+        assert (await reservation(store, ids.make("bystander", 0))) is not None
         await asyncio.sleep(1.0)  # and stay so
         assert (await reservation(store, "kai-1")) is not None
         assert advisor.service.health.healthy
@@ -205,11 +208,12 @@ async def test_two_replicas_release_each_reservation_once_and_stay_healthy(
     async with AsyncExitStack() as stack:
         r1 = await stack.enter_async_context(running_advisor(settings_for(etcd_config, identity="r1")))
         r2 = await stack.enter_async_context(running_advisor(settings_for(etcd_config, identity="r2")))
+        ids = ExtenderIds(await shared_key(store))  # the replicas share it
         first = await filter_pod(session, r1, pod("shared", 0, nodes))
         assert len(first) == 8
         # The second pod reaches the other replica: it follows the same reservation.
         assert await filter_pod(session, r2, pod("shared", 1, nodes)) == first
-        record = await reservation(store, "cd-shared-0")
+        record = await reservation(store, ids.make("shared", 0))
         assert record is not None and record.holder == "extender/r1"
         brief = await filter_pod(session, r2, pod("brief", 0, nodes))
         assert len(brief) == 4
@@ -220,8 +224,8 @@ async def test_two_replicas_release_each_reservation_once_and_stay_healthy(
 
         async def both_gone() -> bool:
             return (
-                await reservation(store, "cd-shared-0") is None
-                and await reservation(store, "cd-brief-0") is None
+                await reservation(store, ids.make("shared", 0)) is None
+                and await reservation(store, ids.make("brief", 0)) is None
                 and not await guards(store)
             )
 
@@ -268,7 +272,7 @@ async def test_a_served_reservation_larger_than_a_transaction_is_released(store:
         await asyncio.gather(*(bind(store, n, "big") for n in allowance.allowed))
 
         async def gone() -> bool:
-            return await reservation(store, "cd-big-0") is None and not await guards(store)
+            return await reservation(store, placer.ids.make("big", 0)) is None and not await guards(store)
 
         await wait_until(gone, 5.0, "the 70-node reservation to go")
         inventory = placer.advisor.inventory
@@ -294,22 +298,26 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
                 return any(e.get("reservation") == rid for e in logs if e["event"] == RELEASED)
 
             async def ghost_gone() -> bool:
-                return await reservation(store, "cd-ghost-0") is None and logged("cd-ghost-0")
+                return await reservation(store, placer.ids.make("ghost", 0)) is None and logged(
+                    placer.ids.make("ghost", 0)
+                )
 
             await wait_until(ghost_gone, 5.0, "the absent domain's reservation to go")
             await asyncio.sleep(1.5)
-            assert await reservation(store, "cd-late-0") is not None
-            assert await reservation(store, "cd-unreadable-0") is not None
+            assert await reservation(store, placer.ids.make("late", 0)) is not None
+            assert await reservation(store, placer.ids.make("unreadable", 0)) is not None
             await store.put(store.keys.domain("late"), domain_record("late", 2, deleting=True))
 
             async def late_gone() -> bool:
-                return await reservation(store, "cd-late-0") is None and logged("cd-late-0")
+                return await reservation(store, placer.ids.make("late", 0)) is None and logged(
+                    placer.ids.make("late", 0)
+                )
 
             await wait_until(late_gone, 5.0, "the deleted domain's reservation to go")
         releases = [e for e in logs if e["event"] == RELEASED]
         assert [(e["cd_uid"], e["reservation"], e["reason"]) for e in releases] == [
-            ("ghost", "cd-ghost-0", "domain-absent"),
-            ("late", "cd-late-0", "domain-deleted"),
+            ("ghost", placer.ids.make("ghost", 0), "domain-absent"),
+            ("late", placer.ids.make("late", 0), "domain-deleted"),
         ]
         metrics = placer.advisor.metrics.registry
         sample = "cd_advisor_extender_reservations_released_total"
@@ -319,7 +327,7 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
         refused = await placer.allowed_nodes("late", 2, nodes)
         assert not refused.allowed and not refused.resolvable
         assert "late is being deleted" in refused.message
-        assert await reservation(store, "cd-late-0") is None
+        assert await reservation(store, placer.ids.make("late", 0)) is None
 
 
 @contextlib.asynccontextmanager

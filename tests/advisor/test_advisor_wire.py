@@ -105,12 +105,12 @@ def test_unknown_fields_are_skipped() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(reservation_id=text, released=st.booleans(), nodes=st.lists(text, max_size=20))
+@given(reservation_id=text, holder=text, released=st.booleans(), nodes=st.lists(text, max_size=20))
 def test_release_coding_matches_the_generated_classes(
-    reservation_id: str, released: bool, nodes: list[str]
+    reservation_id: str, holder: str, released: bool, nodes: list[str]
 ) -> None:
-    request = bytes(pp.ReleaseRequest(reservation_id=reservation_id))
-    assert decode_release_request(request + b"\xf8\x07\x01") == reservation_id
+    request = bytes(pp.ReleaseRequest(reservation_id=reservation_id, holder=holder))
+    assert decode_release_request(request + b"\xf8\x07\x01") == (reservation_id, holder)
     expected = bytes(pp.ReleaseResponse(released=released, node_names=nodes))
     assert encode_release_response(released, nodes) == expected
 

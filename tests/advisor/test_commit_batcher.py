@@ -210,7 +210,7 @@ async def test_ttl_expires_each_reservation_and_a_release_leaves_its_lease_mates
     # Releasing one long reservation removes exactly its keys, not those on the same lease.
     first_long = infos[4]
     assert first_long is not None
-    released, nodes = await advisor.release(first_long.id)
+    released, nodes = await advisor.release(first_long.id, first_long.holder)
     assert released and sorted(nodes) == sorted(first_long.node_names)
     for info in infos[5:]:
         assert info is not None

@@ -7,6 +7,7 @@ fault command, each followed by the invariants and the job Ready again -> delete
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grpclib.client import Channel
 
+from libs.gen.computedomain.placement import v1 as pp
+from libs.gen.computedomain.state import v1 as pb
 from tests import address_blocks
-from tests.cdsim.cli import cdsim, ok, status
+from tests.cdsim.cli import cdsim, ok, run_state, status
+from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S
 
 pytestmark = pytest.mark.slow
 
@@ -237,6 +243,53 @@ def test_fault_restart_etcd_keeps_the_job(cluster: Path) -> None:
     ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "60"))
     doc = status(cluster)
     assert len(domain_of(doc, JOB)["nodes"]) == JOB_NODES
+    assert_invariants(cluster)
+
+
+def test_a_node_record_deleted_or_garbled_by_hand_comes_back_and_counts_again(cluster: Path) -> None:
+    """An operator's `etcdctl del` or a garbled value: the node's IMEX agent writes its record
+    again within a lease period, and the advisor places on the node again."""
+    doc = status(cluster)
+    busy = {n["name"] for n in domain_of(doc, JOB)["nodes"]}
+    free = [n["name"] for n in doc["nodes"] if n["name"] not in busy]
+    assert len(free) == TRAYS  # the other rack: one clique
+
+    async def damage_and_wait() -> list[float]:
+        state = run_state(cluster)
+        took = []
+        async with open_store(state) as store:
+            for victim, damage in zip(free, ("delete", "garbage"), strict=False):
+                key = store.keys.node(victim)
+                if damage == "delete":
+                    assert await store.delete(key)
+                else:
+                    await store.put_raw(key, b"\xff garbled by hand")
+                began = time.monotonic()
+                while True:
+                    item = await store.get(key, pb.Node)
+                    if item is not None and item.lease:
+                        break
+                    assert time.monotonic() - began < IMEX_AGENT_LEASE_TTL_S, (
+                        f"{victim}: no record after {damage}"
+                    )
+                    await asyncio.sleep(0.05)
+                took.append(time.monotonic() - began)
+            host, port = state.advisor_endpoint.rsplit(":", 1)
+            channel = Channel(host, int(port))
+            try:
+                stub = pp.PlacementAdvisorStub(channel, timeout=10)
+                for _ in range(50):  # the advisor's view follows the store within moments
+                    placed = await stub.place(pp.PlaceRequest(num_nodes=TRAYS, dry_run=True))
+                    if placed.feasible:
+                        break
+                    await asyncio.sleep(0.1)
+                assert placed.feasible and sorted(placed.placements[0].node_names) == sorted(free)
+            finally:
+                channel.close()
+        return took
+
+    took = asyncio.run(damage_and_wait())
+    assert all(t < IMEX_AGENT_LEASE_TTL_S for t in took), took
     assert_invariants(cluster)
 
 

@@ -54,14 +54,14 @@ async def test_a_release_refused_while_the_store_is_unavailable_is_retried_until
     flaky: tuple[ScriptedAdvisor, str],
 ) -> None:
     service, endpoint = flaky
-    assert await advisor.release(endpoint, "r1")
+    assert await advisor.release(endpoint, "r1", holder="cdsim/job")
     assert service.calls == 4
 
 
 async def test_a_release_the_advisor_refuses_for_good_is_not_retried() -> None:
     service = ScriptedAdvisor([Status.INVALID_ARGUMENT])
     async for endpoint in _serve(service):
-        assert not await advisor.release(endpoint, "r1")
+        assert not await advisor.release(endpoint, "r1", holder="cdsim/job")
         assert service.calls == 1
 
 
@@ -69,6 +69,6 @@ async def test_a_release_gives_up_at_its_deadline() -> None:
     service = ScriptedAdvisor([Status.UNAVAILABLE] * 100)
     async for endpoint in _serve(service):
         began = time.monotonic()
-        assert not await advisor.release(endpoint, "r1", deadline_s=1.5)
+        assert not await advisor.release(endpoint, "r1", holder="cdsim/job", deadline_s=1.5)
         assert time.monotonic() - began < 3.0
         assert 2 <= service.calls < 100

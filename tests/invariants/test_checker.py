@@ -18,7 +18,7 @@ import pytest
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import slots
 from libs.imex.config import render_nodes_config
-from libs.invariants.checker import check_cluster_idle, check_domain_gone
+from libs.invariants.checker import check_cluster_idle, check_domain_gone, check_inventory
 from libs.state.store import Store
 from services.imexagent.process import write_pidfile
 from tests.invariants.rig import (
@@ -388,3 +388,19 @@ async def test_an_empty_cluster_is_idle(store: Store, tmp_path: Path) -> None:
         node.imex_work_dir.mkdir(parents=True)
     assert await check_cluster_idle(store, rig.nodes) == []
     assert await check_domain_gone(store, "never-existed", ["c1"], rig.nodes) == []
+
+
+async def test_inv7_a_live_node_missing_or_undecodable_in_the_inventory(store: Store) -> None:
+    live = ["tray-a", "tray-b", "tray-c"]
+    for name in live:
+        await store.put(store.keys.node(name), pb.Node(name=name, clique_id=CLIQUE))
+    assert await check_inventory(store, live) == []
+    await store.delete(store.keys.node("tray-a"))
+    await store.put_raw(store.keys.node("tray-b"), b"\x00\xffnot an envelope")
+    assert await check_inventory(store, live) == [
+        f"inv7: node {name}'s IMEX agent is alive but its record {store.keys.node(name)} is missing or "
+        "undecodable: the advisor does not count the node"
+        for name in ("tray-a", "tray-b")
+    ]
+    # A node whose agent is not running is absent by design (node loss), not a violation.
+    assert await check_inventory(store, ["tray-c"]) == []

@@ -135,7 +135,7 @@ async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: Secure
         calls = [jobs.claim_call(secured.layout, c) for c in job.claims]
         prepared = await asyncio.gather(*(kubelet.prepare(call, 60.0) for call in calls))
         assert all(o.ok for o in prepared), [o.errors for o in prepared]
-        await advisor.release(secured.advisor_endpoint, placement.reservation_id)
+        await advisor.release(secured.advisor_endpoint, placement.reservation_id, holder="security-test")
         ready = await jobs.wait_domain(
             store, uid, lambda d: d is not None and d.status.status == pb.Readiness.READY, 60.0
         )

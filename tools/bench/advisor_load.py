@@ -25,6 +25,8 @@ OPEN_LOOP_STREAMS = 8
 OPEN_LOOP_LEAD_S = 1.0
 # A reservation outlives its release only if the client dies; then it expires soon.
 RESERVATION_TTL_S = 30
+# Who holds the load's reservations: only it may release them.
+HOLDER = "bench"
 
 
 def request_mix(count: int, seed: int, reserve: bool = False) -> list[bytes]:
@@ -46,7 +48,7 @@ def request_mix(count: int, seed: int, reserve: bool = False) -> list[bytes]:
         if reserve:
             msg.reserve = True
             msg.reservation_ttl_seconds = RESERVATION_TTL_S
-            msg.holder = "bench"
+            msg.holder = HOLDER
         else:
             msg.dry_run = True
         out.append(bytes(msg))
@@ -132,7 +134,11 @@ async def _open_loop(
             rid = reservation_id_of(answer)
             if rid:
                 reserved.append(rid)
-                releases.append(asyncio.ensure_future(release(bytes(pp.ReleaseRequest(reservation_id=rid)))))
+                releases.append(
+                    asyncio.ensure_future(
+                        release(bytes(pp.ReleaseRequest(reservation_id=rid, holder=HOLDER)))
+                    )
+                )
 
         await asyncio.sleep(max(0.0, start - time.time()))
         base_wall, base_perf = time.time(), time.perf_counter()

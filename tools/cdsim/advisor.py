@@ -93,9 +93,12 @@ async def place(
     return Placement(nodes, cliques, response.reservation_id, response.score, response.message)
 
 
-async def release(endpoint: str, reservation_id: str, deadline_s: float = RELEASE_DEADLINE_S) -> bool:
+async def release(
+    endpoint: str, reservation_id: str, *, holder: str, deadline_s: float = RELEASE_DEADLINE_S
+) -> bool:
     """Drop a reservation (its nodes are bound to the domain by now); False if it had expired, or
-    could not be dropped within `deadline_s`.
+    could not be dropped within `deadline_s`. `holder`: as it was placed with (only the holder may
+    release; with mutual TLS the advisor takes the client certificate's name instead).
 
     A release refused as unavailable (etcd restarting, the advisor restarting) is retried with
     backoff: a reservation left behind keeps its nodes from every other job for the rest of its TTL
@@ -107,7 +110,7 @@ async def release(endpoint: str, reservation_id: str, deadline_s: float = RELEAS
     backoff = Backoff(initial=0.2, cap=2.0)
     while True:
         try:
-            return await _release_once(endpoint, reservation_id)
+            return await _release_once(endpoint, reservation_id, holder)
         except grpclib.exceptions.GRPCError as exc:
             if exc.status not in _RETRYABLE:
                 return False
@@ -122,13 +125,13 @@ async def release(endpoint: str, reservation_id: str, deadline_s: float = RELEAS
 _RETRYABLE = frozenset({Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED})
 
 
-async def _release_once(endpoint: str, reservation_id: str) -> bool:
+async def _release_once(endpoint: str, reservation_id: str, holder: str) -> bool:
     host, port = _endpoint(endpoint)
     channel = grpclib.client.Channel(host, port)
     try:
         stub = placement.PlacementAdvisorStub(channel)
         response = await stub.release(
-            placement.ReleaseRequest(reservation_id=reservation_id), timeout=CALL_TIMEOUT_S
+            placement.ReleaseRequest(reservation_id=reservation_id, holder=holder), timeout=CALL_TIMEOUT_S
         )
         return bool(response.released)
     finally:

@@ -209,13 +209,10 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
             raise CommandError(f"a ComputeDomain {options.namespace}/{options.name} exists already")
         timeline = SubmitTimeline(started_ms=_now_ms())
         domain_uid = str(uuid.uuid4())
+        holder = f"cdsim/{options.name}"
         try:
             placement = await advisor.place(
-                state.advisor_endpoint,
-                options.num_nodes,
-                domain_uid,
-                options.placement,
-                f"cdsim/{options.name}",
+                state.advisor_endpoint, options.num_nodes, domain_uid, options.placement, holder
             )
         except advisor.PlacementRefused as exc:
             raise CommandError(
@@ -263,7 +260,7 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
             )
         job = replace(job, state="running")
         book.update(lambda jobs: jobs.put(job))
-        await advisor.release(state.advisor_endpoint, placement.reservation_id)
+        await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
         members, _ = await store.list(store.keys.members(domain_uid), pb.Member)
         timeline.joined = {m.value.node_name: (m.value.joined_unix_ms, m.value.index) for m in members}
         if options.wait:

@@ -39,6 +39,7 @@ from tools.cdsim.jobbook import JobBook
 from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
+from tools.cdsim.services import IMEX_AGENT_KIND
 from tools.cdsim.status import collect, render
 from tools.dashboard.cdsim_hook import dashboard_url
 
@@ -235,16 +236,22 @@ async def _check(layout: StateLayout, idle: bool, settle_s: float, out: TextIO) 
     async with jobs.open_store(state) as store:
         while True:
             violations = await invariants.check_store_invariants(store, nodes=paths)
+            # Read each round: an agent the supervisor restarts is alive again only once it runs.
+            live = (RunState.load(layout) or state).live_nodes(IMEX_AGENT_KIND)
+            violations += await invariants.check_inventory(store, live)
             if idle:
                 violations += await invariants.check_cluster_idle(store, paths)
-            # 1-3 must hold at every instant; 4 and "nothing left" only once the nodes have caught up.
-            converging = all(v.startswith(("inv4:", "idle:")) for v in violations)
+            # 1-3 must hold at every instant; 4, 7 (an agent registering) and "nothing left" only
+            # once the nodes have caught up.
+            converging = all(v.startswith(("inv4:", "inv7:", "idle:")) for v in violations)
             if not violations or not converging or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.25)
     if violations:
         raise CommandError("invariants violated:\n" + "\n".join(f"  {v}" for v in violations))
-    what = "invariants 1-4 hold" + (" and nothing of any domain is left" if idle else "")
+    what = "invariants 1-4 hold, every node whose IMEX agent runs is in the inventory" + (
+        " and nothing of any domain is left" if idle else ""
+    )
     out.write(f"OK: {what} ({len(JobBook(layout.jobs_file).read().jobs)} job(s) known).\n")
 
 

@@ -86,6 +86,12 @@ class RunState:
         processes = {name: ProcessInfo(**info) for name, info in (data.pop("processes", {}) or {}).items()}
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__}, processes=processes)
 
+    def live_nodes(self, kind: str) -> list[str]:
+        """The nodes whose process of `kind` runs now (by run.json and by its pid)."""
+        return sorted(
+            p.node for p in self.processes.values() if p.kind == kind and p.running and pid_alive(p.pid)
+        )
+
     def save(self, layout: StateLayout) -> None:
         write_atomic(layout.run_file, self.to_json().encode())
 

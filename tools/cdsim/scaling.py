@@ -132,13 +132,14 @@ async def _grow(
 ) -> Job:
     clique = await _clique_of(store, layout, job)
     extra = options.num_nodes - len(job.claims)
+    holder = f"cdsim/{job.name}"
     try:
         placement = await advisor.place(
             state.advisor_endpoint,
             extra,
             job.domain_uid,
             "single-clique",
-            f"cdsim/{job.name}",
+            holder,
             node_selector={"clique": clique},
             excluded_nodes=job.nodes,
         )
@@ -160,7 +161,7 @@ async def _grow(
     outcomes = await asyncio.gather(
         *(kubelet.prepare(claim_call(layout, c), options.prepare_deadline_s) for c in added)
     )
-    await advisor.release(state.advisor_endpoint, placement.reservation_id)
+    await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
     failed = [o for o in outcomes if not o.ok]
     if failed:
         details = "\n".join(f"  {o.claim.node}: {o.last_error} ({o.attempts} attempts)" for o in failed)

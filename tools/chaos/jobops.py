@@ -111,10 +111,9 @@ async def submit(layout: StateLayout, store: Store, spec: JobSpec, prepare_deadl
 async def _submit(layout: StateLayout, store: Store, spec: JobSpec, prepare_deadline_s: float) -> Outcome:
     state = jobs.running_state(layout)
     uid = str(uuid.uuid4())
+    holder = f"chaos/{spec.name}"
     try:
-        placement = await advisor.place(
-            state.advisor_endpoint, spec.size, uid, "single-clique", f"chaos/{spec.name}"
-        )
+        placement = await advisor.place(state.advisor_endpoint, spec.size, uid, "single-clique", holder)
     except advisor.PlacementRefused as exc:
         text = str(exc)
         return Outcome(ADVISOR_DOWN if "not reachable" in text else REFUSED, text)
@@ -148,7 +147,7 @@ async def _submit(layout: StateLayout, store: Store, spec: JobSpec, prepare_dead
         return Outcome(PREPARE_LATE, f"{len(failed)}/{len(outcomes)} claims not prepared: {detail}", job)
     job = replace(job, state="running")
     book.update(lambda current: current.put(job))
-    await advisor.release(state.advisor_endpoint, placement.reservation_id)
+    await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
     return Outcome(SUBMITTED, f"on {', '.join(job.nodes)}", job)
 
 

@@ -231,7 +231,8 @@ type PlaceRequest struct {
 	Reserve bool `protobuf:"varint,10,opt,name=reserve,proto3" json:"reserve,omitempty"`
 	// 0 = the server's default.
 	ReservationTtlSeconds int32 `protobuf:"varint,11,opt,name=reservation_ttl_seconds,json=reservationTtlSeconds,proto3" json:"reservation_ttl_seconds,omitempty"`
-	// Who holds the reservation (for humans and logs).
+	// Who holds the reservation: only it may release it. With mutual TLS the client
+	// certificate's name holds it, whatever this says.
 	Holder string `protobuf:"bytes,12,opt,name=holder,proto3" json:"holder,omitempty"`
 	// Seed of the RANDOM policy; 0 = the server's generator.
 	Seed uint64 `protobuf:"varint,13,opt,name=seed,proto3" json:"seed,omitempty"`
@@ -775,6 +776,10 @@ func (x *ReserveResponse) GetReservation() *ReservationInfo {
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// Who releases: only the reservation's holder may (another caller gets PERMISSION_DENIED and
+	// nothing changes). With mutual TLS the client certificate's name is the caller and this field
+	// is ignored; without it, this field (empty = the advisor's default holder).
+	Holder        string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -812,6 +817,13 @@ func (*ReleaseRequest) Descriptor() ([]byte, []int) {
 func (x *ReleaseRequest) GetReservationId() string {
 	if x != nil {
 		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
 	}
 	return ""
 }
@@ -1404,9 +1416,10 @@ const file_computedomain_placement_v1_placement_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12%\n" +
 	"\x0ereservation_id\x18\x05 \x01(\tR\rreservationId\"`\n" +
 	"\x0fReserveResponse\x12M\n" +
-	"\vreservation\x18\x01 \x01(\v2+.computedomain.placement.v1.ReservationInfoR\vreservation\"7\n" +
+	"\vreservation\x18\x01 \x01(\v2+.computedomain.placement.v1.ReservationInfoR\vreservation\"O\n" +
 	"\x0eReleaseRequest\x12%\n" +
-	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\"L\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\"L\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1d\n" +
 	"\n" +

@@ -281,7 +281,11 @@ func checkPlacement(c *checker, client placementv1.PlacementAdvisorClient, ctx c
 	c.report("WatchCapacity min_interval_ms=-1", wantCode(err, codes.InvalidArgument), "INVALID_ARGUMENT")
 
 	cx, cancel = ctx()
-	released, err := client.Release(cx, &placementv1.ReleaseRequest{ReservationId: reserved.GetReservation().GetId()})
+	_, err = client.Release(cx, &placementv1.ReleaseRequest{ReservationId: reserved.GetReservation().GetId(), Holder: "someone-else"})
+	cancel()
+	c.report("Release by another holder", wantCode(err, codes.PermissionDenied), "PERMISSION_DENIED")
+	cx, cancel = ctx()
+	released, err := client.Release(cx, &placementv1.ReleaseRequest{ReservationId: reserved.GetReservation().GetId(), Holder: "placement-check"})
 	cancel()
 	if err == nil && (!released.GetReleased() || len(released.GetNodeNames()) != 2) {
 		err = fmt.Errorf("release %v, want both nodes released", released)

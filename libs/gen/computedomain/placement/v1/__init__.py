@@ -122,7 +122,10 @@ class PlaceRequest(betterproto.Message):
     """0 = the server's default."""
 
     holder: str = betterproto.string_field(12)
-    """Who holds the reservation (for humans and logs)."""
+    """
+    Who holds the reservation: only it may release it. With mutual TLS the client
+     certificate's name holds it, whatever this says.
+    """
 
     seed: int = betterproto.uint64_field(13)
     """Seed of the RANDOM policy; 0 = the server's generator."""
@@ -198,6 +201,12 @@ class ReserveResponse(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class ReleaseRequest(betterproto.Message):
     reservation_id: str = betterproto.string_field(1)
+    holder: str = betterproto.string_field(2)
+    """
+    Who releases: only the reservation's holder may (another caller gets PERMISSION_DENIED and
+     nothing changes). With mutual TLS the client certificate's name is the caller and this field
+     is ignored; without it, this field (empty = the advisor's default holder).
+    """
 
 
 @dataclass(eq=False, repr=False)

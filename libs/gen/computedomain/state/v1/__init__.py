@@ -411,6 +411,17 @@ class Reservation(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class AdvisorIdKey(betterproto.Message):
+    """
+    Key: advisorkey. Written once by the first placement advisor replica to start; every replica
+     derives the scheduler extender's reservation ids from it (HMAC), so the replicas agree on an
+     id and the advisor's clients cannot guess one.
+    """
+
+    key: bytes = betterproto.bytes_field(1)
+
+
+@dataclass(eq=False, repr=False)
 class LeaderRecord(betterproto.Message):
     """Key: election/<name>, attached to the leader's lease."""
 
