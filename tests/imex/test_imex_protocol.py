@@ -93,3 +93,28 @@ def test_table_shows_a_node_map_mismatch_and_its_reason_reaches_json():
     assert "!M!" in table.splitlines()[-3]  # row of node 0
     assert "(other domain)" in table
     assert table.rstrip().endswith("Domain State: DEGRADED")
+
+
+def test_the_ctl_shows_only_what_its_own_resolution_reaches():
+    """`seen`: where the ctl runs, a name that does not resolve is a node it cannot reach, and a
+    daemon whose own name does not resolve to its address cannot be placed in the map."""
+    up = status("READY", ["CONNECTED", "CONNECTED", "CONNECTED"], [A, B, C], addr=A)
+    inside = build_nodes_report(up, seen={0: A, 1: B, 2: C})
+    assert set(inside["nodes"]["0"]["connections"]) == {"0", "1", "2"} and inside["status"] == "UP"
+    partial = build_nodes_report(up, seen={0: A, 1: B})
+    assert partial["nodes"]["2"] == {
+        "status": "UNAVAILABLE",
+        "host": "",
+        "connections": {},
+        "changed": True,
+        "version": "",
+    }
+    assert partial["nodes"]["0"]["connections"]["2"]["host"] == "" and partial["status"] == "DEGRADED"
+    for seen in ({}, {1: B, 2: C}, {0: B, 1: B, 2: C}):
+        outside = build_nodes_report(up, seen=seen)
+        assert all(node["connections"] == {} for node in outside["nodes"].values())
+        assert {node["status"] for node in outside["nodes"].values()} == {"UNAVAILABLE"}
+        assert "nodeId" not in outside and outside["status"] == "DEGRADED"
+    assert (
+        build_nodes_report(status("SHUTTING_DOWN", ["CONNECTED"], [A], addr=A), seen={})["status"] == "DOWN"
+    )

@@ -166,12 +166,16 @@ def build_nodes_report(
         node["changed"] = True
         node["version"] = status.version if mine else ""
         nodes[str(i)] = node
+    state = domain_state(status)
+    unreached = any(
+        i not in hosts for i in range(len(status.nodes)) if status.addresses.get(i) != PLACEHOLDER_ADDRESS
+    )
     report = {
         "nodes": nodes,
         "nodeId": status.node_id,
         "instance": status.instance,
         "timestamp": format_timestamp(now),
-        "status": domain_state(status),
+        "status": DOMAIN_DEGRADED if state == DOMAIN_UP and unreached else state,
     }
     return _with_credentials_error(report, status)
 
