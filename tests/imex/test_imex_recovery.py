@@ -82,6 +82,37 @@ def test_the_file_tracks_importers_and_a_clean_stop_keeps_only_the_unreconnected
     assert persist.parse(r.persisted(shutting_down=True))[1] == {5: "10.0.0.6"}
 
 
+_IMPORTER_EVENTS = st.lists(
+    st.tuples(st.sampled_from(["imported", "unimported", "gone"]), st.integers(1, 4), st.sampled_from("ab")),
+    max_size=40,
+)
+
+
+@given(events=_IMPORTER_EVENTS, outstanding=st.dictionaries(st.integers(1, 4), st.just("10.9.9.9")))
+def test_the_file_always_lists_the_outstanding_and_every_node_with_a_job_importing(
+    events: list[tuple[str, int, str]], outstanding: dict[int, str]
+) -> None:
+    r = persist.Recovery(KEY, True, persist.render(KEY, outstanding) if outstanding else None, 0, 18)
+    jobs: dict[int, set[str]] = {}  # the model: which jobs of which node import from us
+    for kind, node_id, job in events:
+        before = {n for n, js in jobs.items() if js}
+        if kind == "imported":
+            jobs.setdefault(node_id, set()).add(job)
+            changed = r.imported(node_id, f"10.0.0.{node_id}", job)
+        elif kind == "unimported":
+            jobs.get(node_id, set()).discard(job)
+            changed = r.unimported(node_id, job)
+        else:
+            jobs.pop(node_id, None)
+            changed = r.importer_gone(node_id)
+        after = {n for n, js in jobs.items() if js}
+        assert changed or before == after  # every change of the listed nodes is written
+        listed = persist.parse(r.persisted())[1]
+        assert set(listed) == after | set(outstanding)
+        assert all(listed[n] == outstanding.get(n, f"10.0.0.{n}") for n in listed)
+        assert set(persist.parse(r.persisted(shutting_down=True))[1]) == set(outstanding)
+
+
 # ---- real daemon processes ------------------------------------------------------------------
 
 
