@@ -7,6 +7,9 @@
 // command line is exactly `sleep N` or `sh -c "sleep N; exit K"` (also /bin/sh, bash): it exits by
 // itself after N seconds with code 0 or K, so Jobs complete.
 //
+// Given --gpus N and --device-plugin-dir (kubelet's device-plugins folder), it also advertises N
+// nvidia.com/gpu to kubelet through the device-plugin API (gpus.go).
+//
 // Given --cdi-spec-dir, it refuses to create a container whose CDI devices no spec there (*.json)
 // defines, as containerd and CRI-O do ("unresolvable CDI devices").
 package main
@@ -316,10 +319,16 @@ func main() {
 	endpoint := flag.String("listen", "", "the unix socket to serve the CRI on, e.g. unix:///run/crisim.sock")
 	recordPath := flag.String("record", "", "the file to append the record to (JSON lines)")
 	cdiDir := flag.String("cdi-spec-dir", "", "refuse containers whose CDI devices no JSON spec in this folder defines")
+	gpus := flag.Int("gpus", 0, "how many nvidia.com/gpu to advertise to kubelet (needs --device-plugin-dir)")
+	devicePluginDir := flag.String("device-plugin-dir", "", "kubelet's device-plugins folder, where it serves kubelet.sock")
 	imageSize := flag.Uint64("image-size", 64<<20, "the size in bytes every image reports (kubelet rejects size 0)")
 	flag.Parse()
 	if *endpoint == "" || *recordPath == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: crisim --listen unix:///path/to.sock --record path/to/record.jsonl [--cdi-spec-dir DIR] [--image-size N]")
+		fmt.Fprintln(os.Stderr, "usage: crisim --listen unix:///path/to.sock --record path/to/record.jsonl [--cdi-spec-dir DIR] [--gpus N --device-plugin-dir DIR] [--image-size N]")
+		os.Exit(2)
+	}
+	if *gpus < 0 || (*gpus > 0) != (*devicePluginDir != "") {
+		fmt.Fprintln(os.Stderr, "crisim: --gpus N (N > 0) and --device-plugin-dir go together")
 		os.Exit(2)
 	}
 	file, err := os.OpenFile(*recordPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -366,6 +375,9 @@ func main() {
 			images.Unlock()
 		}
 	}()
+	if *gpus > 0 {
+		go (&gpuPlugin{dir: *devicePluginDir, resource: "nvidia.com/gpu", count: *gpus}).serve()
+	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
