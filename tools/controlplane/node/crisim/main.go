@@ -84,20 +84,25 @@ type mountRecord struct {
 	Readonly      bool   `json:"readonly"`
 }
 
-// record is one line of the record file; Op says which fields are set.
+// container is what CreateContainer asked for.
+type container struct {
+	Name       string            `json:"name"`
+	Image      string            `json:"image"`
+	Command    []string          `json:"command"` // command then args
+	Env        map[string]string `json:"env"`
+	Mounts     []mountRecord     `json:"mounts"`
+	CDIDevices []string          `json:"cdi_devices"`
+}
+
+// record is one line of the record file.
 type record struct {
-	Time        string            `json:"time"`
-	Op          string            `json:"op"`
-	Pod         podRef            `json:"pod"`
-	SandboxID   string            `json:"sandbox_id"`
-	ContainerID string            `json:"container_id,omitempty"`
-	Container   string            `json:"container,omitempty"`
-	Image       string            `json:"image,omitempty"`
-	Command     []string          `json:"command,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	Mounts      []mountRecord     `json:"mounts,omitempty"`
-	CDIDevices  []string          `json:"cdi_devices,omitempty"`
-	ExitCode    *int32            `json:"exit_code,omitempty"`
+	Time        string     `json:"time"`
+	Op          string     `json:"op"` // RunPodSandbox, CreateContainer, ContainerExited
+	Pod         podRef     `json:"pod"`
+	SandboxID   string     `json:"sandbox_id"`
+	ContainerID string     `json:"container_id,omitempty"`
+	Container   *container `json:"container,omitempty"` // CreateContainer
+	ExitCode    *int32     `json:"exit_code,omitempty"` // ContainerExited
 }
 
 // recorder appends records to a file, one JSON object per line, each in a single write.
@@ -209,26 +214,37 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 		return nil, err
 	}
 	cfg := req.GetConfig()
+	// Report where the container logs, as containerd does: kubelet cleans a removed container's
+	// logs by globbing "<log path>*", which with an empty path removes every file in its cwd.
+	svc := r.RuntimeService
+	svc.Lock()
+	if fc, ok := svc.Containers[resp.ContainerId]; ok {
+		fc.LogPath = filepath.Join(req.GetSandboxConfig().GetLogDirectory(), cfg.GetLogPath())
+	}
+	svc.Unlock()
+	c := &container{
+		Name:       cfg.GetMetadata().GetName(),
+		Image:      cfg.GetImage().GetImage(),
+		Command:    append(append([]string{}, cfg.GetCommand()...), cfg.GetArgs()...),
+		Env:        map[string]string{},
+		Mounts:     []mountRecord{},
+		CDIDevices: []string{},
+	}
 	rec := record{
 		Op:          "CreateContainer",
 		Pod:         podOf(req.GetSandboxConfig().GetMetadata()),
 		SandboxID:   req.PodSandboxId,
 		ContainerID: resp.ContainerId,
-		Container:   cfg.GetMetadata().GetName(),
-		Image:       cfg.GetImage().GetImage(),
-		Command:     append(append([]string{}, cfg.GetCommand()...), cfg.GetArgs()...),
-		Env:         map[string]string{},
-		Mounts:      []mountRecord{},
-		CDIDevices:  []string{},
+		Container:   c,
 	}
 	for _, kv := range cfg.GetEnvs() {
-		rec.Env[kv.GetKey()] = string(kv.GetValue()) // bytes from 1.37 on, a string before
+		c.Env[kv.GetKey()] = string(kv.GetValue()) // bytes from 1.37 on, a string before
 	}
 	for _, m := range cfg.GetMounts() {
-		rec.Mounts = append(rec.Mounts, mountRecord{ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), Readonly: m.GetReadonly()})
+		c.Mounts = append(c.Mounts, mountRecord{ContainerPath: m.GetContainerPath(), HostPath: m.GetHostPath(), Readonly: m.GetReadonly()})
 	}
 	for _, d := range cfg.GetCDIDevices() {
-		rec.CDIDevices = append(rec.CDIDevices, d.GetName())
+		c.CDIDevices = append(c.CDIDevices, d.GetName())
 	}
 	r.mu.Lock()
 	r.created[resp.ContainerId] = rec
@@ -248,7 +264,7 @@ func (r *runtime) StartContainer(ctx context.Context, req *kubeapi.StartContaine
 	if !found {
 		return resp, nil
 	}
-	if after, code, ok := exitRule(created.Command); ok {
+	if after, code, ok := exitRule(created.Container.Command); ok {
 		id := req.ContainerId
 		r.mu.Lock()
 		r.timers[id] = time.AfterFunc(after, func() { r.exit(id, created.SandboxID, code) })

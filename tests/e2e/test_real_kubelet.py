@@ -1,0 +1,170 @@
+"""The upstream kubelet calls our kubelet plugin: each node of a small environment runs kubelet
+(built from k8s.io/kubernetes, the control plane's release) on crisim, the simulated container
+runtime, whose record shows what kubelet asked it to run.
+
+What only a real kubelet shows: its plugin watcher registers cd-node-agent; the CDI device it hands
+the runtime is the channel's, for each container of a pod that claims it and no other; deleting
+the pod unprepares the claim; a restarted kubelet keeps the running pod and later unprepares from
+its own checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from libs.cdi.spec import claim_cdi_device_id
+from libs.gen.computedomain.state import v1 as pb
+from libs.state.store import Store
+from tests.e2e import kube
+from tests.e2e.conftest import admin_api, fresh_namespace, services_store
+from tests.e2e.harness import CLIQUE_LABEL, DRIVER, EXAMPLES_DIR, E2EEnvironment, iter_lines
+from tests.e2e.scenario import cdi_spec_exists, wait_cd_ready
+from tools.kubelet.addresses import is_local_only
+from tools.kubelet.record import created_containers, records
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = "imex-channel-injection.yaml"
+EXAMPLE_CD = "imex-channel-injection"
+
+
+def _registrations(env: E2EEnvironment, node: str) -> int:
+    """How often kubelet has accepted the registration of `node`'s kubelet plugin."""
+    return sum(1 for e in iter_lines(env.log(f"agent-{node}")) if e.get("event") == "registered with kubelet")
+
+
+async def _running_pod(api: ApiClient, namespace: str, env: E2EEnvironment) -> dict[str, Any]:
+    async def running() -> dict[str, Any] | None:
+        pods = await kube.list_pods(api, namespace)
+        return pods[0] if len(pods) == 1 and kube.is_running(pods[0]) else None
+
+    return await kube.eventually(running, f"the pod in {namespace} to run", explain=env.explain_kubelets)
+
+
+async def _claim_uid(api: ApiClient, namespace: str, pod: dict[str, Any]) -> str:
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = await kube.get_claim(api, namespace, claim_name)
+    assert claim is not None
+    return str(claim["metadata"]["uid"])
+
+
+async def _unprepared(
+    env: E2EEnvironment, api: ApiClient, store: Store, namespace: str, node: str, claim_uid: str, cd_uid: str
+) -> None:
+    async def released() -> bool | None:
+        if await kube.list_pods(api, namespace) or cdi_spec_exists(env, node, claim_uid):
+            return None
+        members, _ = await store.list(store.keys.members(cd_uid), pb.Member)
+        return True if not members else None
+
+    await kube.eventually(
+        released, "kubelet to unprepare the claim and remove the pod", explain=env.explain_kubelets
+    )
+
+
+async def test_every_node_is_registered_by_its_kubelet_on_a_local_only_node_ip(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    async with admin_api(kubelet_env) as api:
+        listing = await kube.raw_get(api, "/api/v1/nodes")
+    assert listing is not None
+    nodes = {n["metadata"]["name"]: n for n in listing["items"]}
+    assert set(nodes) == set(kubelet_env.node_names)
+    for name, node in nodes.items():
+        kubelet = kubelet_env.kubelet_nodes[name]
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == kubelet_env.cp.version
+        assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("fakeRuntime://")
+        assert {"type": "InternalIP", "address": kubelet.ip} in node["status"]["addresses"]
+        assert is_local_only(kubelet.ip)
+        assert node["metadata"]["labels"][CLIQUE_LABEL] == kubelet_env.cluster.node(name).clique
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True", (name, ready)
+        # Kubelet's plugin watcher found cd-node-agent's registration socket, and kubelet told the
+        # plugin it accepted it (NotifyRegistrationStatus).
+        assert (kubelet.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock").is_socket()
+        assert _registrations(kubelet_env, name) == 1
+
+
+async def test_the_runtime_gets_the_channel_cdi_device_for_the_claiming_container_and_no_other(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    env = kubelet_env
+    async with admin_api(env) as api, services_store(env) as store, fresh_namespace(api, "cdi") as ns:
+        env.cp.kubectl("apply", "-n", ns, "-f", str(EXAMPLES_DIR / EXAMPLE))
+        pod = await _running_pod(api, ns, env)
+        node = pod["spec"]["nodeName"]
+        claim_uid = await _claim_uid(api, ns, pod)
+        cd = await wait_cd_ready(env, api, ns, EXAMPLE_CD, [node])
+        assert cdi_spec_exists(env, node, claim_uid)
+
+        plain = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plain", "namespace": ns},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "ubuntu:22.04"}]},
+        }
+        env.cp.kubectl("create", "-f", "-", input=json.dumps(plain))
+
+        async def plain_created() -> list[dict[str, Any]] | None:
+            pods = {p["metadata"]["name"]: p for p in await kube.list_pods(api, ns)}
+            if "plain" not in pods or not kube.is_running(pods["plain"]):
+                return None
+            return created_containers(env.kubelet_nodes[node].record_path, pods["plain"]["metadata"]["uid"])
+
+        plain_containers = await kube.eventually(plain_created, "the plain pod to run")
+        record = env.kubelet_nodes[node].record_path
+        claiming = created_containers(record, pod["metadata"]["uid"])
+        assert [c["container"]["name"] for c in claiming] == [c["name"] for c in pod["spec"]["containers"]]
+        for container in claiming:
+            assert container["container"]["cdi_devices"] == [claim_cdi_device_id(claim_uid)], container
+        assert [c["container"]["cdi_devices"] for c in plain_containers] == [[]]
+        # No other node's runtime was asked for the claim's device.
+        for other, kubelet in env.kubelet_nodes.items():
+            if other != node:
+                devices = {
+                    d for r in records(kubelet.record_path, "CreateContainer") for d in r["cdi_devices"]
+                }
+                assert claim_cdi_device_id(claim_uid) not in devices, other
+
+        await kube.delete_pod(api, ns, "plain")
+        await kube.delete_pod(api, ns, pod["metadata"]["name"])
+        await _unprepared(env, api, store, ns, node, claim_uid, cd["metadata"]["uid"])
+        await kube.delete_cd(api, ns, EXAMPLE_CD)
+
+
+async def test_a_restarted_kubelet_keeps_the_pod_prepared_and_unprepares_it_later_from_its_checkpoint(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    env = kubelet_env
+    async with admin_api(env) as api, services_store(env) as store, fresh_namespace(api, "restart") as ns:
+        env.cp.kubectl("apply", "-n", ns, "-f", str(EXAMPLES_DIR / EXAMPLE))
+        pod = await _running_pod(api, ns, env)
+        node = pod["spec"]["nodeName"]
+        claim_uid = await _claim_uid(api, ns, pod)
+        cd = await wait_cd_ready(env, api, ns, EXAMPLE_CD, [node])
+        kubelet = env.kubelet_nodes[node]
+        sandboxes_before = [r for r in records(kubelet.record_path, "RunPodSandbox")]
+
+        kubelet.stop_kubelet()
+        kubelet.start_kubelet()
+
+        async def healthy_again() -> bool | None:
+            return True if kubelet.kubelet_healthy() else None
+
+        await kube.eventually(healthy_again, f"the restarted kubelet of {node} to serve /healthz")
+        # Give it time to resync the pod: nothing is unprepared, no sandbox is recreated.
+        await asyncio.sleep(15.0)
+        assert cdi_spec_exists(env, node, claim_uid)
+        assert [r for r in records(kubelet.record_path, "RunPodSandbox")] == sandboxes_before
+        again = await _running_pod(api, ns, env)
+        assert again["metadata"]["uid"] == pod["metadata"]["uid"]
+        members, _ = await store.list(store.keys.members(cd["metadata"]["uid"]), pb.Member)
+        assert [m.value.node_name for m in members] == [node]
+
+        await kube.delete_pod(api, ns, pod["metadata"]["name"])
+        await _unprepared(env, api, store, ns, node, claim_uid, cd["metadata"]["uid"])
+        await kube.delete_cd(api, ns, EXAMPLE_CD)
