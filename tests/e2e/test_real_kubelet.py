@@ -5,7 +5,8 @@ runtime, whose record shows what kubelet asked it to run.
 What only a real kubelet shows: its plugin watcher registers cd-node-agent; the CDI device it hands
 the runtime is the channel's, for each container of a pod that claims it and no other; deleting
 the pod unprepares the claim; a restarted kubelet keeps the running pod and later unprepares from
-its own checkpoint."""
+its own checkpoint; a restarted plugin is registered again; a failed prepare gets kubelet's event
+and retry."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio.client import ApiClient
 
 from libs.cdi.spec import claim_cdi_device_id
@@ -21,7 +23,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, services_store
-from tests.e2e.harness import CLIQUE_LABEL, DRIVER, EXAMPLES_DIR, E2EEnvironment, iter_lines
+from tests.e2e.harness import CLIQUE_LABEL, DRIVER, EXAMPLES_DIR, E2EEnvironment, example_objects, iter_lines
 from tests.e2e.scenario import cdi_spec_exists, wait_cd_ready
 from tools.kubelet.addresses import is_local_only
 from tools.kubelet.record import created_containers, records
@@ -166,5 +168,61 @@ async def test_a_restarted_kubelet_keeps_the_pod_prepared_and_unprepares_it_late
         assert [m.value.node_name for m in members] == [node]
 
         await kube.delete_pod(api, ns, pod["metadata"]["name"])
+        await _unprepared(env, api, store, ns, node, claim_uid, cd["metadata"]["uid"])
+        await kube.delete_cd(api, ns, EXAMPLE_CD)
+
+
+async def test_a_restarted_kubelet_plugin_is_registered_again_by_kubelets_plugin_watcher(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    env = kubelet_env
+    node = env.node_names[1]
+    before = _registrations(env, node)
+    env.stop_plugins([node])
+    env.start_plugins([node])
+
+    async def registered_again() -> bool | None:
+        return True if _registrations(env, node) == before + 1 else None
+
+    await kube.eventually(registered_again, f"kubelet to register {node}'s restarted plugin")
+
+
+async def test_a_failed_prepare_gets_kubelets_event_and_retry_then_succeeds(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    """The plugin of the pod's node is down when kubelet first prepares: kubelet reports the failure
+    on the pod and retries on its own; once the plugin is back, the pod runs with its device."""
+    env = kubelet_env
+    node = env.node_names[2]
+    objects = example_objects(EXAMPLE)
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    async with admin_api(env) as api, services_store(env) as store, fresh_namespace(api, "retry") as ns:
+        env.stop_plugins([node])
+        try:
+            env.cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(objects))
+            pod_name = next(o["metadata"]["name"] for o in objects if o["kind"] == "Pod")
+
+            async def failed() -> list[dict[str, Any]] | None:
+                events = await kube.pod_events(api, ns, pod_name)
+                failures = [e for e in events if e.get("reason") == "FailedPrepareDynamicResources"]
+                return failures or None
+
+            failures = await kube.eventually(failed, "kubelet's FailedPrepareDynamicResources event")
+            assert failures[0]["source"]["component"] == "kubelet", failures[0]
+            assert failures[0]["type"] == "Warning"
+            assert not cdi_spec_exists(
+                env, node, await _claim_uid(api, ns, (await kube.list_pods(api, ns))[0])
+            )
+        finally:
+            env.start_plugins([node])
+        pod = await _running_pod(api, ns, env)
+        assert pod["spec"]["nodeName"] == node
+        claim_uid = await _claim_uid(api, ns, pod)
+        created = created_containers(env.kubelet_nodes[node].record_path, pod["metadata"]["uid"])
+        assert [c["container"]["cdi_devices"] for c in created] == [[claim_cdi_device_id(claim_uid)]]
+        cd = await wait_cd_ready(env, api, ns, EXAMPLE_CD, [node])
+        await kube.delete_pod(api, ns, pod_name)
         await _unprepared(env, api, store, ns, node, claim_uid, cd["metadata"]["uid"])
         await kube.delete_cd(api, ns, EXAMPLE_CD)
