@@ -49,6 +49,7 @@ def oldest_binaries() -> Binaries:
     if _oldest is None:
         try:
             _oldest = ensure_binaries(minor=supported_minors()[-1])
+            ensure_node_binaries(minor=supported_minors()[-1])
         except BuildError as exc:
             _oldest = str(exc)
     if isinstance(_oldest, str):

@@ -145,7 +145,9 @@ echo "build.sh: building Kubernetes $k8s_version $target binaries into $dest (ta
 start=$SECONDS
 (
     cd "$here"
-    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -modfile="$build_modfile" -trimpath -ldflags="$ldflags" -o "$tmp/" "./$mains/..."
+    # The tag k8s_1_<minor> lets a main follow an API that changed between releases.
+    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -modfile="$build_modfile" -trimpath -tags="k8s_1_$minor" \
+        -ldflags="$ldflags" -o "$tmp/" "./$mains/..."
 ) >&2
 rm -rf "$tmp/.modfile"
 

@@ -34,7 +34,7 @@ func (p *gpuPlugin) GetDevicePluginOptions(context.Context, *deviceplugin.Empty)
 	return &deviceplugin.DevicePluginOptions{}, nil
 }
 
-func (p *gpuPlugin) ListAndWatch(_ *deviceplugin.Empty, stream grpc.ServerStreamingServer[deviceplugin.ListAndWatchResponse]) error {
+func (p *gpuPlugin) ListAndWatch(_ *deviceplugin.Empty, stream deviceplugin.DevicePlugin_ListAndWatchServer) error {
 	devices := make([]*deviceplugin.Device, p.count)
 	for i := range devices {
 		devices[i] = &deviceplugin.Device{ID: fmt.Sprintf("gpu-%d", i), Health: deviceplugin.Healthy}
