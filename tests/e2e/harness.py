@@ -414,7 +414,6 @@ class E2EEnvironment:
                 state_dir=state_dir,
                 bin_dir=bin_dir,
                 kubeconfig=self.cp.node_kubeconfig(n.name, state_dir / "pki"),
-                ca_file=self.cp.ca_file,
                 log_dir=self.layout.logs_dir,
                 minor=self.binaries.minor,
                 labels=n.labels,

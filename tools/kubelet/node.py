@@ -53,13 +53,16 @@ for tunable in $CD_KERNEL_TUNABLES; do
 done
 exec "$@"
 """
+# Each kubelet holds 5 inotify instances (cAdvisor's cgroup watcher, the plugin watcher, the
+# FlexVolume prober, its serving certificate, one idle), and the kernel allows a user 128 in all
+# (fs.inotify.max_user_instances), shared with every other root process: a few dozen kubelets
+# at most on this machine, less what the control planes running here hold.
+INOTIFY_EXHAUSTED = "inotify_init: too many open files"
 _STOP_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 1.0
 
 
-def kubelet_configuration(
-    ip: str, runtime_socket: Path, ca_file: Path, state_dir: Path, minor: int
-) -> dict[str, Any]:
+def kubelet_configuration(ip: str, runtime_socket: Path, state_dir: Path, minor: int) -> dict[str, Any]:
     """The KubeletConfiguration of one simulated node."""
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -70,11 +73,9 @@ def kubelet_configuration(
         "healthzBindAddress": ip,
         "healthzPort": KUBELET_HEALTHZ_PORT,
         "containerRuntimeEndpoint": f"unix://{runtime_socket}",
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": False},
-            "x509": {"clientCAFile": str(ca_file)},
-        },
+        # Nobody calls kubelet's API here (the API server has no kubelet client certificate), so
+        # it authenticates no one: a client CA file would cost an inotify instance (see below).
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
         # This machine's cgroups are v1 and it has no systemd; the runtime runs no process, so
         # kubelet needs no pod cgroups and reserves nothing.
@@ -120,7 +121,6 @@ class KubeletNode:
     state_dir: Path  # the runtime's socket and record, kubelet's config and namespace files
     bin_dir: Path  # kubelet and crisim
     kubeconfig: Path
-    ca_file: Path
     log_dir: Path
     minor: int
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -179,7 +179,7 @@ class KubeletNode:
 
     def kubelet_command(self) -> list[str]:
         config_path = self.state_dir / "kubelet-config.yaml"
-        config = kubelet_configuration(self.ip, self.runtime_socket, self.ca_file, self.state_dir, self.minor)
+        config = kubelet_configuration(self.ip, self.runtime_socket, self.state_dir, self.minor)
         config_path.write_text(yaml.safe_dump(config))
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
         kubelet = [
@@ -206,6 +206,19 @@ class KubeletNode:
         self._kubelet = self._spawn(
             self.kubelet_log, self.kubelet_command(), env={"CD_KERNEL_TUNABLES": " ".join(KERNEL_TUNABLES)}
         )
+
+    def startup_problem(self) -> str:
+        """A known reason why kubelet did not start, from its log ("" if none is recognised)."""
+        try:
+            log_text = self.kubelet_log.read_text(errors="replace")
+        except OSError:
+            return ""
+        if INOTIFY_EXHAUSTED in log_text:
+            return (
+                f"kubelet of {self.name} found no free inotify instance: this user's processes hold "
+                "fs.inotify.max_user_instances of them (each kubelet takes 5)"
+            )
+        return ""
 
     def kubelet_healthy(self) -> bool:
         return _http_ok(f"http://{self.ip}:{KUBELET_HEALTHZ_PORT}/healthz")
