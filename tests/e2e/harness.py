@@ -52,7 +52,7 @@ from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
 from tools.kubelet.addresses import NodeAddresses, node_ip
-from tools.kubelet.node import KubeletNode
+from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
 from tools.netports import free_port
 
@@ -267,8 +267,16 @@ class E2EEnvironment:
         if self.kubelets not in ("real", "shim"):
             raise ValueError(f"kubelets must be 'real' or 'shim', not {self.kubelets!r}")
         # Real kubelets renew their leases, so the node lifecycle controller runs as in a cluster.
-        controllers = "*" if self.kubelets == "real" else DEFAULT_CONTROLLERS
-        self.cp = ControlPlane(self.binaries, self.root / "controlplane", controllers=controllers)
+        controllers, kcm_args = DEFAULT_CONTROLLERS, []
+        if self.kubelets == "real":
+            controllers = "*"
+            kcm_args = ["--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s"]
+        self.cp = ControlPlane(
+            self.binaries,
+            self.root / "controlplane",
+            controllers=controllers,
+            controller_manager_args=kcm_args,
+        )
         self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
         self.cluster = pick_cluster(self.racks, self.trays)
 

@@ -226,3 +226,61 @@ async def test_a_failed_prepare_gets_kubelets_event_and_retry_then_succeeds(
         await kube.delete_pod(api, ns, pod_name)
         await _unprepared(env, api, store, ns, node, claim_uid, cd["metadata"]["uid"])
         await kube.delete_cd(api, ns, EXAMPLE_CD)
+
+
+def _ready_status(node: dict[str, Any]) -> str:
+    return str(next(c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"))
+
+
+async def test_a_stopped_kubelet_turns_its_node_not_ready_and_back_without_disturbing_the_domain(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    """Kubelet stops under a running pod: the node lifecycle controller marks the Node's Ready
+    condition Unknown; the pod, its claim, the domain and its member stay as they are (the node's
+    IMEX daemon does not depend on kubelet). The restarted kubelet turns the Node Ready again."""
+    env = kubelet_env
+    node = env.node_names[3]
+    objects = example_objects(EXAMPLE)
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    async with admin_api(env) as api, services_store(env) as store, fresh_namespace(api, "notready") as ns:
+        env.cp.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(objects))
+        pod = await _running_pod(api, ns, env)
+        claim_uid = await _claim_uid(api, ns, pod)
+        cd = await wait_cd_ready(env, api, ns, EXAMPLE_CD, [node])
+        cd_uid = cd["metadata"]["uid"]
+        [member] = (await store.list(store.keys.members(cd_uid), pb.Member))[0]
+        kubelet = env.kubelet_nodes[node]
+        sandboxes = list(records(kubelet.record_path, "RunPodSandbox"))
+
+        kubelet.stop_kubelet()
+        try:
+
+            async def not_ready() -> dict[str, Any] | None:
+                found = await kube.raw_get(api, f"/api/v1/nodes/{node}")
+                return found if found is not None and _ready_status(found) == "Unknown" else None
+
+            await kube.eventually(not_ready, f"the node lifecycle controller to mark {node} not ready")
+            cd_status = ((await kube.get_cd(api, ns, EXAMPLE_CD)) or {}).get("status") or {}
+            assert cd_status.get("status") == "Ready", cd_status
+            assert cdi_spec_exists(env, node, claim_uid)
+        finally:
+            kubelet.start_kubelet()
+
+        async def ready_again() -> dict[str, Any] | None:
+            found = await kube.raw_get(api, f"/api/v1/nodes/{node}")
+            return found if found is not None and _ready_status(found) == "True" else None
+
+        await kube.eventually(ready_again, f"{node} to be Ready again under its restarted kubelet")
+        again = await _running_pod(api, ns, env)
+        assert again["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert list(records(kubelet.record_path, "RunPodSandbox")) == sandboxes
+        [member_after] = (await store.list(store.keys.members(cd_uid), pb.Member))[0]
+        assert member_after.create_revision == member.create_revision
+        assert member_after.value.index == member.value.index
+        await wait_cd_ready(env, api, ns, EXAMPLE_CD, [node])
+
+        await kube.delete_pod(api, ns, pod["metadata"]["name"])
+        await _unprepared(env, api, store, ns, node, claim_uid, cd_uid)
+        await kube.delete_cd(api, ns, EXAMPLE_CD)

@@ -40,6 +40,11 @@ KERNEL_TUNABLES = (
 )
 # Runs as root in the new mount namespace, then becomes kubelet: $1 the node's state dir, $2
 # kubelet's root dir, the rest kubelet's command line.
+# Kubelet renews its Lease every quarter of this (upstream default: 40 s); short, so that the node
+# lifecycle controller, given a grace period to match (NODE_MONITOR_GRACE_S), sees a stopped
+# kubelet within seconds.
+NODE_LEASE_DURATION_S = 8
+NODE_MONITOR_GRACE_S = 16
 _NAMESPACE_SETUP = r"""
 state="$1"; root="$2"; shift 2
 mount -t tmpfs -o mode=0755,size=1m cd-kubelet-var-lib /var/lib
@@ -87,6 +92,8 @@ def kubelet_configuration(ip: str, runtime_socket: Path, state_dir: Path, minor:
         "protectKernelDefaults": False,
         # Kubelet creates its FlexVolume folder; keep it in the node's state dir.
         "volumePluginDir": str(state_dir / "volume-plugins"),
+        "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_S,
+        "nodeStatusUpdateFrequency": "4s",
         "imageGCHighThresholdPercent": 100,
         "serializeImagePulls": False,
         "resolvConf": "",
