@@ -24,7 +24,7 @@ from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, services_store
 from tests.e2e.harness import CLIQUE_LABEL, DRIVER, EXAMPLES_DIR, E2EEnvironment, example_objects, iter_lines
-from tests.e2e.scenario import cdi_spec_exists, wait_cd_ready
+from tests.e2e.scenario import apply_example_cd, cdi_spec_exists, wait_cd_ready
 from tools.kubelet.addresses import is_local_only
 from tools.kubelet.record import created_containers, records
 
@@ -283,4 +283,81 @@ async def test_a_stopped_kubelet_turns_its_node_not_ready_and_back_without_distu
 
         await kube.delete_pod(api, ns, pod["metadata"]["name"])
         await _unprepared(env, api, store, ns, node, claim_uid, cd_uid)
+        await kube.delete_cd(api, ns, EXAMPLE_CD)
+
+
+async def test_a_job_whose_containers_exit_completes_and_kubelet_unprepares_its_claims(
+    kubelet_env: E2EEnvironment,
+) -> None:
+    """crisim ends a container whose command is `sh -c "sleep N; exit K"` after N s with code K:
+    an Indexed Job of 2 such pods (K=0) completes, kubelet unprepares the finished pods' claims on
+    its own (no delete), and a pod exiting with 3 fails with that exit code."""
+    env = kubelet_env
+    async with admin_api(env) as api, fresh_namespace(api, "complete") as ns:
+        await apply_example_cd(api, ns, "imex-compute-domain.yaml", EXAMPLE_CD, "imex-channel-0")
+        job = kube.indexed_job("finite", ns, "imex-channel-0", pods=2, size_hint=2)
+        job["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "sleep 3; exit 0"]
+        await kube.create_job(api, job)
+
+        async def complete() -> dict[str, Any] | None:
+            found = await kube.raw_get(api, f"/apis/batch/v1/namespaces/{ns}/jobs/finite")
+            conditions = ((found or {}).get("status") or {}).get("conditions") or []
+            return (
+                found if any(c["type"] == "Complete" and c["status"] == "True" for c in conditions) else None
+            )
+
+        done = await kube.eventually(complete, "the Job to complete", explain=env.explain_kubelets)
+        assert done["status"]["succeeded"] == 2
+        pods = await kube.list_pods(api, ns, "e2e-job=finite")
+        assert sorted(p["status"]["phase"] for p in pods) == ["Succeeded", "Succeeded"]
+        # The claims are gone with the finished pods (the resource claim controller deletes them):
+        # each one's uid is in the CDI device kubelet gave the runtime.
+        claim_uids: dict[str, str] = {}
+        for p in pods:
+            node = p["spec"]["nodeName"]
+            [created] = created_containers(env.kubelet_nodes[node].record_path, p["metadata"]["uid"])
+            [device] = created["container"]["cdi_devices"]
+            claim_uids[p["metadata"]["uid"]] = device.split("=", 1)[1].removesuffix("-channel-0")
+            assert device == claim_cdi_device_id(claim_uids[p["metadata"]["uid"]])
+            exits = [
+                r
+                for r in records(env.kubelet_nodes[node].record_path, "ContainerExited")
+                if r["pod"]["uid"] == p["metadata"]["uid"]
+            ]
+            assert [r["exit_code"] for r in exits] == [0]
+            assert p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+        async def unprepared() -> bool | None:
+            return (
+                True
+                if not any(
+                    cdi_spec_exists(env, p["spec"]["nodeName"], claim_uids[p["metadata"]["uid"]])
+                    for p in pods
+                )
+                else None
+            )
+
+        await kube.eventually(unprepared, "kubelet to unprepare the finished pods' claims")
+
+        failing = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "failing", "namespace": ns},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "main", "image": "ubuntu:22.04", "command": ["sh", "-c", "sleep 1; exit 3"]}
+                ],
+            },
+        }
+        env.cp.kubectl("create", "-f", "-", input=json.dumps(failing))
+
+        async def failed() -> dict[str, Any] | None:
+            found = {p["metadata"]["name"]: p for p in await kube.list_pods(api, ns)}.get("failing")
+            return found if found and found["status"].get("phase") == "Failed" else None
+
+        failed_pod = await kube.eventually(failed, "the pod exiting with 3 to fail")
+        assert failed_pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+
+        await kube.delete_job(api, ns, "finite")
         await kube.delete_cd(api, ns, EXAMPLE_CD)
