@@ -26,6 +26,8 @@ started=$SECONDS
 bash tools/etcd/build.sh >/dev/null
 bash tools/controlplane/build.sh >/dev/null
 bash tools/controlplane/build.sh 1.32 >/dev/null  # the oldest supported release (test_oldest_kubernetes.py)
+bash tools/controlplane/build.sh --node >/dev/null  # kubelet and crisim, the simulated nodes' binaries
+bash tools/controlplane/build.sh --node 1.32 >/dev/null
 built=$SECONDS
 echo "e2e: binaries ready in $((built - started)) s" >&2
 

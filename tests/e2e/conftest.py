@@ -22,7 +22,8 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
 from tools.cachedtool import BuildError
-from tools.controlplane.binaries import Binaries, ensure_binaries, supported_minors
+from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries, supported_minors
+from tools.kubelet.hoststate import host_state
 
 _binaries: Binaries | None = None
 _build_error: str | None = None
@@ -36,6 +37,7 @@ def _build() -> None:
         return
     try:
         _binaries = ensure_binaries()
+        ensure_node_binaries()  # kubelet and crisim
     except BuildError as exc:
         _build_error = str(exc)
 
@@ -47,6 +49,7 @@ def oldest_binaries() -> Binaries:
     if _oldest is None:
         try:
             _oldest = ensure_binaries(minor=supported_minors()[-1])
+            ensure_node_binaries(minor=supported_minors()[-1])
         except BuildError as exc:
             _oldest = str(exc)
     if isinstance(_oldest, str):
@@ -56,7 +59,7 @@ def oldest_binaries() -> Binaries:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     fixtures = {f for item in session.items for f in getattr(item, "fixturenames", ())}
-    if "e2e_env" in fixtures:
+    if fixtures & {"e2e_env", "kubelet_env"}:
         _build()
     if "oldest_env" in fixtures:
         try:
@@ -78,6 +81,24 @@ def e2e_env() -> Iterator[E2EEnvironment]:
         yield env
     finally:
         env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
+
+
+@pytest.fixture(scope="module")
+def kubelet_env() -> Iterator[E2EEnvironment]:
+    """A small environment (one rack of four trays) whose nodes run the upstream kubelet on crisim;
+    after it stops, the host is as before (tools.kubelet.hoststate)."""
+    _build()
+    if _build_error is not None:
+        pytest.fail(f"building the Kubernetes binaries failed:\n{_build_error}", pytrace=False)
+    assert _binaries is not None
+    before = host_state()
+    env = E2EEnvironment(_binaries, racks=1, trays=4, kubelets="real")
+    env.start()
+    try:
+        yield env
+    finally:
+        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
+    assert host_state() == before, "the real kubelets left the host changed"
 
 
 @asynccontextmanager

@@ -6,7 +6,9 @@
    from the rendered kustomize base (with manifests/components/resource-v1beta1 on Kubernetes
    older than 1.34, which serves no resource.k8s.io/v1);
 2. our etcd (tools.etcd);
-3. the kubelet shim (tools.kubeletshim, one process for every node): Node objects, leases;
+3. the nodes' kubelets: with kubelets="real", per node the upstream kubelet on crisim, the simulated
+   container runtime (tools.kubelet), each on its own node IP; with "shim", the kubelet shim
+   (tools.kubeletshim, one process for every node: Node objects, leases);
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
    of them start in seconds on two cores;
@@ -46,9 +48,11 @@ from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
 from tools.cdsim.layout import StateLayout
-from tools.controlplane.binaries import Binaries
-from tools.controlplane.cluster import ControlPlane
+from tools.controlplane.binaries import Binaries, ensure_node_binaries
+from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
+from tools.kubelet.addresses import NodeAddresses, node_ip
+from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
 from tools.netports import free_port
 
@@ -244,6 +248,10 @@ class E2EEnvironment:
     cluster: ClusterDescription = field(init=False)
     layout: StateLayout = field(init=False)
     forks: ForkServer | None = None
+    # "real": one upstream kubelet per node (tools.kubelet); "shim": tools.kubeletshim plays them.
+    kubelets: str = "shim"
+    kubelet_nodes: dict[str, KubeletNode] = field(default_factory=dict)
+    node_addresses: NodeAddresses | None = None
     agents: dict[str, int] = field(default_factory=dict)  # node -> kubelet plugin pid
     imex_agents: dict[str, int] = field(default_factory=dict)  # node -> IMEX agent pid
     shim_pid: int = 0
@@ -256,7 +264,19 @@ class E2EEnvironment:
     def __post_init__(self) -> None:
         self.layout = StateLayout.at(self.root)
         self.layout.logs_dir.mkdir(parents=True, exist_ok=True)
-        self.cp = ControlPlane(self.binaries, self.root / "controlplane")
+        if self.kubelets not in ("real", "shim"):
+            raise ValueError(f"kubelets must be 'real' or 'shim', not {self.kubelets!r}")
+        # Real kubelets renew their leases, so the node lifecycle controller runs as in a cluster.
+        controllers, kcm_args = DEFAULT_CONTROLLERS, []
+        if self.kubelets == "real":
+            controllers = "*"
+            kcm_args = ["--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s"]
+        self.cp = ControlPlane(
+            self.binaries,
+            self.root / "controlplane",
+            controllers=controllers,
+            controller_manager_args=kcm_args,
+        )
         self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
         self.cluster = pick_cluster(self.racks, self.trays)
 
@@ -282,6 +302,13 @@ class E2EEnvironment:
         parts.append(f"--- kube-scheduler ---\n{log_tail(self.cp.log_path('kube-scheduler'), lines)}")
         return "\n".join(parts)
 
+    def explain_kubelets(self, lines: int = 15) -> str:
+        """The tails of every kubelet's log, then explain()'s."""
+        parts = [
+            f"--- kubelet-{k.name} ---\n{log_tail(k.kubelet_log, lines)}" for k in self.kubelet_nodes.values()
+        ]
+        return "\n".join([*parts, self.explain("controller", "advisor")])
+
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -290,7 +317,10 @@ class E2EEnvironment:
             self._timed("crd", self.apply_base_manifests)
             self._timed("etcd", self.etcd.start)
             self.forks = ForkServer(self.log("forkserver"), self.root)
-            self._timed("shim", self.start_shim)
+            if self.kubelets == "real":
+                self._timed("kubelets", self.start_kubelets)
+            else:
+                self._timed("shim", self.start_shim)
             self._timed("agents", self.start_agents)
             self._timed("advisor", self.start_advisor)
             self._timed("scheduler with extender", self.configure_scheduler)
@@ -309,6 +339,7 @@ class E2EEnvironment:
         for pid in (self.controller_pid, self.advisor_pid, self.shim_pid):
             if pid:
                 terminate(pid)
+        self.stop_kubelets()
         if self.forks is not None:
             self.forks.close()  # SIGTERMs the agents; the IMEX agents stop their daemons
             self.forks = None
@@ -373,6 +404,46 @@ class E2EEnvironment:
             f"{len(nodes)} Ready Nodes registered by the kubelet shim",
             lambda: log_tail(self.log("kubeletshim")),
         )
+
+    def start_kubelets(self) -> None:
+        """One kubelet and container runtime per node, each on a node IP of its own."""
+        bin_dir = ensure_node_binaries(minor=f"1.{self.binaries.minor}")
+        nodes = nodes_of_cluster(self.cluster, self.layout.nodes_dir)
+        ips = {n.name: node_ip(self.cluster.address_block, i) for i, n in enumerate(nodes)}
+        self.node_addresses = NodeAddresses(ips.values())
+        self.node_addresses.add()
+        for n in nodes:
+            dirs = self.layout.node(n.name)
+            state_dir = dirs.root / "host"
+            kubelet = KubeletNode(
+                name=n.name,
+                ip=ips[n.name],
+                kubelet_dir=dirs.kubelet_dir,
+                state_dir=state_dir,
+                bin_dir=bin_dir,
+                kubeconfig=self.cp.node_kubeconfig(n.name, state_dir / "pki"),
+                log_dir=self.layout.logs_dir,
+                minor=self.binaries.minor,
+                labels=n.labels,
+                cdi_root=dirs.cdi_root,
+            )
+            self.kubelet_nodes[n.name] = kubelet
+            kubelet.start()
+        wait_until(
+            lambda: self._ready_node_count() >= len(nodes),
+            120.0,
+            f"{len(nodes)} Ready Nodes registered by their kubelets",
+            lambda: "\n".join(
+                f"--- kubelet-{k.name} ---\n{log_tail(k.kubelet_log, 10)}"
+                for k in self.kubelet_nodes.values()
+            ),
+        )
+
+    def stop_kubelets(self) -> None:
+        for kubelet in self.kubelet_nodes.values():
+            kubelet.stop()
+        if self.node_addresses is not None:
+            self.node_addresses.remove()
 
     def _ready_node_count(self) -> int:
         out = self.cp.kubectl(

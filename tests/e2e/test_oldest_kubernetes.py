@@ -2,7 +2,7 @@
 
 1.32 serves DRA only as beta, off by default, and only as resource.k8s.io/v1beta1; its kubelet
 speaks only the v1beta1 DRA gRPC service. The control plane is started as an operator would
-(feature gate, runtime config), the DeviceClass comes from manifests/components/resource-v1beta1,
+(feature gate, runtime config), each node runs 1.32's kubelet, the DeviceClass comes from manifests/components/resource-v1beta1,
 and every service finds the version on its own. An Indexed Job of 4 pods forms a Ready domain
 through the real scheduler (with our extender) and controller manager; deleting the Job and then
 the ComputeDomain leaves nothing behind. The full suite runs on the newest release (1.37).
@@ -38,7 +38,7 @@ NODES = 4
 
 @pytest.fixture(scope="module")
 def oldest_env() -> Iterator[E2EEnvironment]:
-    env = E2EEnvironment(oldest_binaries(), racks=1, trays=NODES)
+    env = E2EEnvironment(oldest_binaries(), racks=1, trays=NODES, kubelets="real")
     env.start()
     try:
         yield env
@@ -101,11 +101,15 @@ async def test_a_job_forms_a_ready_domain_on_the_oldest_kubernetes_and_teardown_
         assert cdi_spec_exists(env, node, uid), f"no CDI spec for claim {uid} on {node}"
     assert await check_store_invariants(store) == []
 
-    # The shim played a 1.32 kubelet: it reported that version and prepared over v1beta1.
+    # 1.32's own kubelet (which speaks only the v1beta1 DRA service) registered each plugin and
+    # prepared the claims above.
     nodes = json.loads(env.cp.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    assert {n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {f"{env.cp.version}-kubeletshim"}
-    registered = [e for e in iter_lines(env.log("kubeletshim")) if e.get("event") == "DRA plugin registered"]
-    assert registered and {e.get("service") for e in registered} == {"v1beta1.DRAPlugin"}
+    assert {n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {env.cp.version}
+    for node in env.node_names:
+        registered = [
+            e for e in iter_lines(env.log(f"agent-{node}")) if e.get("event") == "registered with kubelet"
+        ]
+        assert len(registered) == 1, node
 
     await delete_job_and_wait_released(env, api, store, namespace, job, formed, cd_name)
     await delete_cd_and_wait_gone(env, api, store, namespace, cd_name, template, formed)

@@ -21,6 +21,8 @@ from tools.cachedtool import REPO, BuildError, cached_tool
 BUILD_TIMEOUT_S = 3600.0
 
 CONTROLPLANE_BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+# A simulated node: kubelet and the simulated container runtime (node/, build.sh --node).
+NODE_BINARIES = ("kubelet", "crisim")
 MODULE_DIR = REPO / "tools" / "controlplane"
 MINOR_ENV = "CD_K8S_MINOR"
 
@@ -108,3 +110,15 @@ def ensure_binaries(timeout_s: float = BUILD_TIMEOUT_S, minor: str | None = None
     if not etcd.is_file():
         raise BuildError(f"etcd binary not found at {etcd}")
     return Binaries(bin_dir=bin_dir, etcd=etcd, version=version)
+
+
+def ensure_node_binaries(timeout_s: float = BUILD_TIMEOUT_S, minor: str | None = None) -> Path:
+    """Build (if not cached) and return the folder holding kubelet and crisim of `minor` (default:
+    default_minor())."""
+    bin_dir = cached_tool(
+        "tools/controlplane/build.sh", "--node", minor or default_minor(), timeout_s=timeout_s
+    )
+    missing = [b for b in NODE_BINARIES if not (bin_dir / b).is_file()]
+    if missing:
+        raise BuildError(f"{bin_dir} lacks {', '.join(missing)}")
+    return bin_dir

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl from
 # the official k8s.io/kubernetes module into a per-user cache folder keyed by version,
-# the way envtest provides its binaries.
+# the way envtest provides its binaries; with --node, a simulated node's binaries instead:
+# kubelet and crisim (the simulated container runtime), from node/.
 #
-# Usage: tools/controlplane/build.sh [MINOR]
+# Usage: tools/controlplane/build.sh [--node] [MINOR]
 #   MINOR  a supported Kubernetes minor, e.g. 1.32; default: the newest (go.mod).
 #          go.mod pins the newest release; versions/v<MINOR>.mod (+ .sum) pins each older
 #          one, built with -modfile from the same cmd/ mains.
+#   --node the node binaries are built with the same module file plus node/modules/v<MINOR>.mod
+#          (+ .sum): what kubelet needs beyond the control plane, kept apart so that adding
+#          the node changes neither the control plane's module files nor its cached build.
 # Env:   CD_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/computedomains)
 # Prints the binaries directory on the last line of stdout; build output goes to stderr.
 # Idempotent: returns at once when the binaries are already there (and were built
@@ -14,7 +18,15 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+target=controlplane
 binaries=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+mains=cmd
+if [[ "${1:-}" == "--node" ]]; then
+    shift
+    target=node
+    binaries=(kubelet crisim)
+    mains=node
+fi
 
 k8s_version_of() {
     awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$1"
@@ -33,7 +45,7 @@ fi
 wanted="${1:-}"
 wanted="${wanted#v}"
 if [[ $# -gt 1 || ( -n "$wanted" && ! "$wanted" =~ ^1\.[0-9]+$ ) ]]; then
-    echo "build.sh: usage: build.sh [MINOR] (e.g. 1.32); got '$*'" >&2
+    echo "build.sh: usage: build.sh [--node] [MINOR] (e.g. 1.32); got '$*'" >&2
     exit 2
 fi
 
@@ -58,13 +70,23 @@ if [[ -z "$k8s_version" ]]; then
     exit 1
 fi
 
+extra_mod=()
+if [[ "$target" == node ]]; then
+    overlay="node/modules/v$(minor_of "$k8s_version")"
+    if [[ ! -f "$here/$overlay.mod" || ! -f "$here/$overlay.sum" ]]; then
+        echo "build.sh: $overlay.mod and .sum are missing: the node binaries of $k8s_version need them (go mod tidy with node/ shows what)" >&2
+        exit 1
+    fi
+    extra_mod=("$overlay.mod" "$overlay.sum")
+fi
+
 cache_root="${CD_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/computedomains}"
-parent="$cache_root/controlplane"
+parent="$cache_root/$target"
 dest="$parent/$k8s_version"
 
-# Our own sources (module file, sums, the mains) are stamped into the result, so an edit
+# Our own sources (module files, sums, the mains) are stamped into the result, so an edit
 # to them rebuilds even though the folder is named by the Kubernetes version only.
-source_hash="$(cd "$here" && cat "$modfile" "$sumfile" $(find cmd -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+source_hash="$(cd "$here" && cat "$modfile" "$sumfile" "${extra_mod[@]}" $(find "$mains" -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
 stamp=".source-sha256"
 
 complete() {
@@ -81,7 +103,7 @@ if complete; then
 fi
 
 if ! command -v go >/dev/null 2>&1; then
-    echo "build.sh: 'go' is not on PATH; install Go >= 1.26 to build the Kubernetes control plane ($k8s_version)" >&2
+    echo "build.sh: 'go' is not on PATH; install Go >= 1.26 to build the Kubernetes $target binaries ($k8s_version)" >&2
     exit 1
 fi
 
@@ -109,12 +131,25 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
 
-echo "build.sh: building Kubernetes $k8s_version control plane into $dest (takes a while the first time)" >&2
+build_modfile="$modfile"
+if [[ "$target" == node ]]; then
+    # The module file go builds with: the control plane's plus the node's overlay (go reads
+    # the sums from the file next to it, so both go into a folder of their own).
+    mkdir "$tmp/.modfile"
+    build_modfile="$tmp/.modfile/node.mod"
+    cat "$here/$modfile" "$here/${extra_mod[0]}" > "$build_modfile"
+    cat "$here/$sumfile" "$here/${extra_mod[1]}" > "$tmp/.modfile/node.sum"
+fi
+
+echo "build.sh: building Kubernetes $k8s_version $target binaries into $dest (takes a while the first time)" >&2
 start=$SECONDS
 (
     cd "$here"
-    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -modfile="$modfile" -trimpath -ldflags="$ldflags" -o "$tmp/" ./cmd/...
+    # The tag k8s_1_<minor> lets a main follow an API that changed between releases.
+    GOWORK=off CGO_ENABLED=0 go build -mod=readonly -modfile="$build_modfile" -trimpath -tags="k8s_1_$minor" \
+        -ldflags="$ldflags" -o "$tmp/" "./$mains/..."
 ) >&2
+rm -rf "$tmp/.modfile"
 
 for b in "${binaries[@]}"; do
     if [[ ! -x "$tmp/$b" ]]; then
@@ -130,5 +165,5 @@ chmod 755 "$tmp"
 rm -rf "$dest"
 mv "$tmp" "$dest"
 trap - EXIT
-echo "build.sh: built Kubernetes $k8s_version in $((SECONDS - start)) s" >&2
+echo "build.sh: built Kubernetes $k8s_version $target binaries in $((SECONDS - start)) s" >&2
 echo "$dest"

@@ -33,7 +33,13 @@ import structlog
 import yaml
 
 from tools.controlplane.binaries import Binaries, ensure_binaries
-from tools.controlplane.pki import FRONT_PROXY_CLIENT, CertKeyPair, ControlPlanePKI, generate_pki
+from tools.controlplane.pki import (
+    FRONT_PROXY_CLIENT,
+    CertKeyPair,
+    ControlPlanePKI,
+    generate_pki,
+    issue_from_ca,
+)
 from tools.netports import free_ports
 
 log = structlog.get_logger(__name__)
@@ -85,7 +91,7 @@ class _Process:
     log_file: IO[bytes]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: if the test process dies, take the child with it."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
@@ -243,6 +249,18 @@ class ControlPlane:
         if etcd is not None:
             self._terminate([etcd])
         self._procs.clear()
+
+    def node_kubeconfig(self, node: str, directory: Path) -> Path:
+        """A kubeconfig for the kubelet of `node` in `directory`: user system:node:<node> in group
+        system:nodes, whom the Node authorizer and NodeRestriction admission confine to its node."""
+        pki = self._require_pki()
+        directory.mkdir(parents=True, exist_ok=True)
+        user = f"system:node:{node}"
+        pair = issue_from_ca(pki.ca, directory, "kubelet-client", user, organizations=("system:nodes",))
+        path = directory / "kubelet.kubeconfig"
+        path.write_text(yaml.safe_dump(_kubeconfig(self.server, pki.ca.cert_pem(), user, pair)))
+        path.chmod(0o600)
+        return path
 
     def restart_scheduler(self, config: Path | None = None) -> None:
         """Restart kube-scheduler with `config` (e.g. one adding an extender); None = the default config.
@@ -412,7 +430,7 @@ class ControlPlane:
             cwd=self.work_dir,
             # Own session: a terminal Ctrl-C reaches us, and we stop the processes in order.
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # only prctl: safe between fork and exec
+            preexec_fn=die_with_parent,  # only prctl: safe between fork and exec
         )
         self._procs[name] = _Process(name, popen, log_path, log_file)
         log.info("control_plane_process_started", process=name, pid=popen.pid, log=str(log_path))

@@ -241,11 +241,13 @@ def issue_from_ca(
     stem: str,
     common_name: str,
     *,
+    organizations: tuple[str, ...] = (),
     ip_addresses: tuple[str, ...] = (),
     server: bool = False,
     client: bool = True,
 ) -> CertKeyPair:
-    """Issue a certificate signed by an existing CA on disk (e.g. etcd's, which serves and is its own client)."""
+    """Issue a certificate signed by an existing CA on disk (e.g. etcd's, which serves and is its own
+    client; a kubelet's, user system:node:<name> in organization system:nodes)."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem())
     ca_key = serialization.load_pem_private_key(ca.key_pem(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
@@ -256,7 +258,7 @@ def issue_from_ca(
         if on
     ]
     sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    cert = _issue(ca_cert, ca_key, _name(common_name), key, usages[0], sans or None)
+    cert = _issue(ca_cert, ca_key, _name(common_name, organizations), key, usages[0], sans or None)
     if len(usages) > 1:
         # _issue sets one extended usage; re-sign with all of them.
         builder = x509.CertificateBuilder(
