@@ -426,6 +426,7 @@ class E2EEnvironment:
                 minor=self.binaries.minor,
                 labels=n.labels,
                 cdi_root=dirs.cdi_root,
+                gpus=self.cluster.gpus_per_tray,
             )
             self.kubelet_nodes[n.name] = kubelet
             kubelet.start()

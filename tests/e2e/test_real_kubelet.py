@@ -83,6 +83,8 @@ async def test_every_node_is_registered_by_its_kubelet_on_a_local_only_node_ip(
         assert {"type": "InternalIP", "address": kubelet.ip} in node["status"]["addresses"]
         assert is_local_only(kubelet.ip)
         assert node["metadata"]["labels"][CLIQUE_LABEL] == kubelet_env.cluster.node(name).clique
+        # The node's GPUs, through kubelet's device-plugin API (crisim plays NVIDIA's device plugin).
+        assert node["status"]["capacity"]["nvidia.com/gpu"] == str(kubelet_env.cluster.gpus_per_tray)
         ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True", (name, ready)
         # Kubelet's plugin watcher found cd-node-agent's registration socket, and kubelet told the
