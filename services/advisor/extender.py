@@ -12,11 +12,14 @@ matches keys case-insensitively, so we accept any case on input too.
 A pod is ours when one of its spec.resourceClaims names a ResourceClaimTemplate
 that belongs to a ComputeDomain; its nodes are narrowed to the domain's clique
 (see domain_placement). Every other pod passes through untouched. A malformed
-request is HTTP 400 with a message naming the field.
+request is HTTP 400 with a message naming the field; a body over the size limit is
+413, one not in whole within the read timeout 408, and JSON nested deeper than the
+parser's MAX_JSON_DEPTH levels 400 naming that limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +29,16 @@ import simdjson
 import structlog
 from aiohttp import web
 
+from libs.runtime.textlimits import clip
 from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
 from services.advisor.domain_sources import DomainSizeSource, TemplateDomainSource
 from services.advisor.metrics import AdvisorMetrics
 
 log = structlog.get_logger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+# simdjson's fixed nesting limit (its DEFAULT_MAX_DEPTH); deeper documents are refused by the parser.
+MAX_JSON_DEPTH = 1024
 
 
 class BadRequest(ValueError):
@@ -78,7 +84,13 @@ def parse_args(body: bytes) -> ExtenderArgs:
     try:
         data = simdjson.Parser().parse(body)
     except ValueError as exc:
-        raise BadRequest(f"request body is not JSON: {exc}") from None
+        raise BadRequest(f"request body is not JSON: {clip(str(exc))}") from None
+    except RuntimeError as exc:  # simdjson's other refusals, DEPTH_ERROR among them
+        if "DEPTH" in str(exc):
+            raise BadRequest(
+                f"request body: JSON nested deeper than {MAX_JSON_DEPTH} levels (the limit)"
+            ) from None
+        raise BadRequest(f"request body is not JSON: {clip(str(exc))}") from None
     if not isinstance(data, simdjson.Object):
         raise BadRequest(f"request body must be a JSON object (ExtenderArgs), got {_kind(data)}")
     raw_pod = _get(data, "Pod")
@@ -144,7 +156,26 @@ def _checked_pod(pod: dict[str, Any]) -> dict[str, Any]:
         for i, claim in enumerate(claims):
             if not isinstance(claim, dict):
                 raise BadRequest(f"Pod.spec.resourceClaims[{i}]: not an object")
+            _check_claim_names(claim, f"Pod.spec.resourceClaims[{i}]")
     return pod
+
+
+def _check_claim_names(claim: Mapping[str, Any], where: str) -> None:
+    """A claim names its template or claim as a string, as the API server's schema demands."""
+    for key in ("name", "resourceClaimName", "resourceClaimTemplateName"):
+        value = claim.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"{where}.{key}: not a string (got {_json_kind(value)} {clip(value, 40)})")
+    source = claim.get("source")
+    if source is not None:
+        if not isinstance(source, dict):
+            raise BadRequest(f"{where}.source: not an object")
+        _check_claim_names(source, f"{where}.source")
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {bool: "boolean", int: "number", float: "number", list: "list", dict: "object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def claim_template_names(pod: Mapping[str, Any]) -> list[str]:
@@ -166,7 +197,9 @@ def size_hint(pod: Mapping[str, Any]) -> int | None:
     try:
         size = int(str(raw).strip())
     except ValueError:
-        raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: not an integer: {raw!r}") from None
+        raise BadRequest(
+            f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: not an integer: {clip(repr(raw))}"
+        ) from None
     if size <= 0:
         raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: must be > 0, got {size}")
     return size
@@ -276,12 +309,32 @@ def _join(prefix: str, verb: str) -> str:
 
 
 def build_extender_app(
-    extender: Extender, prefix: str = "/", filter_verb: str = "filter", prioritize_verb: str = "prioritize"
+    extender: Extender,
+    prefix: str = "/",
+    filter_verb: str = "filter",
+    prioritize_verb: str = "prioritize",
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    read_timeout_s: float = 60.0,
 ) -> web.Application:
     """aiohttp app serving POST <prefix>/<filter_verb> and POST <prefix>/<prioritize_verb>."""
 
     async def read_args(request: web.Request, verb: str) -> ExtenderArgs:
-        body = await request.read()
+        try:
+            async with asyncio.timeout(read_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            extender.metrics.extender_requests.labels(verb, "bad_request").inc()
+            raise web.HTTPRequestTimeout(
+                text=f"request body not received within {read_timeout_s:g} s (--idle-timeout-s)"
+            ) from None
+        except web.HTTPRequestEntityTooLarge:
+            extender.metrics.extender_requests.labels(verb, "bad_request").inc()
+            raise web.HTTPRequestEntityTooLarge(
+                max_size=max_body_bytes,
+                actual_size=request.content_length or max_body_bytes + 1,
+                text=f"request body is over {max_body_bytes} bytes, the limit (--extender-max-body-bytes)",
+            ) from None
         try:
             return parse_args(body)
         except BadRequest as exc:
@@ -316,7 +369,32 @@ def build_extender_app(
             priorities = [{"Host": n, "Score": 0} for n in args.candidate_names]
         return _json_response(priorities)
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=max_body_bytes)
     app.router.add_post(_join(prefix, filter_verb), handle_filter)
     app.router.add_post(_join(prefix, prioritize_verb), handle_prioritize)
     return app
+
+
+class _CappedServer(web.Server):
+    max_connections: int
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.connections) > self.max_connections:
+            log.warning("extender connection refused: too many open", limit=self.max_connections)
+            transport.close()
+
+
+class CappedAppRunner(web.AppRunner):
+    """An AppRunner whose server closes connections past `max_connections` as they arrive."""
+
+    def __init__(self, app: web.Application, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._max_connections = max_connections
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _CappedServer
+        assert isinstance(server, _CappedServer)
+        server.max_connections = self._max_connections
+        return server

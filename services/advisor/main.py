@@ -39,7 +39,7 @@ from services.advisor.domain_sources import (
     StoreTemplateSource,
     TemplateDomainSource,
 )
-from services.advisor.extender import Extender, build_extender_app
+from services.advisor.extender import CappedAppRunner, Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
@@ -48,7 +48,7 @@ from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.settings import AdvisorSettings
 from services.advisor.standard_services import standard_services
-from services.advisor.transport import CorkedServer
+from services.advisor.transport import CorkedServer, ServerLimits
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +78,7 @@ class AdvisorService:
                 max_ttl_s=settings.max_reservation_ttl_s,
                 holder=settings.holder,
                 max_nodes_per_holder=settings.max_reserved_nodes_per_holder,
+                max_field_bytes=settings.max_field_bytes,
             ),
             self.metrics,
         )
@@ -138,8 +139,9 @@ class AdvisorService:
 
             services = standard_services([PlacementService(self.advisor)], self.grpc_serving)
             tls = s.tls_cert_file != ""
+            limits = ServerLimits(s.grpc_max_message_bytes, s.idle_timeout_s, s.max_connections)
             if s.grpc_host:
-                server = CorkedServer(services)
+                server = CorkedServer(services, limits=limits)
                 track_client_identity(server)
                 await server.start(
                     s.grpc_host,
@@ -154,7 +156,7 @@ class AdvisorService:
             if s.grpc_unix_socket:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(s.grpc_unix_socket)
-                unix_server = CorkedServer(services)
+                unix_server = CorkedServer(services, limits=limits)
                 await unix_server.start(path=s.grpc_unix_socket)
                 os.chmod(s.grpc_unix_socket, 0o660)
                 grpc_servers.append(unix_server)
@@ -186,9 +188,16 @@ class AdvisorService:
                     self.metrics,
                 )
                 app = build_extender_app(
-                    extender, s.extender_prefix, s.extender_filter_verb, s.extender_prioritize_verb
+                    extender,
+                    s.extender_prefix,
+                    s.extender_filter_verb,
+                    s.extender_prioritize_verb,
+                    max_body_bytes=s.extender_max_body_bytes,
+                    read_timeout_s=s.idle_timeout_s,
                 )
-                extender_runner = web.AppRunner(app, access_log=None)
+                extender_runner = CappedAppRunner(
+                    app, s.max_connections, access_log=None, keepalive_timeout=s.idle_timeout_s
+                )
                 await extender_runner.setup()
                 site = web.TCPSite(
                     extender_runner,
