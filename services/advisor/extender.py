@@ -382,7 +382,8 @@ class _CappedServer(web.Server):
         super().connection_made(handler, transport)
         if len(self.connections) > self.max_connections:
             log.warning("extender connection refused: too many open", limit=self.max_connections)
-            transport.close()
+            # Closed once the handler's task has started: closing here would end it before it runs.
+            asyncio.get_running_loop().call_soon(handler.force_close)
 
 
 class CappedAppRunner(web.AppRunner):
