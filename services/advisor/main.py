@@ -24,6 +24,7 @@ from grpclib.health.check import ServiceStatus
 from grpclib.server import Server
 
 from libs.runtime.cancellation import cancel_until_done
+from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
@@ -48,7 +49,7 @@ from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
 from services.advisor.settings import AdvisorSettings
 from services.advisor.standard_services import standard_services
-from services.advisor.transport import CorkedServer, ServerLimits
+from services.advisor.transport import CorkedServer
 
 log = structlog.get_logger(__name__)
 
