@@ -109,6 +109,8 @@ async def test_an_over_long_claim_field_is_a_claim_error_naming_it(
 
 async def test_a_20_mb_message_is_refused_naming_the_limit(node: Node) -> None:
     claims = [ClaimRef("team-a", "c" * (4 * MB), f"uid-{i}") for i in range(5)]
+    assert node.agent.process is not None
+    before = rss_mb(node.agent.process.pid)
     for call in (Kubelet(node.agent).prepare_once, Kubelet(node.agent).unprepare_once):
         with pytest.raises(GRPCError) as caught:
             await call(*claims)
@@ -116,6 +118,9 @@ async def test_a_20_mb_message_is_refused_naming_the_limit(node: Node) -> None:
         assert str(DRA_MAX_MESSAGE_BYTES) in (caught.value.message or "")
         assert "--dra-max-message-bytes" in (caught.value.message or "")
     await _still_fine(node)
+    print(
+        f"node agent RSS before two 20 MB messages {before:.0f} MB, after {rss_mb(node.agent.process.pid):.0f} MB"
+    )
 
 
 async def test_undecodable_bytes_fail_the_call_not_the_agent(node: Node) -> None:

@@ -75,6 +75,7 @@ async def test_a_20_mb_message_is_refused_naming_the_limit(
     advisor_process: AdvisorProcess, held: tuple[pp.PlacementAdvisorStub, str]
 ) -> None:
     stub, reservation_id = held
+    before = rss_mb(advisor_process.pid)
     for _ in range(3):
         await _refused(
             stub.place(pp.PlaceRequest(num_nodes=1, holder="h" * (20 * MB))),
@@ -83,6 +84,9 @@ async def test_a_20_mb_message_is_refused_naming_the_limit(
             "grpc-max-message-bytes",
         )
     await _still_fine(advisor_process, stub, reservation_id)
+    print(
+        f"advisor RSS before three 20 MB messages {before:.0f} MB, after {rss_mb(advisor_process.pid):.0f} MB"
+    )
 
 
 @pytest.mark.parametrize(
