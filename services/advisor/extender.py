@@ -12,7 +12,7 @@ matches keys case-insensitively, so we accept any case on input too.
 A pod is ours when one of its spec.resourceClaims names a ResourceClaimTemplate
 that belongs to a ComputeDomain; its nodes are narrowed to the domain's clique
 (see domain_placement). Every other pod passes through untouched. A malformed
-request is HTTP 400 with a message naming the field; a body over the size limit is
+request is HTTP 400 with a JSON body {"Error": <message naming the field>}; a body over the size limit is
 413, one not in whole within the read timeout 408, and JSON nested deeper than the
 parser's MAX_JSON_DEPTH levels 400 naming that limit.
 """
@@ -300,6 +300,11 @@ class Extender:
         return [{"Host": n, "Score": scores.get(n, 0)} for n in candidates]
 
 
+def _refusal(cls: type[web.HTTPClientError], message: str, **kwargs: Any) -> web.HTTPClientError:
+    """A 4xx whose body is JSON, `{"Error": message}`, like ExtenderFilterResult's Error field."""
+    return cls(text=orjson.dumps({"Error": message}).decode(), content_type="application/json", **kwargs)
+
+
 def _json_response(payload: object) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
@@ -325,22 +330,23 @@ def build_extender_app(
                 body = await request.read()
         except TimeoutError:
             extender.metrics.extender_requests.labels(verb, "bad_request").inc()
-            raise web.HTTPRequestTimeout(
-                text=f"request body not received within {read_timeout_s:g} s (--idle-timeout-s)"
+            raise _refusal(
+                web.HTTPRequestTimeout,
+                f"request body not received within {read_timeout_s:g} s (--idle-timeout-s)",
             ) from None
         except web.HTTPRequestEntityTooLarge:
             extender.metrics.extender_requests.labels(verb, "bad_request").inc()
-            raise web.HTTPRequestEntityTooLarge(
+            raise _refusal(
+                web.HTTPRequestEntityTooLarge,
+                f"request body is over {max_body_bytes} bytes, the limit (--extender-max-body-bytes)",
                 max_size=max_body_bytes,
-                actual_size=request.content_length or max_body_bytes + 1,
-                text=f"request body is over {max_body_bytes} bytes, the limit (--extender-max-body-bytes)",
             ) from None
         try:
             return parse_args(body)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels(verb, "bad_request").inc()
             log.warning("bad extender request", verb=verb, error=str(exc))
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
 
     async def handle_filter(request: web.Request) -> web.Response:
         args = await read_args(request, "filter")
@@ -348,7 +354,7 @@ def build_extender_app(
             result = await extender.filter(args)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels("filter", "bad_request").inc()
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
         except Exception as exc:
             extender.metrics.extender_requests.labels("filter", "error").inc()
             log.exception("extender filter failed")
@@ -361,7 +367,7 @@ def build_extender_app(
             priorities = await extender.prioritize(args)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels("prioritize", "bad_request").inc()
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
         except Exception:
             # kube-scheduler cannot do anything with a failed priority: neutral scores keep it going.
             extender.metrics.extender_requests.labels("prioritize", "error").inc()
