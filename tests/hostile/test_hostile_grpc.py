@@ -7,6 +7,7 @@ reservation made first is still held) and memory stays bounded (RSS under RSS_BO
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -181,6 +182,18 @@ async def test_a_preface_only_connection_is_closed_after_the_idle_timeout(
     await raw_connection_closed_within(
         advisor_process.grpc_port, preface, frame_head + b"\x00" * 64, IDLE_TIMEOUT_S + 5
     )
+    await _still_fine(advisor_process, stub, reservation_id)
+
+
+async def test_an_idle_client_is_closed_and_its_next_call_reconnects(
+    advisor_process: AdvisorProcess, held: tuple[pp.PlacementAdvisorStub, str]
+) -> None:
+    """The idle timeout costs a well-behaved client nothing: its channel connects again."""
+    stub, reservation_id = held
+    assert (await stub.place(pp.PlaceRequest(num_nodes=1, dry_run=True))).feasible
+    await asyncio.sleep(IDLE_TIMEOUT_S * 2)
+    for _ in range(3):
+        assert (await stub.place(pp.PlaceRequest(num_nodes=1, dry_run=True))).feasible
     await _still_fine(advisor_process, stub, reservation_id)
 
 
