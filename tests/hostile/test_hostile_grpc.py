@@ -22,6 +22,7 @@ from services.advisor.transport import WireCodec
 from tests.hostile.advisor_process import (
     GRPC_MAX_MESSAGE_BYTES,
     IDLE_TIMEOUT_S,
+    MAX_CONNECTIONS,
     MAX_FIELD_BYTES,
     RSS_BOUND_MB,
     AdvisorProcess,
@@ -182,6 +183,29 @@ async def test_a_preface_only_connection_is_closed_after_the_idle_timeout(
     await raw_connection_closed_within(
         advisor_process.grpc_port, preface, frame_head + b"\x00" * 64, IDLE_TIMEOUT_S + 5
     )
+    await _still_fine(advisor_process, stub, reservation_id)
+
+
+async def test_connections_past_the_limit_are_closed(
+    advisor_process: AdvisorProcess, held: tuple[pp.PlacementAdvisorStub, str]
+) -> None:
+    stub, reservation_id = held
+    port = advisor_process.grpc_port
+    kept = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            # The server's SETTINGS and a GOAWAY, then the end of the stream.
+            received = await asyncio.wait_for(reader.read(), 2.0)
+            assert received, "no GOAWAY before the close"
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+    finally:
+        for _, w in kept:
+            w.close()
+    await asyncio.sleep(0.2)
     await _still_fine(advisor_process, stub, reservation_id)
 
 
