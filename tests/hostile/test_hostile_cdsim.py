@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,11 +63,14 @@ def cluster() -> Iterator[Path]:
 def run(state_dir: Path, *args: str) -> tuple[int, str]:
     """`cdsim` in this process: (exit status, stdout and stderr together)."""
     out = io.StringIO()
+    saved = structlog.get_config()  # main configures logging for the process; later tests capture logs
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             code = main(["--state-dir", str(state_dir), *args])
         except SystemExit as exc:
             code = int(exc.code or 0)
+        finally:
+            structlog.configure(**saved)
     return code, out.getvalue()
 
 
