@@ -11,7 +11,10 @@
   released (member, binding and index claim removed): either the node came
   back without work for this domain, or its work was cleaned up. That is the
   only way a lost member's index is freed. Until then the binding keeps the
-  node out of other domains, and the domain shows NodeLost.
+  node out of other domains, and the domain shows NodeLost. A node lost for
+  good never unprepares: in Kubernetes mode the adapter checks the claims of
+  `lost_holdings` against the API server and drops the records of claims that
+  are gone there (`kube/lostclaims.py`), which releases the member.
 - Records of a domain that no longer exists (a join that raced the
   teardown) are released after a grace period, long enough for the
   Kubernetes adapter to mirror a freshly created CR.
@@ -71,6 +74,22 @@ def lost_member_releases(obs: DomainObservation) -> list[Action]:
             why = "node back without claims of this domain" if obs.node_present(name) else "no claims left"
             out.append(ReleaseMember(name, member.clique_id, member.index, member.mod_revision, why))
     return out
+
+
+def lost_holdings(obs: DomainObservation, live: Liveness | None = None) -> list[tuple[str, str]]:
+    """(node, claim uid) of the prepared claims held by LOST members that are gone now.
+
+    Only these may be checked against the claim source and dropped by the controller: a live
+    node's plugin owns its records, and a LOST member whose node is back (or that a live peer
+    reaches) may still run its pods, which will unprepare.
+    """
+    gone = (live if live is not None else liveness(obs)).gone
+    return [
+        (name, claim)
+        for name, member in sorted(obs.members.items())
+        if member.lost and name in gone
+        for claim in sorted(obs.preparations.get(name, ()))
+    ]
 
 
 def stale_daemon_statuses(obs: DomainObservation, now_ms: int, grace_ms: int) -> list[Action]:

@@ -379,11 +379,6 @@ async def test_a_job_whose_containers_exit_completes_and_kubelet_unprepares_its_
         await kube.delete_cd(api, ns, EXAMPLE_CD)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the controller keeps a lost member (NodeLost) while the lost node's preparation records "
-    "remain in etcd, though the claim is gone from the API server: the domain does not re-form",
-)
 async def test_a_lost_node_s_pod_is_replaced_on_a_spare_tray_of_its_clique_and_the_domain_is_ready_again(
     kubelet_env: E2EEnvironment,
 ) -> None:

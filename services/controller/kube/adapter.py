@@ -17,6 +17,10 @@ record changes, is queued, and a worker brings the pair in line:
   (`nodelabel.py`); before the finalizer of a deleted CR goes, every Node
   labelled with its uid loses the label.
 
+Every few seconds the claims held by lost members are checked against the API
+server, and the records of those gone there are dropped (`lostclaims.py`), so a
+node lost for good gives its index back once Kubernetes has deleted its pods.
+
 A periodic sweep removes RCTs and node labels of CDs that no longer exist, and
 queues every CD again so that node labels edited behind our back are repaired.
 """
@@ -60,6 +64,7 @@ from services.controller.kube.computedomain import (
 )
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
 from services.controller.kube.fence import fence_writes
+from services.controller.kube.lostclaims import CHECK_INTERVAL_S, drop_vanished_claims
 from services.controller.kube.nodelabel import NodeLabeler, desired_nodes
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.controller.kube.sweep import list_labelled, sweep_once
@@ -113,6 +118,7 @@ class KubeAdapter:
         sweep_interval_s: float = 300.0,
         instance: str = "",
         workers: int = 2,
+        lost_claims_interval_s: float = CHECK_INTERVAL_S,
     ) -> None:
         self.store = store
         self.reconciler = reconciler
@@ -123,6 +129,7 @@ class KubeAdapter:
         self.events = EventRecorder(api, instance)
         self.labeler = NodeLabeler(api)
         self.sweep_interval_s = sweep_interval_s
+        self.lost_claims_interval_s = lost_claims_interval_s
         self.workers = workers
         self.crs: dict[str, dict[str, Any]] = {}
         self.listed = asyncio.Event()
@@ -165,6 +172,7 @@ class KubeAdapter:
                 for _ in range(self.workers):
                     tg.create_task(self._worker(leadership))
                 tg.create_task(self._sweeper())
+                tg.create_task(self._lost_claims_checker(leadership))
         finally:
             with contextlib.suppress(ValueError):
                 self.reconciler.listeners.remove(self._on_domain_change)
@@ -281,6 +289,25 @@ class KubeAdapter:
             except _KUBE_ERRORS as exc:
                 log.warning("sweep failed", error=str(exc) or type(exc).__name__)
             self._resync_node_labels()
+
+    async def _lost_claims_checker(self, leadership: Leadership) -> None:
+        await self.listed.wait()
+        backoff = Backoff(initial=self.lost_claims_interval_s, cap=self.lost_claims_interval_s * 10)
+        while True:
+            try:
+                version = await self.served.get()
+                await drop_vanished_claims(self.store, self.reconciler.view, self.api, version, leadership)
+            except (*_KUBE_ERRORS, *TRANSIENT_ERRORS) as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "checking lost nodes' claims failed",
+                    error=str(exc) or type(exc).__name__,
+                    retry_in_s=delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            await asyncio.sleep(self.lost_claims_interval_s)
 
     def _resync_node_labels(self) -> None:
         """List the labelled Nodes again on the next sync and bring every CD's labels in line."""
