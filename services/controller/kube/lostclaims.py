@@ -1,6 +1,6 @@
 """Prepared-claim records of lost nodes whose ResourceClaims are gone from the API server.
 
-SPEC §5: a lost member keeps its index while its node holds claims of the domain. The
+A lost member keeps its index while its node holds claims of the domain. The
 kubelet plugin of a node lost for good never unprepares, so its records would hold the
 index forever, even after Kubernetes deleted the node's pods (out-of-service taint, pod
 garbage collection) and with them their claims. The leader checks the claims of the lost
