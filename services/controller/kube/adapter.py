@@ -295,8 +295,9 @@ class KubeAdapter:
         backoff = Backoff(initial=self.lost_claims_interval_s, cap=self.lost_claims_interval_s * 10)
         while True:
             try:
-                version = await self.served.get()
-                await drop_vanished_claims(self.store, self.reconciler.view, self.api, version, leadership)
+                await drop_vanished_claims(
+                    self.store, self.reconciler.view, self.api, self.served, leadership
+                )
             except (*_KUBE_ERRORS, *TRANSIENT_ERRORS) as exc:
                 delay = backoff.next_delay()
                 log.warning(

@@ -20,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.kube.resourceapi import typed_api
+from libs.kube.resourceapi import ServedVersion, typed_api
 from libs.state.election import Leadership
 from libs.state.store import Absent, Delete, Store, Unchanged
 from services.controller.liveness import liveness
@@ -80,45 +80,50 @@ async def read_claim(api: ApiClient, version: str, namespace: str, name: str) ->
     return serialized
 
 
+def _lost_holdings(view: StoreView, uid: str) -> list[tuple[str, str]]:
+    obs = view.observe(uid)
+    return lost_holdings(obs, liveness(obs))
+
+
 async def drop_vanished_claims(
-    store: Store, view: StoreView, api: ApiClient, version: str, leadership: Leadership
+    store: Store, view: StoreView, api: ApiClient, served: ServedVersion, leadership: Leadership
 ) -> int:
     """Delete the records of lost members' claims that are gone from the API server; how many."""
     dropped = 0
-    for uid in sorted(view.domains):
-        obs = view.observe(uid)
-        for node, claim_uid in lost_holdings(obs, liveness(obs)):
-            key = store.keys.preparation(node, claim_uid)
-            record = await store.get(key, pb.PreparedClaim, strict=True)
-            if record is None or record.value.domain_uid != uid:
-                continue
-            prepared = record.value
-            if not prepared.namespace or not prepared.name:
-                log.warning(
-                    "prepared claim of a lost node names no claim; kept",
-                    cd_uid=uid,
-                    node=node,
-                    claim_uid=claim_uid,
-                )
-                continue
-            why = claim_gone(
-                claim_uid, node, await read_claim(api, version, prepared.namespace, prepared.name)
+    held = [(uid, holding) for uid in sorted(view.domains) for holding in _lost_holdings(view, uid)]
+    if not held:
+        return 0
+    version = await served.get()
+    for uid, (node, claim_uid) in held:
+        key = store.keys.preparation(node, claim_uid)
+        record = await store.get(key, pb.PreparedClaim, strict=True)
+        if record is None or record.value.domain_uid != uid:
+            continue
+        prepared = record.value
+        if not prepared.namespace or not prepared.name:
+            log.warning(
+                "prepared claim of a lost node names no claim; kept",
+                cd_uid=uid,
+                node=node,
+                claim_uid=claim_uid,
             )
-            if why is None:
-                continue
-            result = await store.txn(
-                [leadership.fence, Absent(store.keys.node(node)), Unchanged(key, record.mod_revision)],
-                [Delete(key)],
+            continue
+        why = claim_gone(claim_uid, node, await read_claim(api, version, prepared.namespace, prepared.name))
+        if why is None:
+            continue
+        result = await store.txn(
+            [leadership.fence, Absent(store.keys.node(node)), Unchanged(key, record.mod_revision)],
+            [Delete(key)],
+        )
+        if result.succeeded:
+            dropped += 1
+            log.info(
+                "dropped prepared claim of a lost node: its claim is gone from the API server",
+                cd_uid=uid,
+                node=node,
+                claim_uid=claim_uid,
+                namespace=prepared.namespace,
+                claim=prepared.name,
+                why=why,
             )
-            if result.succeeded:
-                dropped += 1
-                log.info(
-                    "dropped prepared claim of a lost node: its claim is gone from the API server",
-                    cd_uid=uid,
-                    node=node,
-                    claim_uid=claim_uid,
-                    namespace=prepared.namespace,
-                    claim=prepared.name,
-                    why=why,
-                )
     return dropped
