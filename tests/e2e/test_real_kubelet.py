@@ -20,6 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from libs.cdi.spec import claim_cdi_device_id
 from libs.gen.computedomain.state import v1 as pb
+from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, services_store
@@ -440,6 +441,11 @@ async def test_a_lost_node_s_pod_is_replaced_on_a_spare_tray_of_its_clique_and_t
                 if m.value.node_name == survivor
             ]
             assert kept_after.create_revision == kept.create_revision
+            # The lost node holds nothing of the domain any more: no claim record, no member.
+            assert (await store.list(store.keys.preparations(lost), pb.PreparedClaim))[0] == []
+            members = (await store.list(store.keys.members(formed.cd_uid), pb.Member))[0]
+            assert sorted(m.value.node_name for m in members) == sorted([survivor, new_node])
+            assert await check_store_invariants(store) == []
         finally:
             env.restore_node(lost)
             env.cp.kubectl("taint", "nodes", lost, "node.kubernetes.io/out-of-service-", check=False)
