@@ -20,6 +20,7 @@ CDSIM_MESH_TLS = 83
 CDSIM_FAULTS = 86
 CDSIM_RECOVERY = 88
 DASHBOARD = 91
+HOSTILE_CDSIM = 93
 
 FIXED = frozenset(
     {
@@ -35,5 +36,6 @@ FIXED = frozenset(
         CDSIM_FAULTS,
         CDSIM_RECOVERY,
         DASHBOARD,
+        HOSTILE_CDSIM,
     }
 )

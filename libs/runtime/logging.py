@@ -13,6 +13,8 @@ from typing import Any, Literal, TextIO, cast
 
 import structlog
 
+from libs.runtime.textlimits import MAX_LOG_VALUE_CHARS, clip
+
 LogFormat = Literal["json", "console", "auto"]
 
 # Field names whose values must never reach a log line (tokens, keys, passwords).
@@ -23,6 +25,14 @@ def _redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutable
     for key in list(event):
         if key.lower() in _SECRET_KEYS:
             event[key] = "<redacted>"
+    return event
+
+
+def _clip_long_values(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A value from a caller can be megabytes long; a log line repeats only its start."""
+    for key, value in event.items():
+        if isinstance(value, str) and len(value) > MAX_LOG_VALUE_CHARS:
+            event[key] = clip(value, MAX_LOG_VALUE_CHARS)
     return event
 
 
@@ -62,6 +72,7 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info", stream: Any 
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _redact_secrets,
+            _clip_long_values,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,

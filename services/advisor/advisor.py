@@ -14,12 +14,13 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import structlog
 
 from libs.runtime.backoff import Backoff
+from libs.runtime.textlimits import clip, too_long
 from libs.state.store import Store
 from services.advisor import policies
 from services.advisor.capacity import CapacityReport, capacity_report
@@ -73,6 +74,8 @@ class AdvisorConfig:
     holder: str = "placement-advisor"
     # Nodes one client (holder) may hold reserved at a time; 0 = no cap.
     max_nodes_per_holder: int = 0
+    # Longest holder, domain_uid, reservation_id or node name taken (bytes, UTF-8).
+    max_field_bytes: int = 253
     reserve_attempts: int = 8
     # How long nodes another writer took stay hidden while our watch catches up.
     hint_seconds: float = 2.0
@@ -116,20 +119,36 @@ class Advisor:
         if ttl_s < 0 or ttl_s > self.config.max_ttl_s:
             raise InvalidRequest(field_name, f"must be in [0, {self.config.max_ttl_s}] seconds, got {ttl_s}")
 
+    def _check_lengths(self, fields: Mapping[str, str]) -> None:
+        """Each named string fits `max_field_bytes`: checked before anything reaches the store."""
+        limit = self.config.max_field_bytes
+        for name, value in fields.items():
+            problem = too_long(value, limit)
+            if problem:
+                raise InvalidRequest(name, f"{problem} (--max-field-bytes)")
+
+    def _check_names(self, field_name: str, names: Iterable[str]) -> None:
+        limit = self.config.max_field_bytes
+        for name in names:
+            problem = too_long(name, limit)
+            if problem:
+                raise InvalidRequest(field_name, f"a node name is {problem} (--max-field-bytes)")
+
     def _check_selector(self, selector: Mapping[str, str]) -> None:
         inv = self.inventory
         for key, value in selector.items():
-            name = f'node_selector["{key}"]'
+            name = f'node_selector["{clip(key, 64)}"]'
             if key not in SELECTOR_KEYS:
                 raise InvalidRequest(name, f"unknown key; known keys: {', '.join(SELECTOR_KEYS)}")
             if not value:
                 raise InvalidRequest(name, "empty value")
+            self._check_lengths({name: value})
             if key == "clique" and value not in inv.cliques:
-                raise InvalidRequest(name, f"unknown clique {value!r}")
+                raise InvalidRequest(name, f"unknown clique {clip(repr(value))}")
             if key in ("cluster", "rack") and value not in inv.cliques_by_cluster:
-                raise InvalidRequest(name, f"unknown {key} {value!r}")
+                raise InvalidRequest(name, f"unknown {key} {clip(repr(value))}")
             if key == "name" and value not in inv.nodes:
-                raise InvalidRequest(name, f"unknown node {value!r}")
+                raise InvalidRequest(name, f"unknown node {clip(repr(value))}")
 
     def validate(self, req: PlacementRequest) -> None:
         inv = self.inventory
@@ -157,6 +176,11 @@ class Advisor:
                     "segment_size",
                     f"num_nodes ({req.num_nodes}) must be a multiple of segment_size ({req.segment_size})",
                 )
+        self._check_lengths(
+            {"holder": req.holder, "domain_uid": req.domain_uid, "reservation_id": req.reservation_id}
+        )
+        self._check_names("excluded_nodes", req.excluded_nodes)
+        self._check_names("candidate_nodes", req.candidate_nodes or ())
         self._check_selector(req.node_selector)
         self._check_ttl(req.reservation_ttl_s, "reservation_ttl_seconds")
         if "/" in req.domain_uid:
@@ -319,12 +343,14 @@ class Advisor:
         inv = self.inventory
         if not nodes:
             raise InvalidRequest("node_names", "at least one node is needed")
+        self._check_lengths({"holder": holder, "domain_uid": domain_uid, "reservation_id": reservation_id})
         seen: set[str] = set()
         for i, name in enumerate(nodes):
+            self._check_lengths({f"node_names[{i}]": name})
             if name not in inv.nodes:
-                raise InvalidRequest(f"node_names[{i}]", f"unknown node {name!r}")
+                raise InvalidRequest(f"node_names[{i}]", f"unknown node {clip(repr(name))}")
             if name in seen:
-                raise InvalidRequest(f"node_names[{i}]", f"node {name!r} named twice")
+                raise InvalidRequest(f"node_names[{i}]", f"node {clip(repr(name))} named twice")
             seen.add(name)
         self._check_ttl(ttl_s, "ttl_seconds")
         if "/" in reservation_id:
@@ -364,6 +390,7 @@ class Advisor:
         reservation made without a holder is held); NotHolder, changing nothing, if not."""
         if not reservation_id or "/" in reservation_id:
             raise InvalidRequest("reservation_id", "must be a non-empty id without '/'")
+        self._check_lengths({"reservation_id": reservation_id, "holder": caller})
         caller = caller or self.config.holder
         store = self._require_store()
         inv = self.inventory

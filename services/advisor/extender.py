@@ -12,11 +12,14 @@ matches keys case-insensitively, so we accept any case on input too.
 A pod is ours when one of its spec.resourceClaims names a ResourceClaimTemplate
 that belongs to a ComputeDomain; its nodes are narrowed to the domain's clique
 (see domain_placement). Every other pod passes through untouched. A malformed
-request is HTTP 400 with a message naming the field.
+request is HTTP 400 with a JSON body {"Error": <message naming the field>}; a body over the size limit is
+413, one not in whole within the read timeout 408, and JSON nested deeper than the
+parser's MAX_JSON_DEPTH levels 400 naming that limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +29,16 @@ import simdjson
 import structlog
 from aiohttp import web
 
+from libs.runtime.textlimits import clip
 from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
 from services.advisor.domain_sources import DomainSizeSource, TemplateDomainSource
 from services.advisor.metrics import AdvisorMetrics
 
 log = structlog.get_logger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+# simdjson's fixed nesting limit (its DEFAULT_MAX_DEPTH); deeper documents are refused by the parser.
+MAX_JSON_DEPTH = 1024
 
 
 class BadRequest(ValueError):
@@ -78,7 +84,13 @@ def parse_args(body: bytes) -> ExtenderArgs:
     try:
         data = simdjson.Parser().parse(body)
     except ValueError as exc:
-        raise BadRequest(f"request body is not JSON: {exc}") from None
+        raise BadRequest(f"request body is not JSON: {clip(str(exc))}") from None
+    except RuntimeError as exc:  # simdjson's other refusals, DEPTH_ERROR among them
+        if "DEPTH" in str(exc):
+            raise BadRequest(
+                f"request body: JSON nested deeper than {MAX_JSON_DEPTH} levels (the limit)"
+            ) from None
+        raise BadRequest(f"request body is not JSON: {clip(str(exc))}") from None
     if not isinstance(data, simdjson.Object):
         raise BadRequest(f"request body must be a JSON object (ExtenderArgs), got {_kind(data)}")
     raw_pod = _get(data, "Pod")
@@ -144,7 +156,26 @@ def _checked_pod(pod: dict[str, Any]) -> dict[str, Any]:
         for i, claim in enumerate(claims):
             if not isinstance(claim, dict):
                 raise BadRequest(f"Pod.spec.resourceClaims[{i}]: not an object")
+            _check_claim_names(claim, f"Pod.spec.resourceClaims[{i}]")
     return pod
+
+
+def _check_claim_names(claim: Mapping[str, Any], where: str) -> None:
+    """A claim names its template or claim as a string, as the API server's schema demands."""
+    for key in ("name", "resourceClaimName", "resourceClaimTemplateName"):
+        value = claim.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"{where}.{key}: not a string (got {_json_kind(value)} {clip(value, 40)})")
+    source = claim.get("source")
+    if source is not None:
+        if not isinstance(source, dict):
+            raise BadRequest(f"{where}.source: not an object")
+        _check_claim_names(source, f"{where}.source")
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {bool: "boolean", int: "number", float: "number", list: "list", dict: "object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def claim_template_names(pod: Mapping[str, Any]) -> list[str]:
@@ -166,7 +197,9 @@ def size_hint(pod: Mapping[str, Any]) -> int | None:
     try:
         size = int(str(raw).strip())
     except ValueError:
-        raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: not an integer: {raw!r}") from None
+        raise BadRequest(
+            f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: not an integer: {clip(repr(raw))}"
+        ) from None
     if size <= 0:
         raise BadRequest(f"Pod.metadata.annotations[{SIZE_ANNOTATION}]: must be > 0, got {size}")
     return size
@@ -267,6 +300,11 @@ class Extender:
         return [{"Host": n, "Score": scores.get(n, 0)} for n in candidates]
 
 
+def _refusal(cls: type[web.HTTPClientError], message: str, **kwargs: Any) -> web.HTTPClientError:
+    """A 4xx whose body is JSON, `{"Error": message}`, like ExtenderFilterResult's Error field."""
+    return cls(text=orjson.dumps({"Error": message}).decode(), content_type="application/json", **kwargs)
+
+
 def _json_response(payload: object) -> web.Response:
     return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
@@ -276,18 +314,39 @@ def _join(prefix: str, verb: str) -> str:
 
 
 def build_extender_app(
-    extender: Extender, prefix: str = "/", filter_verb: str = "filter", prioritize_verb: str = "prioritize"
+    extender: Extender,
+    prefix: str = "/",
+    filter_verb: str = "filter",
+    prioritize_verb: str = "prioritize",
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    read_timeout_s: float = 60.0,
 ) -> web.Application:
     """aiohttp app serving POST <prefix>/<filter_verb> and POST <prefix>/<prioritize_verb>."""
 
     async def read_args(request: web.Request, verb: str) -> ExtenderArgs:
-        body = await request.read()
+        try:
+            async with asyncio.timeout(read_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            extender.metrics.extender_requests.labels(verb, "bad_request").inc()
+            raise _refusal(
+                web.HTTPRequestTimeout,
+                f"request body not received within {read_timeout_s:g} s (--idle-timeout-s)",
+            ) from None
+        except web.HTTPRequestEntityTooLarge:
+            extender.metrics.extender_requests.labels(verb, "bad_request").inc()
+            raise _refusal(
+                web.HTTPRequestEntityTooLarge,
+                f"request body is over {max_body_bytes} bytes, the limit (--extender-max-body-bytes)",
+                max_size=max_body_bytes,
+            ) from None
         try:
             return parse_args(body)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels(verb, "bad_request").inc()
             log.warning("bad extender request", verb=verb, error=str(exc))
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
 
     async def handle_filter(request: web.Request) -> web.Response:
         args = await read_args(request, "filter")
@@ -295,7 +354,7 @@ def build_extender_app(
             result = await extender.filter(args)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels("filter", "bad_request").inc()
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
         except Exception as exc:
             extender.metrics.extender_requests.labels("filter", "error").inc()
             log.exception("extender filter failed")
@@ -308,7 +367,7 @@ def build_extender_app(
             priorities = await extender.prioritize(args)
         except BadRequest as exc:
             extender.metrics.extender_requests.labels("prioritize", "bad_request").inc()
-            raise web.HTTPBadRequest(text=str(exc)) from None
+            raise _refusal(web.HTTPBadRequest, str(exc)) from None
         except Exception:
             # kube-scheduler cannot do anything with a failed priority: neutral scores keep it going.
             extender.metrics.extender_requests.labels("prioritize", "error").inc()
@@ -316,7 +375,33 @@ def build_extender_app(
             priorities = [{"Host": n, "Score": 0} for n in args.candidate_names]
         return _json_response(priorities)
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=max_body_bytes)
     app.router.add_post(_join(prefix, filter_verb), handle_filter)
     app.router.add_post(_join(prefix, prioritize_verb), handle_prioritize)
     return app
+
+
+class _CappedServer(web.Server):
+    max_connections: int
+
+    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.connections) > self.max_connections:
+            log.warning("extender connection refused: too many open", limit=self.max_connections)
+            # Closed once the handler's task has started: closing here would end it before it runs.
+            asyncio.get_running_loop().call_soon(handler.force_close)
+
+
+class CappedAppRunner(web.AppRunner):
+    """An AppRunner whose server closes connections past `max_connections` as they arrive."""
+
+    def __init__(self, app: web.Application, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._max_connections = max_connections
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _CappedServer
+        assert isinstance(server, _CappedServer)
+        server.max_connections = self._max_connections
+        return server

@@ -24,6 +24,7 @@ from grpclib.health.check import ServiceStatus
 from grpclib.server import Server
 
 from libs.runtime.cancellation import cancel_until_done
+from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
@@ -39,7 +40,7 @@ from services.advisor.domain_sources import (
     StoreTemplateSource,
     TemplateDomainSource,
 )
-from services.advisor.extender import Extender, build_extender_app
+from services.advisor.extender import CappedAppRunner, Extender, build_extender_app
 from services.advisor.grpc_service import PlacementService
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
@@ -78,6 +79,7 @@ class AdvisorService:
                 max_ttl_s=settings.max_reservation_ttl_s,
                 holder=settings.holder,
                 max_nodes_per_holder=settings.max_reserved_nodes_per_holder,
+                max_field_bytes=settings.max_field_bytes,
             ),
             self.metrics,
         )
@@ -138,8 +140,9 @@ class AdvisorService:
 
             services = standard_services([PlacementService(self.advisor)], self.grpc_serving)
             tls = s.tls_cert_file != ""
+            limits = ServerLimits(s.grpc_max_message_bytes, s.idle_timeout_s, s.max_connections)
             if s.grpc_host:
-                server = CorkedServer(services)
+                server = CorkedServer(services, limits=limits)
                 track_client_identity(server)
                 await server.start(
                     s.grpc_host,
@@ -154,7 +157,7 @@ class AdvisorService:
             if s.grpc_unix_socket:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(s.grpc_unix_socket)
-                unix_server = CorkedServer(services)
+                unix_server = CorkedServer(services, limits=limits)
                 await unix_server.start(path=s.grpc_unix_socket)
                 os.chmod(s.grpc_unix_socket, 0o660)
                 grpc_servers.append(unix_server)
@@ -186,9 +189,16 @@ class AdvisorService:
                     self.metrics,
                 )
                 app = build_extender_app(
-                    extender, s.extender_prefix, s.extender_filter_verb, s.extender_prioritize_verb
+                    extender,
+                    s.extender_prefix,
+                    s.extender_filter_verb,
+                    s.extender_prioritize_verb,
+                    max_body_bytes=s.extender_max_body_bytes,
+                    read_timeout_s=s.idle_timeout_s,
                 )
-                extender_runner = web.AppRunner(app, access_log=None)
+                extender_runner = CappedAppRunner(
+                    app, s.max_connections, access_log=None, keepalive_timeout=s.idle_timeout_s
+                )
                 await extender_runner.setup()
                 site = web.TCPSite(
                     extender_runner,

@@ -19,12 +19,39 @@ class AdvisorSettings(EtcdSettings):
     grpc_host: str = setting("0.0.0.0", "address of the PlacementAdvisor gRPC server ('' = no TCP listener)")
     grpc_port: int = setting(50061, "port of the gRPC server (0 = any free port)", validate=non_negative)
     grpc_unix_socket: str = setting("", "also serve gRPC on this unix socket path")
+    grpc_max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        "largest gRPC request message taken (larger: RESOURCE_EXHAUSTED naming the limit)",
+        validate=positive,
+    )
+    max_connections: int = setting(
+        1024,
+        "connections the gRPC server, and the extender, each keep open at a time (more are closed at once)",
+        validate=positive,
+    )
+    idle_timeout_s: float = setting(
+        60.0,
+        "a gRPC or extender connection with no call in progress for this long is closed; also the time "
+        "an extender request has to arrive whole, headers and body (slow senders are cut off)",
+        validate=positive,
+    )
+    max_field_bytes: int = setting(
+        253,
+        "longest holder, domain_uid, reservation_id or node name taken (a Kubernetes name's limit); "
+        "checked before any store write",
+        validate=positive,
+    )
     extender_enabled: bool = setting(True, "serve the kube-scheduler extender")
     extender_host: str = setting("0.0.0.0", "address of the kube-scheduler extender HTTP server")
     extender_port: int = setting(8888, "port of the extender (0 = any free port)", validate=non_negative)
     extender_prefix: str = setting("/", "URL prefix of the extender (kube-scheduler's urlPrefix path)")
     extender_filter_verb: str = setting("filter", "filterVerb of the extender")
     extender_prioritize_verb: str = setting("prioritize", "prioritizeVerb of the extender")
+    extender_max_body_bytes: int = setting(
+        32 * 1024 * 1024,
+        "largest extender request body taken (larger: HTTP 413); 32 MiB holds ~8,000 whole Nodes",
+        validate=positive,
+    )
     extender_reservation_ttl_s: int = setting(
         300,
         "longest time nodes reserved for a domain's pods are held (released sooner once all are bound "

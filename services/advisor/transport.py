@@ -1,4 +1,5 @@
-"""The advisor's grpclib server: write coalescing and a codec that lets hot handlers take raw bytes.
+"""The advisor's grpclib server: write coalescing and a codec that lets hot handlers take raw bytes
+(on `libs.runtime.grpclimits.LimitedServer`, for the limits grpclib lacks).
 
 grpclib writes each HTTP/2 frame group of a response (headers, data, trailers)
 with its own transport.write, i.e. its own send() system call. On small VMs a
@@ -13,8 +14,8 @@ import asyncio
 from typing import Any
 
 from grpclib.encoding.base import CodecBase
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
+
+from libs.runtime.grpclimits import LimitedH2Protocol, LimitedServer
 
 
 class WireCodec(CodecBase):
@@ -77,19 +78,16 @@ class CorkedTransport:
         return getattr(self._transport, name)
 
 
-class CorkedH2Protocol(H2Protocol):
+class CorkedH2Protocol(LimitedH2Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(CorkedTransport(transport))  # type: ignore[arg-type]
 
 
-class CorkedServer(Server):
-    """grpclib `Server` with write coalescing; same API, the advisor's `WireCodec` by default."""
+class CorkedServer(LimitedServer):
+    """`LimitedServer` with write coalescing; same API, the advisor's `WireCodec` by default."""
+
+    protocol_class = CorkedH2Protocol
 
     def __init__(self, handlers: Any, **kwargs: Any) -> None:
         kwargs.setdefault("codec", WireCodec())
         super().__init__(handlers, **kwargs)
-
-    def _protocol_factory(self) -> H2Protocol:
-        protocol = super()._protocol_factory()
-        protocol.__class__ = CorkedH2Protocol
-        return protocol

@@ -20,6 +20,8 @@ from grpclib.server import Server
 from libs.contract.names import DRIVER_NAME
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from libs.runtime.grpclimits import ServerLimits
+from libs.runtime.textlimits import clip, too_long
 from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.errors import ClaimError, PermanentError
 from services.nodeagent.keyedlocks import KeyedLocks
@@ -30,6 +32,10 @@ from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
 log = structlog.get_logger(__name__)
 
 DRA_SOCKET_NAME = "dra.sock"
+# Kubernetes' own limits: a namespace is a DNS-1123 label, a claim's name a DNS-1123 subdomain.
+MAX_NAMESPACE_BYTES = 63
+MAX_NAME_BYTES = 253
+DEFAULT_MAX_UID_BYTES = 128
 
 
 def plugin_dir(kubelet_dir: Path) -> Path:
@@ -52,10 +58,27 @@ PrepareOutcome = tuple[list[PreparedDevice], str]
 class ClaimDispatcher:
     """Version-independent request handling around the node's claim state."""
 
-    def __init__(self, state: ClaimPreparer, metrics: AgentMetrics) -> None:
+    def __init__(
+        self, state: ClaimPreparer, metrics: AgentMetrics, max_uid_bytes: int = DEFAULT_MAX_UID_BYTES
+    ) -> None:
         self.state = state
         self.metrics = metrics
+        self.max_uid_bytes = max_uid_bytes
         self._claim_locks = KeyedLocks()
+
+    def _check(self, ref: ClaimRef) -> None:
+        """The claim's fields fit Kubernetes' limits; PermanentError naming the field otherwise
+        (before anything is looked up or written)."""
+        if not ref.uid:
+            raise PermanentError(f"claim {clip(ref.namespace)}/{clip(ref.name)}: uid is empty")
+        for field_name, value, limit, setting in (
+            ("uid", ref.uid, self.max_uid_bytes, " (--max-claim-uid-bytes)"),
+            ("namespace", ref.namespace, MAX_NAMESPACE_BYTES, ""),
+            ("name", ref.name, MAX_NAME_BYTES, ""),
+        ):
+            problem = too_long(value, limit)
+            if problem:
+                raise PermanentError(f"claim {field_name}: {problem}{setting}")
 
     async def prepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         unique = list({c.uid: c for c in claims}.values())
@@ -77,14 +100,15 @@ class ClaimDispatcher:
         error = ""
         outcome = "ok"
         try:
-            if not ref.uid:
-                raise PermanentError(f"claim {ref.namespace}/{ref.name} has no UID")
+            self._check(ref)
             async with self._claim_locks.hold(ref.uid):
                 devices = await self.state.prepare(ref)
         except ClaimError as exc:
             error, outcome = str(exc), exc.kind
         except Exception as exc:  # a bug must cost one claim, not the whole request
-            log.exception("prepare failed unexpectedly", claim_uid=ref.uid, namespace=ref.namespace)
+            log.exception(
+                "prepare failed unexpectedly", claim_uid=clip(ref.uid), namespace=clip(ref.namespace)
+            )
             error, outcome = f"internal error: {type(exc).__name__}: {exc}", "retryable"
         self._record("prepare", ref, outcome, error, time.perf_counter() - start)
         return devices, error
@@ -94,14 +118,15 @@ class ClaimDispatcher:
         error = ""
         outcome = "ok"
         try:
-            if not ref.uid:
-                raise PermanentError(f"claim {ref.namespace}/{ref.name} has no UID")
+            self._check(ref)
             async with self._claim_locks.hold(ref.uid):
                 await self.state.unprepare(ref)
         except ClaimError as exc:
             error, outcome = str(exc), exc.kind
         except Exception as exc:
-            log.exception("unprepare failed unexpectedly", claim_uid=ref.uid, namespace=ref.namespace)
+            log.exception(
+                "unprepare failed unexpectedly", claim_uid=clip(ref.uid), namespace=clip(ref.namespace)
+            )
             error, outcome = f"internal error: {type(exc).__name__}: {exc}", "retryable"
         self._record("unprepare", ref, outcome, error, time.perf_counter() - start)
         return error
@@ -113,11 +138,12 @@ class ClaimDispatcher:
         else:
             self.metrics.unprepares.labels(outcome=outcome).inc()
             self.metrics.unprepare_seconds.observe(seconds)
+        claim_uid, namespace = clip(ref.uid), clip(ref.namespace)
         if outcome == "permanent":
-            log.error(f"{what} refused", claim_uid=ref.uid, namespace=ref.namespace, error=error)
+            log.error(f"{what} refused", claim_uid=claim_uid, namespace=namespace, error=error)
         elif outcome == "retryable":
             log.warning(
-                f"{what} failed; kubelet will retry", claim_uid=ref.uid, namespace=ref.namespace, error=error
+                f"{what} failed; kubelet will retry", claim_uid=claim_uid, namespace=namespace, error=error
             )
 
 
@@ -168,14 +194,22 @@ DraV1Beta1 = _dra_service(dra_v1beta1)
 class DraServer:
     """Both DRA API versions on one unix socket."""
 
-    def __init__(self, dispatcher: ClaimDispatcher, socket_path: Path) -> None:
+    def __init__(
+        self, dispatcher: ClaimDispatcher, socket_path: Path, max_message_bytes: int = 4 * 1024 * 1024
+    ) -> None:
         self.dispatcher = dispatcher
         self.socket_path = socket_path
+        self.limits = ServerLimits(
+            max_message_bytes=max_message_bytes,
+            idle_timeout_s=None,
+            max_connections=None,
+            message_limit_setting="--dra-max-message-bytes",
+        )
         self._server: Server | None = None
 
     async def start(self) -> None:
         self._server = await start_unix_server(
-            [DraV1(self.dispatcher), DraV1Beta1(self.dispatcher)], self.socket_path
+            [DraV1(self.dispatcher), DraV1Beta1(self.dispatcher)], self.socket_path, limits=self.limits
         )
 
     async def stop(self) -> None:

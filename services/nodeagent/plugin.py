@@ -55,6 +55,8 @@ class Plugin:
     metrics: AgentMetrics
     kubelet_dir: Path
     register_timeout_s: float
+    dra_max_message_bytes: int = 4 * 1024 * 1024
+    max_claim_uid_bytes: int = 128
     dra: DraServer | None = None
     registration: RegistrationServer | None = None
 
@@ -100,7 +102,11 @@ class Plugin:
             return False
         # Follow the held domain's daemon from the start (its restart count is a metric).
         self.daemons.follow(self.state.held_domain())
-        self.dra = DraServer(ClaimDispatcher(self.state, self.metrics), self.dra_socket)
+        self.dra = DraServer(
+            ClaimDispatcher(self.state, self.metrics, self.max_claim_uid_bytes),
+            self.dra_socket,
+            self.dra_max_message_bytes,
+        )
         await self.dra.start()
         self.registration = RegistrationServer(
             RegistrationService(self.dra.socket_path, self.health), registration_socket_path(self.kubelet_dir)
@@ -163,6 +169,8 @@ def compose_plugin(
         metrics=metrics,
         kubelet_dir=kubelet_dir,
         register_timeout_s=settings.register_timeout_s,
+        dra_max_message_bytes=settings.dra_max_message_bytes,
+        max_claim_uid_bytes=settings.max_claim_uid_bytes,
     )
 
 

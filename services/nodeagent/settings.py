@@ -58,6 +58,17 @@ class AgentSettings(EtcdSettings):
         "after this long, seconds; the plugin serves kubelet only once it was seen.",
         validate=positive,
     )
+    dra_max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        "Largest request message the DRA socket takes (larger: RESOURCE_EXHAUSTED naming the limit).",
+        validate=positive,
+    )
+    max_claim_uid_bytes: int = setting(
+        128,
+        "Longest claim UID taken from kubelet (Kubernetes UIDs are 36); a claim's namespace and name "
+        "are held to Kubernetes' own limits (63 and 253).",
+        validate=positive,
+    )
     # ---- claims and Kubernetes
     claim_source: str = setting(
         "store", "Where claims come from: store (simulation) or kubernetes.", choices=("store", "kubernetes")

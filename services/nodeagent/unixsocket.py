@@ -19,6 +19,8 @@ from pathlib import Path
 import structlog
 from grpclib.server import Server
 
+from libs.runtime.grpclimits import LimitedServer, ServerLimits
+
 log = structlog.get_logger(__name__)
 
 SOCKET_MODE = 0o660
@@ -77,9 +79,19 @@ def bind_unix_socket(path: Path, mode: int = SOCKET_MODE) -> socket.socket:
     return sock
 
 
-async def start_unix_server(handlers: Sequence[object], path: Path, mode: int = SOCKET_MODE) -> Server:
+# Kubelet holds its connection to a plugin open between calls: no idle timeout, no connection cap
+# (the socket's mode admits kubelet's group only); the message size is bounded.
+KUBELET_SOCKET_LIMITS = ServerLimits(idle_timeout_s=None, max_connections=None)
+
+
+async def start_unix_server(
+    handlers: Sequence[object],
+    path: Path,
+    mode: int = SOCKET_MODE,
+    limits: ServerLimits = KUBELET_SOCKET_LIMITS,
+) -> Server:
     """A started grpclib server for ``handlers`` on the unix socket ``path``."""
-    server = Server(list(handlers))  # type: ignore[arg-type]
+    server = LimitedServer(list(handlers), limits=limits)
     sock = bind_unix_socket(path, mode)
     try:
         await server.start(sock=sock)

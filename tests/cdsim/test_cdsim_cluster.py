@@ -130,7 +130,7 @@ def test_a_job_larger_than_free_capacity_is_refused_with_the_advisors_reason(clu
     # Larger than the whole cluster.
     result = cdsim(cluster, "job", "submit", "way-too-big", "--nodes", "100")
     assert result.returncode == 1
-    assert "placement advisor says" in result.stderr
+    assert f"--nodes 100: the cluster has {RACKS * TRAYS} nodes" in result.stderr
     doc = status(cluster)
     assert doc["domains"] == [] and doc["jobs"] == []
 

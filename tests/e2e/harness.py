@@ -87,6 +87,7 @@ CONTROLLER_LEASE_TTL_S = 3
 CONTROLLER_SWEEP_S = 3
 IMEX_AGENT_LEASE_TTL_S = 5
 IMEX_PORT = 50000
+EVICTION_TOLERATION_S = 10
 _SPAWN_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 10.0
 
@@ -267,14 +268,21 @@ class E2EEnvironment:
         if self.kubelets not in ("real", "shim"):
             raise ValueError(f"kubelets must be 'real' or 'shim', not {self.kubelets!r}")
         # Real kubelets renew their leases, so the node lifecycle controller runs as in a cluster.
-        controllers, kcm_args = DEFAULT_CONTROLLERS, []
+        controllers, kcm_args, apiserver_args = DEFAULT_CONTROLLERS, [], []
         if self.kubelets == "real":
             controllers = "*"
             kcm_args = ["--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s"]
+            # Pods tolerate an unreachable or not-ready node this long before they are evicted
+            # (upstream default: 300 s).
+            apiserver_args = [
+                f"--default-unreachable-toleration-seconds={EVICTION_TOLERATION_S}",
+                f"--default-not-ready-toleration-seconds={EVICTION_TOLERATION_S}",
+            ]
         self.cp = ControlPlane(
             self.binaries,
             self.root / "controlplane",
             controllers=controllers,
+            apiserver_args=apiserver_args,
             controller_manager_args=kcm_args,
         )
         self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
@@ -426,6 +434,7 @@ class E2EEnvironment:
                 minor=self.binaries.minor,
                 labels=n.labels,
                 cdi_root=dirs.cdi_root,
+                gpus=self.cluster.gpus_per_tray,
             )
             self.kubelet_nodes[n.name] = kubelet
             kubelet.start()
@@ -504,11 +513,7 @@ class E2EEnvironment:
             dirs = self.layout.node(node)
             for d in (dirs.kubelet_dir, dirs.cdi_root, dirs.imex_dir):
                 d.mkdir(parents=True, exist_ok=True)
-        for node in self.node_names:
-            self.imex_agents[node] = self._spawn(
-                f"imex-{node}", IMEX_AGENT_TARGET, self.imex_agent_argv(node)
-            )
-        self._wait_ready("imex", IMEX_AGENT_HEALTH_PORT, self.node_names)
+        self.start_imex_agents(self.node_names)
         self.start_plugins(self.node_names)
 
     def start_plugins(self, nodes: list[str]) -> None:
@@ -516,6 +521,26 @@ class E2EEnvironment:
         for node in nodes:
             self.agents[node] = self._spawn(f"agent-{node}", AGENT_TARGET, self.agent_argv(node))
         self._wait_ready("agent", AGENT_HEALTH_PORT, nodes)
+
+    def start_imex_agents(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.imex_agents[node] = self._spawn(
+                f"imex-{node}", IMEX_AGENT_TARGET, self.imex_agent_argv(node)
+            )
+        self._wait_ready("imex", IMEX_AGENT_HEALTH_PORT, nodes)
+
+    def lose_node(self, node: str) -> None:
+        """The tray is gone: its kubelet, kubelet plugin and IMEX agent (with its daemon) stop; its
+        pods stay in the API server as they were."""
+        self.kubelet_nodes[node].stop_kubelet(kill=True)
+        self.stop_plugins([node])
+        terminate(self.imex_agents[node])  # SIGTERM: the agent stops its daemons
+
+    def restore_node(self, node: str) -> None:
+        """Bring a lost tray back (kubelet, IMEX agent, kubelet plugin)."""
+        self.kubelet_nodes[node].start_kubelet()
+        self.start_imex_agents([node])
+        self.start_plugins([node])
 
     def stop_plugins(self, nodes: list[str]) -> None:
         """End the kubelet plugins of ``nodes`` as a DaemonSet pod deletion does (SIGTERM, then

@@ -21,6 +21,7 @@ from typing import TextIO
 from libs.contract.storeclaims import store_claim, store_domain
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
+from libs.kube.names import subdomain_problem
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.keys import Keys
 from libs.state.store import Delete, Put, Store
@@ -94,13 +95,26 @@ def build_claim(record: ClaimRecord, domain_uid: str, allocation_mode: str, now_
     )
 
 
+def check_nodes(num_nodes: int, cluster: ClusterDescription) -> None:
+    """--nodes is at least 1 and at most the cluster's size; CommandError naming both otherwise."""
+    size = sum(1 for _ in cluster.node_names())
+    if num_nodes < 1:
+        raise CommandError(f"--nodes must be >= 1, got {num_nodes}")
+    if num_nodes > size:
+        raise CommandError(f"--nodes {num_nodes}: the cluster has {size} nodes (`cdsim status` shows them)")
+
+
+def claim_name(job_name: str, index: int) -> str:
+    return f"{job_name}-worker-{index}-channel"
+
+
 def plan_claims(name: str, namespace: str, nodes: list[str], first: int = 0) -> tuple[ClaimRecord, ...]:
     """One claim per node, named like the claims of a job's pods (`<job>-worker-<i>-channel`).
 
     `first` numbers the workers of a job that grows after the ones it has.
     """
     return tuple(
-        ClaimRecord(uid=str(uuid.uuid4()), name=f"{name}-worker-{i}-channel", namespace=namespace, node=node)
+        ClaimRecord(uid=str(uuid.uuid4()), name=claim_name(name, i), namespace=namespace, node=node)
         for i, node in enumerate(nodes, start=first)
     )
 
@@ -199,8 +213,13 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
     state = running_state(layout)
     cluster = ClusterDescription.load(layout.cluster_file)
     book = JobBook(layout.jobs_file)
-    if options.num_nodes < 1:
-        raise CommandError(f"--nodes must be >= 1, got {options.num_nodes}")
+    check_nodes(options.num_nodes, cluster)
+    longest_claim = claim_name(options.name, options.num_nodes - 1)
+    problem = subdomain_problem(longest_claim)
+    if problem:
+        raise CommandError(
+            f"job name {options.name!r} is too long for its claims' names ({problem}); choose a shorter name"
+        )
     if book.read().find(options.namespace, options.name) is not None:
         raise CommandError(f"job {options.namespace}/{options.name} exists already; delete it first")
     async with open_store(state) as store:

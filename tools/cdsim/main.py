@@ -31,6 +31,7 @@ import aetcd.exceptions
 
 from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
+from libs.kube.names import label_problem, subdomain_problem
 from libs.runtime.logging import configure_logging
 from libs.state.store import TRANSIENT_ERRORS
 from tools.cdsim import faults, jobs, lifecycle, scaling
@@ -50,6 +51,22 @@ def _state_dir_option(parser: argparse.ArgumentParser, default: Any) -> None:
         default=default,
         help="the cluster's state directory (default: $CDSIM_STATE_DIR or <tmp>/cdsim-<uid>)",
     )
+
+
+def _namespace(value: str) -> str:
+    """A namespace as the API server takes it: a DNS-1123 label."""
+    problem = label_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"namespace {problem}")
+    return value
+
+
+def _job_name(value: str) -> str:
+    """A job's name is its ComputeDomain's: a DNS-1123 subdomain, as for most kinds."""
+    problem = subdomain_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"job (ComputeDomain) name {problem}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,9 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     job = sub.add_parser("job", help="submit, scale, check or delete a job (a ComputeDomain and its claims)")
     job_sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     submit = job_sub.add_parser("submit", parents=[common], help="place, create and prepare a job")
-    submit.add_argument("name")
+    submit.add_argument("name", type=_job_name)
     submit.add_argument("--nodes", type=int, required=True, help="number of nodes (one claim each)")
-    submit.add_argument("-n", "--namespace", default="default")
+    submit.add_argument("-n", "--namespace", default="default", type=_namespace)
     submit.add_argument("--all-channels", action="store_true", help="allocationMode All (all 2048 channels)")
     submit.add_argument("--wait", action="store_true", help="wait until the ComputeDomain is Ready")
     submit.add_argument("--placement", default="single-clique", choices=sorted(PLACEMENT_MODES))
@@ -139,28 +156,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=120.0, help="seconds kubelet keeps retrying prepares"
     )
     wait = job_sub.add_parser("wait", parents=[common], help="wait until a job's domain is Ready / NotReady")
-    wait.add_argument("name")
-    wait.add_argument("-n", "--namespace", default="default")
+    wait.add_argument("name", type=_job_name)
+    wait.add_argument("-n", "--namespace", default="default", type=_namespace)
     wait.add_argument("--status", choices=("Ready", "NotReady"), default="Ready")
     wait.add_argument("--reason", default="", help="also require this Ready-condition reason (e.g. NodeLost)")
     wait.add_argument("--timeout", type=float, default=60.0)
     check_job = job_sub.add_parser(
         "check", parents=[common], help="exit 0 only if all of the job's IMEX imports are still valid"
     )
-    check_job.add_argument("name")
-    check_job.add_argument("-n", "--namespace", default="default")
+    check_job.add_argument("name", type=_job_name)
+    check_job.add_argument("-n", "--namespace", default="default", type=_namespace)
     scale = job_sub.add_parser(
         "scale",
         parents=[common],
         help="grow a running job to N nodes in its clique (or shrink it: the last nodes added leave)",
     )
-    scale.add_argument("name")
+    scale.add_argument("name", type=_job_name)
     scale.add_argument("--nodes", type=int, required=True, help="the job's new number of nodes")
-    scale.add_argument("-n", "--namespace", default="default")
+    scale.add_argument("-n", "--namespace", default="default", type=_namespace)
     scale.add_argument("--timeout", type=float, default=120.0, help="seconds kubelet keeps retrying")
     delete = job_sub.add_parser("delete", parents=[common], help="unprepare and delete a job")
-    delete.add_argument("name")
-    delete.add_argument("-n", "--namespace", default="default")
+    delete.add_argument("name", type=_job_name)
+    delete.add_argument("-n", "--namespace", default="default", type=_namespace)
     delete.add_argument("--wait", action="store_true", help="wait until the domain is torn down")
     delete.add_argument("--timeout", type=float, default=60.0)
 

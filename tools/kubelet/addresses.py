@@ -5,7 +5,9 @@ gets a /32 from 198.18.0.0/15 (RFC 2544's benchmarking range, which nothing on t
 on the loopback interface, labelled so that leftovers of a killed run are recognised. A /32 adds a
 `local` route for that one address and nothing else: packets to it are delivered on this machine
 (`ip route get` says `local ... dev lo`), the loopback device cannot send a packet off the machine,
-and no other route, sysctl or interface changes. remove() deletes exactly what add() added.
+and no other route, sysctl or interface changes. remove() deletes exactly what add() added; should
+the process be killed first, the next environment on the same address block takes the addresses
+over, and the kernel drops them by itself after ADDRESS_LIFETIME_S anyway.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Iterable
 
 NODE_IP_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 ADDRESS_LABEL = "lo:cdkubelet"
+# Longer than any test session; the kernel removes an address whose valid lifetime ends.
+ADDRESS_LIFETIME_S = 6 * 3600
 _PER_BLOCK = 1024  # node ordinals per address block
 _IP_TIMEOUT_S = 10.0
 
@@ -73,7 +77,11 @@ class NodeAddresses:
             if label is not None and label != ADDRESS_LABEL:
                 raise NodeAddressError(f"{address} is already on this host ({label}); not taking it over")
             if label is None:
-                _ip("-4", "addr", "add", f"{address}/32", "dev", "lo", "label", ADDRESS_LABEL)
+                lifetime = str(ADDRESS_LIFETIME_S)
+                _ip(
+                    "-4", "addr", "add", f"{address}/32", "dev", "lo", "label", ADDRESS_LABEL,
+                    "valid_lft", lifetime, "preferred_lft", lifetime,
+                )  # fmt: skip
             # else: the leftover of a killed run on this address block (blocks are exclusive)
             self._added.append(address)
             if not is_local_only(address):

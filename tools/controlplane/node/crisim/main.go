@@ -41,28 +41,29 @@ const callLogReset = time.Minute
 
 var (
 	shellExit = regexp.MustCompile(`^\s*sleep\s+(\d+(?:\.\d+)?)\s*;\s*exit\s+(\d{1,3})\s*$`)
+	seconds   = regexp.MustCompile(`^\d+(?:\.\d+)?$`) // not "infinity", "1e9", "-1"
 	shells    = map[string]bool{"sh": true, "bash": true}
 )
 
 // exitRule reads the exit rule from a container's command line: after how long it exits by
 // itself and with which code; ok is false for a container that runs until stopped.
 func exitRule(argv []string) (after time.Duration, code int32, ok bool) {
-	seconds := ""
+	duration := ""
 	exit := "0"
 	switch {
-	case len(argv) == 2 && filepath.Base(argv[0]) == "sleep":
-		seconds = argv[1]
+	case len(argv) == 2 && filepath.Base(argv[0]) == "sleep" && seconds.MatchString(argv[1]):
+		duration = argv[1]
 	case len(argv) == 3 && shells[filepath.Base(argv[0])] && argv[1] == "-c":
 		m := shellExit.FindStringSubmatch(argv[2])
 		if m == nil {
 			return 0, 0, false
 		}
-		seconds, exit = m[1], m[2]
+		duration, exit = m[1], m[2]
 	default:
 		return 0, 0, false
 	}
-	s, err := strconv.ParseFloat(seconds, 64)
-	if err != nil || s < 0 {
+	s, err := strconv.ParseFloat(duration, 64)
+	if err != nil || s > 1e9 { // beyond ~30 years: as good as forever, and no Duration overflow
 		return 0, 0, false
 	}
 	k, err := strconv.Atoi(exit)
