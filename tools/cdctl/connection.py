@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from libs.state.config import EtcdConfig
 from tools.cdsim import credentials
@@ -57,9 +58,10 @@ def etcd_config(args: argparse.Namespace) -> EtcdConfig:
     A secured cdsim cluster's client certificate is taken from its state dir unless TLS or a user is
     given explicitly."""
     state = _running_cluster(args)
-    run_credentials = credentials.of_run(state) if state is not None else None
-    if run_credentials is not None and not (args.etcd_ca_file or args.etcd_cert_file or args.etcd_username):
-        config = run_credentials.etcd_config(state.etcd_endpoint if state else "", prefix=args.etcd_prefix)
+    explicit = args.etcd_ca_file or args.etcd_cert_file or args.etcd_username
+    if state is not None and state.tls_dir and not explicit:
+        run_credentials = credentials.Credentials(Path(state.tls_dir))
+        config = run_credentials.etcd_config(state.etcd_endpoint, prefix=args.etcd_prefix)
         return replace(config, timeout_s=args.timeout)
     password = args.etcd_password or os.environ.get(PASSWORD_ENV)
     return EtcdConfig(
