@@ -11,6 +11,8 @@ from __future__ import annotations
 CHAOS_SOAK = 62
 SECURED_RUN = 64
 ETCD_AUTH_RECOVERY = 65
+CDSIM_SECURE = 66  # the default (secured) cdsim run
+CDSIM_PLAINTEXT = 67  # cdsim up --plaintext
 CDSIM_CLUSTER = 77
 CDSIM = 79  # test_continuity and test_kubernetes_mode
 CDSIM_DOWN_DURING_START = 80
@@ -25,6 +27,8 @@ FIXED = frozenset(
         CHAOS_SOAK,
         SECURED_RUN,
         ETCD_AUTH_RECOVERY,
+        CDSIM_SECURE,
+        CDSIM_PLAINTEXT,
         CDSIM_CLUSTER,
         CDSIM,
         CDSIM_DOWN_DURING_START,

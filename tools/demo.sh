@@ -45,7 +45,9 @@ step "ComputeDomains demo: two simulated GB200 NVL72 racks (36 compute trays, 14
 say "Every tray runs two real processes: the kubelet plugin (DRA sockets, CDI) and the IMEX agent" \
     "(node record on its lease, the IMEX daemons), next to etcd, two leader-elected domain" \
     "controllers and the placement advisor. cdsim plays kubelet: it calls each plugin's DRA" \
-    "socket exactly as kubelet would."
+    "socket exactly as kubelet would. As in production, etcd takes only TLS clients with a" \
+    "certificate (one etcd user and role per component) and the advisor only mutual TLS; every" \
+    "command finds its certificate in the state directory."
 cdsim down >/dev/null 2>&1 || true
 cdsim up --racks 2
 

@@ -25,6 +25,7 @@ from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok, run_state, status
+from tools.cdsim import credentials
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
@@ -275,7 +276,7 @@ def test_a_node_record_deleted_or_garbled_by_hand_comes_back_and_counts_again(cl
                     await asyncio.sleep(0.05)
                 took.append(time.monotonic() - began)
             host, port = state.advisor_endpoint.rsplit(":", 1)
-            channel = Channel(host, int(port))
+            channel = Channel(host, int(port), ssl=credentials.advisor_tls(state))
             try:
                 stub = pp.PlacementAdvisorStub(channel, timeout=10)
                 for _ in range(50):  # the advisor's view follows the store within moments

@@ -21,7 +21,7 @@ from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
 from services.imexagent.settings import ImexAgentSettings
 from services.nodeagent.settings import AgentSettings
-from tools.cdsim import jobs
+from tools.cdsim import credentials, jobs
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.lifecycle import CommandError, UpOptions, up
@@ -81,6 +81,46 @@ def test_one_agent_per_node_and_two_controllers(tmp_path: Path) -> None:
     assert kinds.count("advisor") == 1
     assert len({s.name for s in specs}) == len(specs)
     assert len({s.health_url for s in specs}) == len(specs)
+
+
+SETTINGS_OF_KIND = {
+    "agent": AgentSettings,
+    "imex-agent": ImexAgentSettings,
+    "controller": ControllerSettings,
+    "advisor": AdvisorSettings,
+}
+
+
+@pytest.mark.parametrize("kubernetes", [False, True], ids=["simulation", "kubernetes"])
+def test_a_secured_run_gives_each_service_its_own_etcd_certificate(tmp_path: Path, kubernetes: bool) -> None:
+    layout = StateLayout.at(tmp_path)
+    config = SimConfig(secure=True, kubernetes=kubernetes)
+    pki = layout.pki_dir
+    for spec in all_specs(CLUSTER, layout, config, Ports(1, 2, 3, (4, 5))):
+        settings = load_settings(SETTINGS_OF_KIND[spec.kind], spec.argv, env={})
+        etcd = settings.etcd_config()
+        identity = credentials.IDENTITY_OF_KIND[spec.kind]
+        assert (etcd.ca_file, etcd.cert_file, etcd.key_file) == (
+            str(pki / "ca.crt"),
+            str(pki / f"{identity}.crt"),
+            str(pki / f"{identity}.key"),
+        ), spec.name
+        assert (etcd.username, etcd.password) == (None, None), "etcd takes the user from the certificate"
+        if isinstance(settings, AdvisorSettings):
+            # kube-scheduler calls the extender without a client certificate.
+            mtls = (settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
+            assert mtls == (
+                ("", "", "")
+                if kubernetes
+                else (str(pki / "advisor-server.crt"), str(pki / "advisor-server.key"), str(pki / "ca.crt"))
+            )
+
+
+def test_a_plaintext_run_passes_no_certificate(tmp_path: Path) -> None:
+    for spec in all_specs(CLUSTER, StateLayout.at(tmp_path), SimConfig(secure=False), Ports(1, 2, 3, (4, 5))):
+        assert not any(flag.startswith(("--etcd-ca", "--etcd-cert", "--tls-")) for flag in spec.argv), (
+            spec.name
+        )
 
 
 def test_claim_carries_exactly_what_the_node_agent_decodes() -> None:

@@ -176,8 +176,9 @@ def reservations(kube: LocalCluster) -> str:
             "tools.cdctl.main",
             "get",
             "reservations",
-            "--etcd-endpoint",
-            state.etcd_endpoint,
+            # The state dir gives the endpoint and, in a secured run, the client certificate.
+            "--state-dir",
+            str(kube.layout.root),
             "-o",
             "json",
         ],

@@ -11,7 +11,6 @@ password, private key or token in any log line.
 from __future__ import annotations
 
 import asyncio
-import re
 import stat
 import time
 import uuid
@@ -26,6 +25,7 @@ from libs.invariants.checker import check_cluster_idle
 from libs.state.config import EtcdConfig
 from libs.state.store import Delete, Put, Store
 from tests import address_blocks
+from tests.security.leaks import ETCD_TOKEN, find_leaks, key_bodies
 from tests.security.secured_cluster import (
     CLIENT_OF_KIND,
     PREFIX,
@@ -46,11 +46,6 @@ pytestmark = pytest.mark.slow
 TRAYS = 4  # three nodes run; the fourth is for the programs with a wrong password
 WRONG_PASSWORD_NODE = f"rack0-tray{TRAYS - 1}"
 ADDRESS_BLOCK = address_blocks.SECURED_RUN
-# etcd's default ("simple") auth token: 16 letters, a dot, an index.
-ETCD_TOKEN = re.compile(r"\b[A-Za-z]{16}\.\d+\b")
-BEARER = re.compile(r"bearer\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
-JWT = re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}")
-PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 
 
 @pytest.fixture(scope="module")
@@ -206,25 +201,7 @@ def test_no_password_key_or_token_in_any_log_line(secured: SecuredCluster) -> No
     assert sum(1 for name in logs if name.startswith("imex-rack")) == len(_running_agents(secured))
     # The services did run at debug level and talk about etcd: the logs are not trivially empty.
     assert all(len(text.splitlines()) >= 5 for text in logs.values()), {k: len(v) for k, v in logs.items()}
-    key_bodies = {
-        path.name: max(path.read_text().splitlines(), key=len) for path in secured.private_key_files()
-    }
-    assert key_bodies
-    leaks = []
-    for name, text in logs.items():
-        for number, line in enumerate(text.splitlines(), 1):
-            found = [
-                what
-                for what, hit in (
-                    ("the etcd password", secured.password in line),
-                    ("a private key PEM", bool(PEM_PRIVATE.search(line))),
-                    ("an etcd auth token", bool(ETCD_TOKEN.search(line))),
-                    ("a bearer token", bool(BEARER.search(line))),
-                    ("a JWT", bool(JWT.search(line))),
-                    *((f"key material of {k}", body in line) for k, body in key_bodies.items()),
-                )
-                if hit
-            ]
-            if found:
-                leaks.append(f"{name}.log:{number}: {', '.join(found)}: {line[:200]}")
+    keys = key_bodies(secured.private_key_files())
+    assert keys
+    leaks = find_leaks(logs, keys, {"the etcd password": secured.password})
     assert not leaks, "\n".join(leaks)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
+from pathlib import Path
 
 from libs.state.config import EtcdConfig
+from tools.cdsim import credentials
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
 
@@ -32,17 +35,34 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=5.0, help="deadline of each etcd call, seconds")
 
 
+def _running_cluster(args: argparse.Namespace) -> RunState | None:
+    """The cdsim cluster to talk to, when no endpoint is given."""
+    if args.etcd_endpoint:
+        return None
+    state = RunState.load(StateLayout.at(args.state_dir))
+    if state is not None and state.phase == "ready" and state.etcd_endpoint:
+        return state
+    return None
+
+
 def resolve_endpoint(args: argparse.Namespace) -> str:
     if args.etcd_endpoint:
         return str(args.etcd_endpoint)
-    state = RunState.load(StateLayout.at(args.state_dir))
-    if state is not None and state.phase == "ready" and state.etcd_endpoint:
-        return state.etcd_endpoint
-    return DEFAULT_ENDPOINT
+    state = _running_cluster(args)
+    return state.etcd_endpoint if state is not None else DEFAULT_ENDPOINT
 
 
 def etcd_config(args: argparse.Namespace) -> EtcdConfig:
-    """Raises ValueError with a message naming the bad flag combination."""
+    """Raises ValueError with a message naming the bad flag combination.
+
+    A secured cdsim cluster's client certificate is taken from its state dir unless TLS or a user is
+    given explicitly."""
+    state = _running_cluster(args)
+    explicit = args.etcd_ca_file or args.etcd_cert_file or args.etcd_username
+    if state is not None and state.tls_dir and not explicit:
+        run_credentials = credentials.Credentials(Path(state.tls_dir))
+        config = run_credentials.etcd_config(state.etcd_endpoint, prefix=args.etcd_prefix)
+        return replace(config, timeout_s=args.timeout)
     password = args.etcd_password or os.environ.get(PASSWORD_ENV)
     return EtcdConfig(
         endpoint=resolve_endpoint(args),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 
 import grpclib.client
@@ -57,14 +58,16 @@ async def place(
     holder: str,
     node_selector: dict[str, str] | None = None,
     excluded_nodes: list[str] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Placement:
     """Place and reserve `num_nodes` nodes for a domain, or raise PlacementRefused with the reason.
 
     `node_selector` (keys: name, clique, cluster, rack, ...) and `excluded_nodes` narrow the choice,
-    e.g. to grow a job inside its own clique.
+    e.g. to grow a job inside its own clique. `tls`: the client side of the advisor's mutual TLS
+    (tools.cdsim.credentials.advisor_tls), None for plaintext.
     """
     host, port = _endpoint(endpoint)
-    channel = grpclib.client.Channel(host, port)
+    channel = grpclib.client.Channel(host, port, ssl=tls)
     try:
         stub = placement.PlacementAdvisorStub(channel)
         request = placement.PlaceRequest(
@@ -82,8 +85,14 @@ async def place(
             response = await stub.place(request, timeout=CALL_TIMEOUT_S)
         except grpclib.exceptions.GRPCError as exc:
             raise PlacementRefused(f"{exc.status.name}: {exc.message}") from None
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
             raise PlacementRefused(f"the placement advisor at {endpoint} is not reachable: {exc}") from None
+        except grpclib.exceptions.StreamTerminatedError as exc:
+            # What a client without the certificate a mutual TLS advisor requires sees.
+            raise PlacementRefused(
+                f"the placement advisor at {endpoint} closed the connection ({exc}): with mutual TLS "
+                f"it refuses a client without a certificate of its CA"
+            ) from None
     finally:
         channel.close()
     if not response.feasible:
@@ -94,7 +103,12 @@ async def place(
 
 
 async def release(
-    endpoint: str, reservation_id: str, *, holder: str, deadline_s: float = RELEASE_DEADLINE_S
+    endpoint: str,
+    reservation_id: str,
+    *,
+    holder: str,
+    deadline_s: float = RELEASE_DEADLINE_S,
+    tls: ssl.SSLContext | None = None,
 ) -> bool:
     """Drop a reservation (its nodes are bound to the domain by now); False if it had expired, or
     could not be dropped within `deadline_s`. `holder`: as it was placed with (only the holder may
@@ -110,11 +124,11 @@ async def release(
     backoff = Backoff(initial=0.2, cap=2.0)
     while True:
         try:
-            return await _release_once(endpoint, reservation_id, holder)
+            return await _release_once(endpoint, reservation_id, holder, tls)
         except grpclib.exceptions.GRPCError as exc:
             if exc.status not in _RETRYABLE:
                 return False
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError, grpclib.exceptions.StreamTerminatedError):
             pass
         delay = backoff.next_delay()
         if loop.time() + delay >= give_up_at:
@@ -125,9 +139,9 @@ async def release(
 _RETRYABLE = frozenset({Status.UNAVAILABLE, Status.DEADLINE_EXCEEDED})
 
 
-async def _release_once(endpoint: str, reservation_id: str, holder: str) -> bool:
+async def _release_once(endpoint: str, reservation_id: str, holder: str, tls: ssl.SSLContext | None) -> bool:
     host, port = _endpoint(endpoint)
-    channel = grpclib.client.Channel(host, port)
+    channel = grpclib.client.Channel(host, port, ssl=tls)
     try:
         stub = placement.PlacementAdvisorStub(channel)
         response = await stub.release(

@@ -23,11 +23,10 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.kube.names import subdomain_problem
 from libs.runtime.cancellation import cancel_until_done
-from libs.state.config import EtcdConfig
 from libs.state.keys import Keys
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
-from tools.cdsim import advisor, kubelet, workload
+from tools.cdsim import advisor, credentials, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook, JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
@@ -138,7 +137,7 @@ def running_state(layout: StateLayout) -> RunState:
 
 
 def open_store(state: RunState) -> Store:
-    return Store(EtcdConfig(endpoint=state.etcd_endpoint))
+    return Store(credentials.etcd_config(state))
 
 
 async def find_domain(store: Store, namespace: str, name: str) -> pb.ComputeDomain | None:
@@ -231,7 +230,12 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
         holder = f"cdsim/{options.name}"
         try:
             placement = await advisor.place(
-                state.advisor_endpoint, options.num_nodes, domain_uid, options.placement, holder
+                state.advisor_endpoint,
+                options.num_nodes,
+                domain_uid,
+                options.placement,
+                holder,
+                tls=credentials.advisor_tls(state),
             )
         except advisor.PlacementRefused as exc:
             raise CommandError(
@@ -279,7 +283,12 @@ async def submit(layout: StateLayout, options: SubmitOptions, out: TextIO) -> Jo
             )
         job = replace(job, state="running")
         book.update(lambda jobs: jobs.put(job))
-        await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
+        await advisor.release(
+            state.advisor_endpoint,
+            placement.reservation_id,
+            holder=holder,
+            tls=credentials.advisor_tls(state),
+        )
         members, _ = await store.list(store.keys.members(domain_uid), pb.Member)
         timeline.joined = {m.value.node_name: (m.value.joined_unix_ms, m.value.index) for m in members}
         if options.wait:

@@ -6,6 +6,7 @@
         control.sock             the supervisor's control socket (JSON lines)
         cluster.json             the simulated cluster description (libs.hardware)
         jobs.json                jobs submitted with `cdsim job submit`
+        pki/                     certificates and keys of a secured run (not with `up --plaintext`)
         etcd/                    etcd's data directory (kept across `fault restart-etcd`)
         kube/                    `up --kubernetes`: the control plane (PKI, its etcd, kubeconfigs,
                                  logs/); kube/admin.kubeconfig is the one `up` prints
@@ -107,6 +108,10 @@ class StateLayout:
     @property
     def etcd_dir(self) -> Path:
         return self.root / "etcd"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.root / "pki"
 
     @property
     def kube_dir(self) -> Path:

@@ -16,7 +16,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
 from tools.cachedtool import BuildError
-from tools.cdsim import control, procscan
+from tools.cdsim import control, credentials, procscan
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
 from tools.cdsim.services import AGENT_HEALTH_PORT
@@ -43,6 +43,7 @@ class UpOptions:
     mesh: str = "tls"  # tls | plaintext: the controller's mode for new domains
     mesh_certificate_validity_s: float = 24 * 3600.0
     kubernetes: bool = False  # a real control plane, the kubelet shim, services in Kubernetes mode
+    secure: bool = True  # etcd with TLS and auth, the advisor with mutual TLS (`up --plaintext`: off)
     driver_version: str = ""  # every node's (NVML) driver version; "" = the simulation's default
     node_driver_versions: tuple[tuple[str, str], ...] = ()  # (node, version) running another one
 
@@ -123,6 +124,8 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
         _wipe_previous_run(layout)
         layout.logs_dir.mkdir(parents=True)
         cluster.save(layout.cluster_file)
+        if options.secure:
+            credentials.create(layout.pki_dir)
         for name in names:
             prepare_node_dirs(cluster, name, layout.nodes_dir)
             dirs = layout.node(name)
@@ -135,6 +138,7 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             log_level=options.log_level,
             mesh=options.mesh,
             mesh_certificate_validity_s=options.mesh_certificate_validity_s,
+            secure=options.secure,
             kubernetes=binaries is not None,
             kube_bin_dir=str(binaries.bin_dir) if binaries else "",
             kube_etcd=str(binaries.etcd) if binaries else "",
@@ -212,6 +216,11 @@ def _wait_up(
                     f"Cluster up in {time.monotonic() - began:.1f}s: etcd {state.etcd_endpoint}, "
                     f"placement advisor {state.advisor_endpoint}, {controllers} controller replicas, "
                     f"{cluster.node_count} node agents. Logs: {layout.logs_dir}\n"
+                )
+                out.write(
+                    f"Secured: etcd with TLS and auth, the advisor with mutual TLS; certificates in {state.tls_dir}\n"
+                    if state.tls_dir
+                    else "Plaintext (--plaintext): etcd without TLS or auth, the advisor without TLS\n"
                 )
                 if state.kubeconfig:
                     out.write(

@@ -1,6 +1,6 @@
 """`cdsim`: run a simulated NVL72 cluster and jobs on it, from the command line.
 
-    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes]
+    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes] [--plaintext]
              [--driver-version [NODE=]VERSION ...]
     cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run a real Kubernetes control plane, a kubelet shim for every node and the services in "
         "Kubernetes mode; prints `export KUBECONFIG=...` for kubectl apply of your own manifests",
+    )
+    up.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="etcd without TLS and auth and the placement advisor without mutual TLS (default: both "
+        "secured as in production, certificates in <state dir>/pki, found there by every cdsim client)",
     )
     up.add_argument(
         "--mesh",
@@ -300,6 +306,7 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
             mesh=args.mesh,
             mesh_certificate_validity_s=args.mesh_certificate_validity_s,
             kubernetes=args.kubernetes,
+            secure=not args.plaintext,
             driver_version=next((v for v in args.driver_version if "=" not in v), ""),
             node_driver_versions=tuple(
                 (node, version)

@@ -32,6 +32,8 @@ class SimConfig:
     log_level: str = "info"
     mesh: str = "tls"
     mesh_certificate_validity_s: float = 24 * 3600.0
+    # etcd with TLS and auth, the advisor with mutual TLS (tools.cdsim.credentials); `up --plaintext`: off.
+    secure: bool = False
     # Seconds before a killed node agent / controller replica is started again.
     agent_restart_delay_s: float = 1.0
     controller_restart_delay_s: float = 3.0
@@ -72,6 +74,8 @@ class RunState:
     advisor_endpoint: str = ""
     kubeconfig: str = ""  # Kubernetes mode: the admin kubeconfig of the control plane
     kube_bin_dir: str = ""  # Kubernetes mode: where kubectl is
+    # A secured run: the directory of the CA and client certificates cdsim's clients use ("" = plaintext).
+    tls_dir: str = ""
     error: str = ""
     started_unix_ms: int = 0
     ready_unix_ms: int = 0

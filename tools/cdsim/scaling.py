@@ -21,7 +21,7 @@ from typing import TextIO
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store
-from tools.cdsim import advisor, kubelet, workload
+from tools.cdsim import advisor, credentials, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
 from tools.cdsim.jobs import (
     claim_call,
@@ -142,6 +142,7 @@ async def _grow(
             holder,
             node_selector={"clique": clique},
             excluded_nodes=job.nodes,
+            tls=credentials.advisor_tls(state),
         )
     except advisor.PlacementRefused as exc:
         raise CommandError(
@@ -161,7 +162,9 @@ async def _grow(
     outcomes = await asyncio.gather(
         *(kubelet.prepare(claim_call(layout, c), options.prepare_deadline_s) for c in added)
     )
-    await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
+    await advisor.release(
+        state.advisor_endpoint, placement.reservation_id, holder=holder, tls=credentials.advisor_tls(state)
+    )
     failed = [o for o in outcomes if not o.ok]
     if failed:
         details = "\n".join(f"  {o.claim.node}: {o.last_error} ({o.attempts} attempts)" for o in failed)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from libs.hardware.cluster import ClusterDescription
+from tools.cdsim.credentials import Credentials
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 
@@ -204,4 +205,16 @@ def all_specs(
         node_etcd = ports.etcd_endpoint_of(node)
         specs.append(imex_agent_spec(cluster, node, layout, config, node_etcd))
         specs.append(agent_spec(cluster, node, layout, config, node_etcd))
+    if config.secure:
+        # Kubernetes mode: kube-scheduler calls the extender in plaintext (no client certificate yet).
+        credentials = Credentials(layout.pki_dir)
+        specs = [with_credentials(s, credentials, advisor_mtls=not config.kubernetes) for s in specs]
     return specs
+
+
+def with_credentials(spec: ServiceSpec, credentials: Credentials, *, advisor_mtls: bool) -> ServiceSpec:
+    """`spec` reaching etcd over TLS as its own identity; the advisor also serving mutual TLS."""
+    argv = [*spec.argv, *credentials.etcd_flags(spec.kind)]
+    if spec.kind == "advisor" and advisor_mtls:
+        argv += credentials.advisor_flags()
+    return replace(spec, argv=argv)

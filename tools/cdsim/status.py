@@ -134,6 +134,7 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
         "phase": state.phase,
         "etcd_endpoint": state.etcd_endpoint,
         "advisor_endpoint": state.advisor_endpoint,
+        "tls_dir": state.tls_dir,
         "processes": [
             {
                 "name": p.name,
@@ -158,6 +159,10 @@ def render(doc: dict[str, Any]) -> str:
     parts = [f"{kind} {healthy[kind]}/{count} healthy" for kind, count in sorted(kinds.items())]
     lines.append(f"  processes: {', '.join(parts)}")
     lines.append(f"  etcd {doc['etcd_endpoint']}, placement advisor {doc['advisor_endpoint']}")
+    if doc.get("tls_dir"):
+        lines.append(f"  secured: etcd TLS and auth, advisor mutual TLS; certificates in {doc['tls_dir']}")
+    else:
+        lines.append("  plaintext: etcd without TLS or auth, advisor without TLS (cdsim up --plaintext)")
     restarted = [p for p in doc["processes"] if p["restarts"]]
     if restarted:
         lines.append("  restarted: " + ", ".join(f"{p['name']} x{p['restarts']}" for p in restarted))

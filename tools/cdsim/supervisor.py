@@ -42,13 +42,22 @@ from libs.hardware.cluster import ClusterDescription
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from tools.cdsim import procscan
+from tools.cdsim.credentials import ETCD_SERVER, Credentials, enable_etcd_auth
 from tools.cdsim.etcdgate import EtcdGate
 from tools.cdsim.kubeplane import PRELOAD_MODULES as KUBE_PRELOAD_MODULES
 from tools.cdsim.kubeplane import STARTUP_TIMEOUT_S as KUBE_STARTUP_TIMEOUT_S
 from tools.cdsim.kubeplane import KubeMode
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
-from tools.cdsim.services import AGENT_KIND, IMEX_AGENT_KIND, PRELOAD_MODULES, Ports, ServiceSpec, all_specs
+from tools.cdsim.services import (
+    AGENT_KIND,
+    IMEX_AGENT_KIND,
+    PRELOAD_MODULES,
+    Ports,
+    ServiceSpec,
+    all_specs,
+    with_credentials,
+)
 from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
 from tools.etcd.server import EtcdServer
 from tools.netports import free_port
@@ -215,11 +224,18 @@ class Supervisor:
         )
         # One etcd gate per node (`fault partition-etcd`), alive as long as the supervisor.
         self.gates = {node: EtcdGate(node, port, etcd_port) for node, port in self.ports.node_etcd.items()}
+        # A secured run: etcd requires a client certificate of the run's CA (tools.cdsim.credentials).
+        self.credentials = Credentials(layout.pki_dir) if config.secure else None
+        serving = self.credentials.pair(ETCD_SERVER) if self.credentials else None
         self.etcd = EtcdServer(
             data_dir=layout.etcd_dir,
             client_port=self.ports.etcd,
             peer_port=config.etcd_peer_port or free_port(),
             log_path=layout.log_file("etcd"),
+            cert_file=serving.cert if serving else None,
+            key_file=serving.key if serving else None,
+            trusted_ca_file=self.credentials.ca_file if self.credentials else None,
+            client_cert_auth=self.credentials is not None,
         )
         self.zygote = ZygoteClient(self._on_exit)
         # `up --kubernetes`: the control plane, the kubelet shim, services in Kubernetes mode.
@@ -502,12 +518,16 @@ class Supervisor:
     def _register_services(self) -> None:
         self.state.etcd_endpoint = self.etcd.endpoint
         self.state.advisor_endpoint = f"127.0.0.1:{self.ports.advisor_grpc}"
+        self.state.tls_dir = str(self.credentials.directory) if self.credentials else ""
         self.state.processes["etcd"] = ProcessInfo(
-            name="etcd", kind="etcd", health_url=f"http://{self.etcd.endpoint}/health"
+            name="etcd", kind="etcd", health_url=f"{self.etcd.scheme}://{self.etcd.endpoint}/health"
         )
         specs = all_specs(self.cluster, self.layout, self.config, self.ports)
         # The live dashboard (tools/dashboard): supervised like any service, its URL in run.json.
-        specs.append(dashboard_spec(self.layout, self.config, self.etcd.endpoint, dashboard_port()))
+        dashboard = dashboard_spec(self.layout, self.config, self.etcd.endpoint, dashboard_port())
+        if self.credentials is not None:
+            dashboard = with_credentials(dashboard, self.credentials, advisor_mtls=False)
+        specs.append(dashboard)
         if self.kube is not None:
             specs = self.kube.adapt(specs)
             self.state.kubeconfig = str(self.kube.kubeconfig)
@@ -580,6 +600,11 @@ class Supervisor:
         for result in results:
             if isinstance(result, BaseException):
                 raise StartupFailed(f"could not start etcd, the fork server or Kubernetes: {result}")
+        if self.credentials is not None:
+            try:
+                await enable_etcd_auth(self.credentials, self.etcd.endpoint)
+            except Exception as exc:  # any failure here fails the start, with its reason
+                raise StartupFailed(f"could not enable etcd's authentication: {exc!r}") from None
         background.append(asyncio.create_task(self._watch_etcd(), name="etcd-watch"))
         try:
             await asyncio.gather(*(gate.start() for gate in self.gates.values()))

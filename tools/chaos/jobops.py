@@ -22,7 +22,7 @@ import grpclib.exceptions
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import TRANSIENT_ERRORS, Put, Store
-from tools.cdsim import advisor, jobs, kubelet, workload
+from tools.cdsim import advisor, credentials, jobs, kubelet, workload
 from tools.cdsim.jobbook import Job, JobBook, JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
@@ -113,7 +113,14 @@ async def _submit(layout: StateLayout, store: Store, spec: JobSpec, prepare_dead
     uid = str(uuid.uuid4())
     holder = f"chaos/{spec.name}"
     try:
-        placement = await advisor.place(state.advisor_endpoint, spec.size, uid, "single-clique", holder)
+        placement = await advisor.place(
+            state.advisor_endpoint,
+            spec.size,
+            uid,
+            "single-clique",
+            holder,
+            tls=credentials.advisor_tls(state),
+        )
     except advisor.PlacementRefused as exc:
         text = str(exc)
         return Outcome(ADVISOR_DOWN if "not reachable" in text else REFUSED, text)
@@ -147,7 +154,9 @@ async def _submit(layout: StateLayout, store: Store, spec: JobSpec, prepare_dead
         return Outcome(PREPARE_LATE, f"{len(failed)}/{len(outcomes)} claims not prepared: {detail}", job)
     job = replace(job, state="running")
     book.update(lambda current: current.put(job))
-    await advisor.release(state.advisor_endpoint, placement.reservation_id, holder=holder)
+    await advisor.release(
+        state.advisor_endpoint, placement.reservation_id, holder=holder, tls=credentials.advisor_tls(state)
+    )
     return Outcome(SUBMITTED, f"on {', '.join(job.nodes)}", job)
 
 

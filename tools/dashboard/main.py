@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -22,7 +22,9 @@ from libs.hardware.cluster import ClusterDescription
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
+from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tools.cdsim.credentials import Credentials, of_run
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
 from tools.dashboard.feed import DashboardFeed
@@ -44,12 +46,22 @@ class DashboardConfigError(ValueError):
 class Target:
     endpoint: str
     cluster: ClusterDescription | None
+    # The state dir's client certificates when its cluster runs secured (tools.cdsim.credentials).
+    credentials: Credentials | None = None
+
+    def etcd_config(self, settings: DashboardSettings) -> EtcdConfig:
+        """TLS settings given explicitly win over the state dir's certificates."""
+        if self.credentials is None or settings.etcd_ca_file:
+            return settings.etcd_config(self.endpoint)
+        config = self.credentials.etcd_config(self.endpoint, prefix=settings.etcd_prefix)
+        return replace(config, timeout_s=settings.etcd_timeout_s)
 
 
 def resolve_target(settings: DashboardSettings) -> Target:
     """The etcd endpoint and rack layout, from explicit settings or a cdsim state directory."""
     endpoint = settings.etcd_endpoint
     cluster_file = settings.sim_cluster
+    credentials = None
     if settings.state_dir:
         layout = StateLayout.at(settings.state_dir)
         if not endpoint:
@@ -59,6 +71,7 @@ def resolve_target(settings: DashboardSettings) -> Target:
                     f"no cdsim cluster runs in {layout.root}; start one with `cdsim up` or pass --etcd-endpoint"
                 )
             endpoint = state.etcd_endpoint
+            credentials = of_run(state)
         cluster_file = cluster_file or str(layout.cluster_file)
     cluster = None
     if cluster_file:
@@ -66,7 +79,7 @@ def resolve_target(settings: DashboardSettings) -> Target:
             cluster = ClusterDescription.load(Path(cluster_file))
         except (OSError, ValueError) as exc:
             raise DashboardConfigError(f"cannot read the cluster description {cluster_file}: {exc}") from None
-    return Target(endpoint or DEFAULT_ETCD_ENDPOINT, cluster)
+    return Target(endpoint or DEFAULT_ETCD_ENDPOINT, cluster, credentials)
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
@@ -90,7 +103,7 @@ class DashboardService:
 
     def __init__(self, settings: DashboardSettings, target: Target) -> None:
         self.settings = settings
-        self.store = Store(settings.etcd_config(target.endpoint))
+        self.store = Store(target.etcd_config(settings))
         self.metrics = DashboardMetrics()
         self.view = DashboardView(
             self.store.keys, target.cluster, settings.title, clock_ms=lambda: int(time.time() * 1000)
