@@ -116,6 +116,21 @@ def test_nodes_beyond_the_cluster_are_refused_naming_its_size(cluster: Path, nod
     still_fine(cluster)
 
 
+@pytest.mark.parametrize("nodes", [10000, TRAYS + 1, 0])
+def test_scaling_beyond_the_cluster_is_refused_naming_its_size_and_the_job_keeps_its_nodes(
+    cluster: Path, nodes: int
+) -> None:
+    before = [j for j in status(cluster)["jobs"] if j["name"] == JOB]
+    code, text = run(cluster, "job", "scale", JOB, "--nodes", str(nodes))
+    assert code == 1, text
+    if nodes > 0:
+        assert f"--nodes {nodes}: the cluster has {TRAYS} nodes" in text, text
+    else:
+        assert "--nodes must be >= 1" in text, text
+    assert [j for j in status(cluster)["jobs"] if j["name"] == JOB] == before
+    still_fine(cluster)
+
+
 def test_a_name_too_long_for_its_claims_is_refused(cluster: Path) -> None:
     name = "a" * 240  # a valid subdomain; "<name>-worker-1-channel" is not
     code, text = run(cluster, "job", "submit", name, "--nodes", "2")

@@ -24,6 +24,7 @@ from libs.state.store import Store
 from tools.cdsim import advisor, credentials, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
 from tools.cdsim.jobs import (
+    check_nodes,
     claim_call,
     create_claims,
     delete_claims,
@@ -69,8 +70,7 @@ async def scale(layout: StateLayout, options: ScaleOptions, out: TextIO) -> Job:
         raise CommandError(f"no job {options.namespace}/{options.name} (see `cdsim status`)")
     if job.state != "running":
         raise CommandError(f"job {job.namespace}/{job.name} is {job.state}, not running: it cannot be scaled")
-    if options.num_nodes < 1:
-        raise CommandError(f"--nodes must be >= 1, got {options.num_nodes}")
+    check_nodes(options.num_nodes, ClusterDescription.load(layout.cluster_file))
     if options.num_nodes == len(job.claims):
         out.write(f"Job {job.namespace}/{job.name} has {len(job.claims)} nodes already; nothing to do.\n")
         return job
