@@ -28,6 +28,7 @@ from tools.cdsim.lifecycle import CommandError, UpOptions, up
 from tools.cdsim.progress import Progress, render_bar
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec, imex_agent_spec
+from tools.cdsim.status import tray_cell
 from tools.cdsim.timeline import SubmitTimeline
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=3, address_block=77)
@@ -321,3 +322,18 @@ def test_fork_server_answers_a_bad_request_with_an_error(tmp_path: Path) -> None
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def test_a_tray_without_a_node_record_is_not_drawn_free() -> None:
+    def node(**over: object) -> dict[str, object]:
+        return {"agent_running": True, "registered": True, "domain": ""} | over
+
+    letters = {"uid-a": "A"}
+    cells = [
+        tray_cell(node(), letters),
+        tray_cell(node(registered=False), letters),
+        tray_cell(node(agent_running=False, registered=False), letters),
+        tray_cell(node(domain="uid-a"), letters),
+        tray_cell(node(domain="uid-gone"), letters),
+    ]
+    assert cells == [".", "-", "!", "A", "?"]

@@ -152,6 +152,16 @@ async def collect(layout: StateLayout, state: RunState, store: Store, jobs: JobL
     }
 
 
+def tray_cell(node: dict[str, Any], uid_letters: dict[str, str]) -> str:
+    """One tray's character. A tray without a node record is not free: the advisor cannot place
+    on it, so it is drawn apart from the free ones."""
+    if not node["agent_running"]:
+        return "!"
+    if node["domain"]:
+        return uid_letters.get(node["domain"], "?")
+    return "." if node["registered"] else "-"
+
+
 def render(doc: dict[str, Any]) -> str:
     lines = [f"cdsim cluster in {doc['state_dir']}: {doc['phase']}"]
     kinds = Counter(p["kind"] for p in doc["processes"])
@@ -170,12 +180,12 @@ def render(doc: dict[str, Any]) -> str:
     for node in doc["nodes"]:
         by_rack.setdefault(node["rack"], []).append(node)
     uid_letters = {d["uid"]: chr(ord("A") + i % 26) for i, d in enumerate(doc["domains"])}
-    lines.append("  racks (one character per tray: '.' free, letter = domain, '!' agent down):")
+    lines.append(
+        "  racks (one character per tray: '.' free, letter = domain, '!' agent down, "
+        "'-' not in the inventory):"
+    )
     for rack, nodes in sorted(by_rack.items()):
-        cells = "".join(
-            "!" if not n["agent_running"] else uid_letters.get(n["domain"], "?") if n["domain"] else "."
-            for n in nodes
-        )
+        cells = "".join(tray_cell(n, uid_letters) for n in nodes)
         lines.append(f"    rack{rack:<3} {cells}")
     if not doc["domains"]:
         lines.append("  no ComputeDomains")
