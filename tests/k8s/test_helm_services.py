@@ -6,7 +6,8 @@ services run here as processes with the command, arguments, environment and moun
   (peer TLS, client TLS with client certificates required);
 - the roles Job's command: etcd's authentication on, one user and role per component;
 - the controller, the placement advisor, and one node's kubelet plugin and IMEX agent, each with
-  its own client certificate, so each reaches etcd only as its etcd user.
+  its own client certificate, so each reaches etcd only as its etcd user: each healthy, the IMEX
+  agent's node record written, a ComputeDomain created in Kubernetes mirrored by the controller.
 
 What a pod has that a process here does not is stood in for, and only that: each mount path is a
 directory under one root (secrets written there as kubelet writes them), the Pod's network is the
@@ -299,6 +300,8 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         host = Host(root, objects)
         endpoints = start_etcd(procs, host, objects, control_plane_binaries.etcd)
         assert "etcd authentication enabled" in run_roles_job(host, objects, endpoints)
+        # After every upgrade too: a no-op once on.
+        assert "etcd authentication was on already" in run_roles_job(host, objects, endpoints)
 
         sim = ClusterDescription(racks=1, trays_per_rack=1, address_block=CHART_SERVICES)
         [node_name] = list(sim.node_names())
@@ -327,6 +330,20 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         while keys.node(node_name) not in asyncio.run(keys_under(root_config, keys.nodes())):
             assert time.monotonic() < deadline, f"no node record:\n{procs.tail('cd-imex-agent')}"
+            time.sleep(0.5)
+        # The controller, in Kubernetes mode as the chart runs it, mirrors a ComputeDomain into
+        # the chart's etcd.
+        domain = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomain",
+            "metadata": {"name": "chart-domain", "namespace": "default"},
+            "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "chart-domain-channel"}}},
+        }
+        uid = cluster.kubectl(
+            "create", "-o", "jsonpath={.metadata.uid}", "-f", "-", input=yaml.safe_dump(domain)
+        ).stdout
+        while keys.domain(uid) not in asyncio.run(keys_under(root_config, keys.domains())):
+            assert time.monotonic() < deadline, f"the domain was not mirrored:\n{procs.tail('cd-controller')}"
             time.sleep(0.5)
         as_agent = identity(root, host, "cd-etcd-client-node-agent", endpoints)
         with pytest.raises(Exception, match="permission denied"):
