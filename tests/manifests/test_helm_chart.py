@@ -3,12 +3,15 @@ each value does what docs/operations.md says. Rendered by the real helm (tools/h
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
+from libs.state import roles
 from tests.manifests.helm import CHART, HelmError, helm_binary, render
 from tests.manifests.kustomize import object_id
 from tests.manifests.objects import (
@@ -373,3 +376,31 @@ def test_the_advisor_is_on_by_value(helm: Path, tmp_path: Path) -> None:
     objects = chart_with(helm, tmp_path, {"placementAdvisor": {"enabled": False}})
     assert [o for o in objects if "placement-advisor" in o["metadata"]["name"]] == []
     assert find(objects, "Deployment", "cd-controller")
+
+
+def test_etcd_certificates_chain_to_one_ca_and_name_each_components_etcd_user(chart: list[Obj]) -> None:
+    secrets = {s["metadata"]["name"]: s["data"] for s in of_kind(chart, "Secret")}
+
+    def cert(name: str, key: str = "tls.crt") -> x509.Certificate:
+        return x509.load_pem_x509_certificate(base64.b64decode(secrets[name][key]))
+
+    ca = cert("cd-etcd-ca", "ca.crt")
+    users = {
+        "cd-etcd-client-root": "root",
+        "cd-etcd-client-controller": roles.CONTROLLER,
+        "cd-etcd-client-node-agent": roles.NODE_AGENT,
+        "cd-etcd-client-imex-agent": roles.IMEX_AGENT,
+        "cd-etcd-client-placement-advisor": roles.ADVISOR,
+    }
+    for name in [*users, "cd-etcd-server-tls", "cd-etcd-peer-tls"]:
+        leaf = cert(name)
+        leaf.verify_directly_issued_by(ca)
+        assert base64.b64decode(secrets[name]["ca.crt"]) == base64.b64decode(secrets["cd-etcd-ca"]["ca.crt"])
+        assert (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days in (365, 366), name
+    for name, user in users.items():
+        [cn] = cert(name).subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        assert cn.value == user  # etcd takes the user from the CN
+    # The names the services and the members dial (etcd/etcd.yaml's URLs).
+    for name in ("cd-etcd-server-tls", "cd-etcd-peer-tls"):
+        names = cert(name).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert {f"*.cd-etcd.{NAMESPACE}.svc", "localhost"} <= set(names.get_values_for_type(x509.DNSName))
