@@ -7,21 +7,23 @@ services run here as processes with the command, arguments, environment and moun
 - the roles Job's command: etcd's authentication on, one user and role per component;
 - the controller, the placement advisor, and one node's kubelet plugin and IMEX agent, each with
   its own client certificate, so each reaches etcd only as its etcd user: each healthy, the IMEX
-  agent's node record written, a ComputeDomain created in Kubernetes mirrored by the controller.
+  agent's node record written, a ComputeDomain created in Kubernetes mirrored by the controller;
+  then, with kubelet played on the node by tools/kubeletshim (as `cdsim up --kubernetes` does), a
+  pod of the domain's channel claim: the domain turns Ready with the node.
 
 What a pod has that a process here does not is stood in for, and only that: each mount path is a
 directory under one root (secrets written there as kubelet writes them), the Pod's network is the
 host's (so fixed ports become free ones), the members' DNS names become localhost (their
 certificates name it), the in-cluster credentials become an admin kubeconfig, and the node
 programs get what manifests/overlays/sim adds for simulated hardware (HARDWARE=simulated and two
-flags). A domain is then not formed here: that takes kubelets (tests/e2e, with manifests/base's
-flags, which tests/manifests/test_helm_chart.py shows are the chart's).
+flags).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
 import shutil
@@ -45,7 +47,7 @@ from libs.state.keys import Keys
 from libs.state.store import Store
 from tests.address_blocks import CHART_SERVICES
 from tests.manifests.helm import helm_binary, render
-from tests.manifests.objects import Obj, container, env_values, find, of_kind, pod_spec
+from tests.manifests.objects import REPO_ROOT, Obj, container, env_values, find, of_kind, pod_spec
 from tools.cachedtool import BuildError
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, die_with_parent
@@ -55,6 +57,7 @@ pytestmark = pytest.mark.timeout(240)
 
 NAMESPACE = "cd-chart"
 HEALTH_TIMEOUT_S = 60.0
+DOMAIN_TIMEOUT_S = 90.0
 ETCD_TIMEOUT_S = 60.0
 MEMBERS = 3
 BIN = Path(sys.executable).parent
@@ -261,6 +264,48 @@ def start_service(
     return f"http://127.0.0.1:{health}/healthz"
 
 
+def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, address: str) -> None:
+    """kubelet (tools/kubeletshim, as `cdsim up --kubernetes` plays it) on the node, a pod of
+    the domain's channel claim: the domain turns Ready with the node."""
+    nodes_file = host.root / "nodes.json"
+    kubelet_dir = host.host("/var/lib/kubelet")  # what the plugin's --kubelet-dir is here
+    nodes_file.write_text(
+        json.dumps({"nodes": [{"name": node_name, "kubeletDir": str(kubelet_dir), "address": address}]})
+    )
+    shim_health = free_port()
+    procs.start(
+        "kubeletshim",
+        [sys.executable, "-m", "tools.kubeletshim.service", f"--kubeconfig={cp.kubeconfig}", f"--nodes-file={nodes_file}",
+         "--health-host=127.0.0.1", f"--health-port={shim_health}", "--log-format=json"],
+        {"PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    wait_healthy(procs, "kubeletshim", f"http://127.0.0.1:{shim_health}/healthz")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "chart-worker", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {"name": "worker", "image": "worker", "resources": {"claims": [{"name": "channel"}]}}
+            ],
+            "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": "chart-domain-channel"}],
+        },
+    }
+    cp.kubectl("create", "-f", "-", input=yaml.safe_dump(pod))
+    deadline = time.monotonic() + DOMAIN_TIMEOUT_S
+    while True:
+        cd = json.loads(
+            cp.kubectl("get", "computedomain", "chart-domain", "-n", "default", "-o", "json").stdout
+        )
+        status = cd.get("status") or {}
+        if status.get("status") == "Ready" and [n["name"] for n in status.get("nodes") or []] == [node_name]:
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {name}\n{procs.tail(name)}" for name in procs.running)
+            pytest.fail(f"the domain never turned Ready: {status}\n{tails}")
+        time.sleep(0.5)
+
+
 def identity(root: Path, host: Host, secret: str, endpoints: str) -> EtcdConfig:
     """A client of the chart's etcd with the certificate of `secret`."""
     directory = root / "identities" / secret
@@ -345,6 +390,7 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         while keys.domain(uid) not in asyncio.run(keys_under(root_config, keys.domains())):
             assert time.monotonic() < deadline, f"the domain was not mirrored:\n{procs.tail('cd-controller')}"
             time.sleep(0.5)
+        form_domain(procs, host, cluster, node_name, sim.node(node_name).address)
         as_agent = identity(root, host, "cd-etcd-client-node-agent", endpoints)
         with pytest.raises(Exception, match="permission denied"):
             asyncio.run(keys_under(as_agent, keys.mesh_authorities()))
