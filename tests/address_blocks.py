@@ -21,6 +21,7 @@ CDSIM_FAULTS = 86
 CDSIM_RECOVERY = 88
 DASHBOARD = 91
 HOSTILE_CDSIM = 93
+CHART_SERVICES = 110  # tests/k8s/test_helm_services.py: the chart's node programs
 
 FIXED = frozenset(
     {
@@ -37,5 +38,6 @@ FIXED = frozenset(
         CDSIM_RECOVERY,
         DASHBOARD,
         HOSTILE_CDSIM,
+        CHART_SERVICES,
     }
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Set
 from dataclasses import dataclass
 
 from aetcd import rpc
@@ -51,10 +52,14 @@ def ranges(component: str, prefix: str = "/cd/v1/") -> list[KeyRange]:
     return [KeyRange(whole, ca), KeyRange(_end_of(ca), _end_of(whole))]
 
 
-async def grant_roles(auth: rpc.AuthStub, prefix: str, timeout_s: float = 5.0) -> None:
-    """Create one role per component (named like its user) with its ranges."""
+async def grant_roles(
+    auth: rpc.AuthStub, prefix: str, timeout_s: float = 5.0, skip: Set[str] = frozenset()
+) -> None:
+    """One role per component (named like its user) with its ranges; roles in `skip` exist already
+    (their ranges are granted again, which etcd takes as a no-op)."""
     for component in COMPONENTS:
-        await auth.RoleAdd(rpc.AuthRoleAddRequest(name=component), timeout=timeout_s)
+        if component not in skip:
+            await auth.RoleAdd(rpc.AuthRoleAddRequest(name=component), timeout=timeout_s)
         for r in ranges(component, prefix):
             permission = rpc.Permission(permType=rpc.Permission.READWRITE, key=r.key, range_end=r.range_end)
             await auth.RoleGrantPermission(

@@ -39,5 +39,8 @@ def render(
         args += ["--values", str(values_file)]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False)
     if proc.returncode != 0:
-        raise HelmError(proc.stderr.strip())
+        # Without helm's notes on the chart's symbolic links (files/ links to manifests/).
+        raise HelmError(
+            "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("level=INFO"))
+        )
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc is not None]

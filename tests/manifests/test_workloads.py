@@ -9,7 +9,9 @@ import pytest
 
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
+from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
+from services.imexagent.settings import ImexAgentSettings
 from services.nodeagent.settings import AgentSettings
 from tests.manifests.objects import (
     NAMESPACE,
@@ -31,7 +33,7 @@ TLS_FLAGS = ("--etcd-ca-file", "--etcd-cert-file", "--etcd-key-file")
 # The node agent's Kubernetes mode is where its claims come from.
 KUBERNETES_MODE_FLAG = {
     "cd-controller": "--mode",
-    "cd-placement-advisor": "--mode",
+    "cd-placement-advisor": "--template-source",
     "cd-node-agent": "--claim-source",
 }
 WORKLOADS = [
@@ -78,7 +80,9 @@ def test_selectors_match_their_pod_templates(tree: tuple[str, list[Obj]]) -> Non
     ("kind", "name", "settings_class"),
     [
         ("Deployment", "cd-controller", ControllerSettings),
+        ("Deployment", "cd-placement-advisor", AdvisorSettings),
         ("DaemonSet", "cd-node-agent", AgentSettings),
+        ("DaemonSet", "cd-imex-agent", ImexAgentSettings),
     ],
 )
 def test_services_accept_the_flags_they_are_given(

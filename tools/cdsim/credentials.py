@@ -14,22 +14,20 @@ write of the whole prefix, as an operator has); they find its files through `run
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from aetcd import rpc
-
-from libs.state import roles
+from libs.state import enableauth, roles
 from libs.state.config import EtcdConfig
-from libs.state.store import Store
 from tools.cdsim.runstate import RunState
 from tools.controlplane.pki import CertKeyPair, issue_from_ca, new_ca
 
 CA = "ca"
 ETCD_SERVER = "etcd-server"
 ADVISOR_SERVER = "advisor-server"
-ROOT = "root"  # etcd's root user: only to set up auth
+ROOT = enableauth.ROOT  # etcd's root user: only to set up auth
 CLIENT = "cdsim"  # cdsim's commands, cdctl, the dashboard, the chaos tool
 LOOPBACK = "127.0.0.1"
 AUTH_TIMEOUT_S = 5.0
@@ -102,33 +100,12 @@ def create(directory: Path) -> Credentials:
     return credentials
 
 
-def _whole_prefix(prefix: str) -> rpc.Permission:
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-    return rpc.Permission(permType=rpc.Permission.READWRITE, key=prefix.encode(), range_end=end.encode())
-
-
 async def enable_etcd_auth(credentials: Credentials, endpoint: str, prefix: str = "/cd/v1/") -> None:
-    """Users without passwords (the certificate's CN is the user) with the components' roles, then
-    auth on. Nothing to do if auth is on already (etcd restarted on the same data)."""
-    async with Store(credentials.etcd_config(endpoint, ROOT, prefix)) as store:
-        auth = rpc.AuthStub(store.client.channel)
-        status = await auth.AuthStatus(rpc.AuthStatusRequest(), timeout=AUTH_TIMEOUT_S)
-        if status.enabled:
-            return
-        no_password = rpc.UserAddOptions(no_password=True)
-        await auth.RoleAdd(rpc.AuthRoleAddRequest(name=ROOT), timeout=AUTH_TIMEOUT_S)
-        await roles.grant_roles(auth, prefix, AUTH_TIMEOUT_S)
-        await auth.RoleAdd(rpc.AuthRoleAddRequest(name=CLIENT), timeout=AUTH_TIMEOUT_S)
-        await auth.RoleGrantPermission(
-            rpc.AuthRoleGrantPermissionRequest(name=CLIENT, perm=_whole_prefix(prefix)),
-            timeout=AUTH_TIMEOUT_S,
-        )
-        for user in (ROOT, CLIENT, *roles.COMPONENTS):
-            await auth.UserAdd(rpc.AuthUserAddRequest(name=user, options=no_password), timeout=AUTH_TIMEOUT_S)
-            await auth.UserGrantRole(
-                rpc.AuthUserGrantRoleRequest(user=user, role=user), timeout=AUTH_TIMEOUT_S
-            )
-        await auth.AuthEnable(rpc.AuthEnableRequest(), timeout=AUTH_TIMEOUT_S)
+    """Users without passwords (the certificate's CN is the user) with the components' roles and
+    cdsim's as an operator, then auth on. Nothing to do if auth is on already (etcd restarted on
+    the same data)."""
+    config = dataclasses.replace(credentials.etcd_config(endpoint, ROOT, prefix), timeout_s=AUTH_TIMEOUT_S)
+    await enableauth.enable_auth_at(config, operators=(CLIENT,))
 
 
 def of_run(state: RunState) -> Credentials | None:

@@ -31,11 +31,47 @@ app.kubernetes.io/component: {{ . }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* The etcd members every service is given (host:port,...): the chart's three, or etcd.endpoints. */}}
 {{- define "cd.etcdEndpoint" -}}
-{{- if .Values.etcd.endpoints -}}
-{{- join "," .Values.etcd.endpoints -}}
+{{- if .Values.etcd.enabled -}}
+{{- $ns := include "cd.namespace" . -}}
+{{- $members := list -}}
+{{- range $i := until 3 -}}
+{{- $members = append $members (printf "cd-etcd-%d.cd-etcd.%s.svc:2379" $i $ns) -}}
+{{- end -}}
+{{- join "," $members -}}
 {{- else -}}
-{{- default (printf "cd-etcd.%s.svc:2379" (include "cd.namespace" .)) .Values.etcd.endpoint -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the services present client certificates: always to the chart's etcd. */}}
+{{- define "cd.etcdTls" -}}
+{{- if or .Values.etcd.enabled .Values.etcd.tls.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* The day (days since 1970) the chart's etcd certificates expire: the issued ones' while more
+     than etcd.certificates.renewBeforeDays are left, else a fresh validityDays from today (then
+     templates/etcd-certificates.yaml reissues them). Pods that mount them carry it, so they roll
+     when the certificates are renewed. The same for every template of one render. */}}
+{{- define "cd.etcdCertsExpiryDay" -}}
+{{- $certs := .Values.etcd.certificates -}}
+{{- $today := div (now | unixEpoch | atoi) 86400 -}}
+{{- $issued := lookup "v1" "Secret" (include "cd.namespace" .) "cd-etcd-server-tls" -}}
+{{- $expiry := 0 -}}
+{{- if $issued -}}
+{{- $expiry = (dig "metadata" "annotations" "computedomains.nvidia.com/expiry-day" "0" $issued) | atoi -}}
+{{- end -}}
+{{- if le (sub $expiry $today) (int $certs.renewBeforeDays) -}}
+{{- $expiry = add $today $certs.validityDays -}}
+{{- end -}}
+{{- $expiry -}}
+{{- end -}}
+
+{{/* A workload pod's annotation for the chart's etcd certificates (nothing with your own etcd). */}}
+{{- define "cd.etcdCertsAnnotation" -}}
+{{- if .Values.etcd.enabled -}}
+computedomains.nvidia.com/etcd-certs-expiry-day: {{ include "cd.etcdCertsExpiryDay" . | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -54,7 +90,7 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 
 {{/* Pod annotations: the scrape annotations when metrics are on, then the component's own.
-     Called with dict "values" (the component's values) "port" (its health port). */}}
+     Called with dict "root" "values" (the component's values) "port" (its health port). */}}
 {{- define "cd.podAnnotations" -}}
 {{- $a := dict -}}
 {{- if .values.metrics.enabled -}}
@@ -62,6 +98,7 @@ app.kubernetes.io/component: {{ . }}
 {{- $_ := set $a "prometheus.io/port" (toString .port) -}}
 {{- $_ := set $a "prometheus.io/path" "/metrics" -}}
 {{- end -}}
+{{- with .root }}{{ with include "cd.etcdCertsAnnotation" . }}{{ $a = merge $a (fromYaml .) }}{{ end }}{{ end -}}
 {{- $a = merge (deepCopy (default dict .values.podAnnotations)) $a -}}
 {{- if $a }}
 annotations:
@@ -88,9 +125,10 @@ tolerations:
 {{- end }}
 {{- end -}}
 
-{{/* The etcd client certificate flags and volume (manifests/overlays/production's). */}}
-{{- define "cd.etcdTlsFlags" -}}
-{{- if .Values.etcd.tls.enabled }}
+{{/* The key prefix, and the etcd client certificate flags and volume (manifests/overlays/production's). */}}
+{{- define "cd.etcdFlags" -}}
+- --etcd-prefix={{ .Values.etcd.prefix }}
+{{- if include "cd.etcdTls" . }}
 - --etcd-ca-file=/etc/computedomains/etcd-tls/ca.crt
 - --etcd-cert-file=/etc/computedomains/etcd-tls/tls.crt
 - --etcd-key-file=/etc/computedomains/etcd-tls/tls.key
@@ -98,7 +136,7 @@ tolerations:
 {{- end -}}
 
 {{- define "cd.etcdTlsMount" -}}
-{{- if .Values.etcd.tls.enabled }}
+{{- if include "cd.etcdTls" . }}
 - name: etcd-tls
   mountPath: /etc/computedomains/etcd-tls
   readOnly: true
@@ -107,7 +145,7 @@ tolerations:
 
 {{/* Called with dict "root" "secret" "mode". */}}
 {{- define "cd.etcdTlsVolume" -}}
-{{- if .root.Values.etcd.tls.enabled }}
+{{- if include "cd.etcdTls" .root }}
 - name: etcd-tls
   secret:
     secretName: {{ .secret }}
@@ -123,4 +161,19 @@ tolerations:
 {{- fail (printf "kubeletPlugin.kubeletRegistrarDirectoryPath (%s) and kubeletPluginsDirectoryPath (%s) must be <dir>/plugins_registry and <dir>/plugins of one kubelet dir (cd-node-agent takes --kubelet-dir)" $reg $plugins) -}}
 {{- end -}}
 {{- dir $plugins -}}
+{{- end -}}
+
+
+{{/* A container's securityContext: the chart's unless the value sets one. Called with dict
+     "values" (the container's values) "default" (the chart's, a dict). */}}
+{{- define "cd.containerSecurityContext" -}}
+securityContext:
+  {{- toYaml (default .default .values.securityContext) | nindent 2 }}
+{{- end -}}
+
+{{/* A container's extra env from <component>.containers.<name>.env. */}}
+{{- define "cd.extraEnv" -}}
+{{- with .env }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
