@@ -193,6 +193,7 @@ class Engine:
                 ["docker", *args],
                 env=self.env(),
                 cwd=cwd,
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
