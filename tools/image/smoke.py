@@ -141,7 +141,7 @@ class Smoke:
         c = (
             DockerContainer(*args, sys_admin=sys_admin, helpers=helpers)
             if self.runtime == "docker"
-            else Container(*args)
+            else Container(*args, cap_add=("CAP_SYS_ADMIN",) if sys_admin else ())
         )
         self.containers.append(c)
         c.start()
