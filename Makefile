@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-k8s setup-browser test lint protos api-release demo e2e bench chaos image image-smoke clean help
+.PHONY: setup setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos image image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -19,7 +19,8 @@ help:
 	@echo "make lint   - ruff (check, format) + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
-	@echo "make image-smoke - the built image runs a 2-node simulated job (buildah run --isolation chroot)"
+	@echo "make image-smoke - the built image runs a 2-node simulated job (docker run on a private engine, then buildah run)"
+	@echo "make setup-containers - Debian's docker.io, the docker compose plugin (built once into the cache) and the image"
 
 $(STAMP): pyproject.toml constraints.txt tools/setup.sh
 	bash tools/setup.sh
@@ -48,6 +49,14 @@ setup-k8s: setup
 setup-browser:
 	@bash tools/install_chromium.sh
 
+# The container runtime of tests/compose and `make image-smoke`: Debian's docker.io (dockerd,
+# containerd, runc; no service started or enabled), the docker compose plugin built from its Go
+# module into the per-user cache (tools/containers), and the image (`make image`). Each test starts
+# its own private dockerd (tools/containers/engine.py). Needs root.
+setup-containers: image
+	@bash tools/containers/install.sh
+	@bash tools/containers/compose.sh >/dev/null
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -63,7 +72,7 @@ api-release: setup
 protos: setup
 	$(PY) -m tools.protogen
 
-test: setup setup-k8s setup-browser lint
+test: setup setup-k8s setup-browser setup-containers lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 demo: setup
@@ -87,13 +96,15 @@ chaos: setup
 
 # The OCI image (Dockerfile) with buildah: installs buildah and mmdebstrap when missing, builds
 # the Debian base with mmdebstrap and a static etcd, then the image (tools/image/build.sh).
-# Not part of `make test`: it needs root and the machine's container storage (see docs/operations.md).
+# Needs root and the machine's container storage (see docs/operations.md); `make test` builds it for tests/compose.
 image:
 	PYTHON=$(PYTHON) bash tools/image/build.sh
 
-# The services started from the image (one buildah container each), and a 2-node job through them.
-image-smoke: setup image
-	$(PY) -m tools.image.smoke
+# The services started from the image, one container each, and a 2-node job through them: under
+# docker (a private engine, `docker run`), then under buildah (`buildah run --isolation chroot`).
+image-smoke: setup setup-containers
+	$(PY) -m tools.image.smoke --runtime docker
+	$(PY) -m tools.image.smoke --runtime buildah
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

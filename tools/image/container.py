@@ -71,8 +71,17 @@ def _root(pid: int) -> str:
 class Container:
     """A working container of `image` named `name`, running `argv` with `binds` mounted."""
 
-    def __init__(self, name: str, image: str, argv: list[str], binds: list[Path], log_file: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        image: str,
+        argv: list[str],
+        binds: list[Path],
+        log_file: Path,
+        cap_add: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
+        self.cap_add = cap_add
         self.image = image
         self.argv = argv
         self.binds = binds
@@ -84,7 +93,8 @@ class Container:
         buildah("from", "--quiet", "--name", self.name, self.image)
         self.created = True
         volumes = [arg for path in self.binds for arg in ("--volume", f"{path}:{path}")]
-        command = ["buildah", "run", "--isolation", "chroot", *volumes, self.name, "--", *self.argv]
+        caps = [f"--cap-add={cap}" for cap in self.cap_add]
+        command = ["buildah", "run", "--isolation", "chroot", *caps, *volumes, self.name, "--", *self.argv]
         with open(self.log_file, "ab") as out:
             # Its own session: a Ctrl-C of the smoke run reaches the programs only through stop().
             self.process = subprocess.Popen(

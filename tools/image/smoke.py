@@ -1,16 +1,24 @@
 """`make image-smoke`: the built image runs a 2-node simulated job.
 
-From the image, each in its own buildah working container (`buildah run --isolation chroot`, the
-host's network, the run's state directory bind-mounted at the same path): etcd on loopback, the
-placement advisor, a domain controller, and per simulated node (one rack, two trays) its IMEX
-agent and its kubelet plugin, with the flags `cdsim up` gives them (tools/cdsim/services.py).
+From the image, each in its own container (the run's state directory bind-mounted at the same
+path): etcd on loopback, the placement advisor, a domain controller, and per simulated node (one
+rack, two trays) its IMEX agent and its kubelet plugin, with the flags `cdsim up` gives them
+(tools/cdsim/services.py). Two runtimes:
+
+- docker (`docker run`): a private dockerd (tools/containers/engine.py) with the image moved in by
+  `docker load`; the containers have the engine's host network, which is a network namespace of
+  the engine's own, so this program runs its job flow in that namespace (it starts itself again
+  there, --inside-engine);
+- buildah (`buildah run --isolation chroot`): no engine, the host's network.
+
 Then, from the host, the `cdsim job` flow against them: placement, a ComputeDomain and one channel
 claim per node, NodePrepareResources on each plugin's DRA socket, the domain Ready, the
 workload's IMEX imports checked intact; then teardown (unprepare, the domain removed by the
 controller). Every container is stopped and removed at the end, and the run fails if a process
-had to be killed or the IMEX daemons outlived the teardown.
+had to be killed or the IMEX daemons outlived the teardown (under docker: if anything but the
+program still ran in a container when it was stopped, or the engine left anything behind).
 
-    python -m tools.image.smoke [--image localhost/computedomains:dev] [--keep-state]
+    python -m tools.image.smoke [--runtime docker|buildah] [--image localhost/computedomains:dev] [--keep-state]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +58,9 @@ from tools.cdsim.services import (
     controller_spec,
     imex_agent_spec,
 )
+from tools.containers.dockerrun import DockerContainer
+from tools.containers.engine import Engine, EngineError
+from tools.containers.images import load_built_image
 from tools.image.container import Container, ContainerError, buildah
 from tools.netports import free_port
 
@@ -64,6 +76,7 @@ SCRIPTS = {
 }
 HEALTH_TIMEOUT_S = 90.0
 JOB = "image-smoke"
+RUNTIMES = ("docker", "buildah")
 
 
 class SmokeFailed(RuntimeError):
@@ -88,7 +101,9 @@ def healthy(url: str) -> bool:
         return False
 
 
-def wait_healthy(container: Container, url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
+def wait_healthy(
+    container: Container | DockerContainer, url: str, timeout_s: float = HEALTH_TIMEOUT_S
+) -> float:
     """Seconds until `url` answers 200; fails early, with the log's tail, if the program exits."""
     began = time.monotonic()
     while time.monotonic() - began < timeout_s:
@@ -104,15 +119,29 @@ def wait_healthy(container: Container, url: str, timeout_s: float = HEALTH_TIMEO
 
 
 class Smoke:
-    def __init__(self, image: str, root: Path) -> None:
+    def __init__(self, image: str, root: Path, runtime: str = "buildah") -> None:
         self.image = image
         self.layout = StateLayout.at(root)
+        self.runtime = runtime
         self.tag = uuid.uuid4().hex[:8]
-        self.containers: list[Container] = []
+        self.containers: list[Container | DockerContainer] = []
 
-    def container(self, name: str, argv: list[str], health_url: str) -> None:
-        c = Container(
-            f"cd-smoke-{self.tag}-{name}", self.image, argv, [self.layout.root], self.layout.log_file(name)
+    def container(self, name: str, argv: list[str], health_url: str, sys_admin: bool = False) -> None:
+        args = (
+            f"cd-smoke-{self.tag}-{name}",
+            self.image,
+            argv,
+            [self.layout.root],
+            self.layout.log_file(name),
+        )
+        # An IMEX agent gives each daemon a mount namespace of its own (as in docker-compose.yml).
+        # An IMEX agent's fork server of simulated daemons ends with its agent; the daemons it forks
+        # must be gone once their domain is (libs/imex/simulator/forkserver.py).
+        helpers = ("libs/imex/simulator/forkserver.py",) if sys_admin else ()
+        c = (
+            DockerContainer(*args, sys_admin=sys_admin, helpers=helpers)
+            if self.runtime == "docker"
+            else Container(*args, cap_add=("CAP_SYS_ADMIN",) if sys_admin else ())
         )
         self.containers.append(c)
         c.start()
@@ -120,7 +149,8 @@ class Smoke:
         print(f"  {name:<22} {argv[0]:<22} healthy after {took:4.1f} s", flush=True)
 
     def service(self, spec: ServiceSpec) -> None:
-        self.container(spec.name, [SCRIPTS[spec.target], *spec.argv], spec.health_url)
+        sys_admin = spec.target == IMEX_AGENT_TARGET
+        self.container(spec.name, [SCRIPTS[spec.target], *spec.argv], spec.health_url, sys_admin)
 
     def start(self) -> RunState:
         layout = self.layout
@@ -133,7 +163,12 @@ class Smoke:
         etcd_port, peer_port = free_port(), free_port()
         etcd = f"127.0.0.1:{etcd_port}"
         grpc_port, advisor_health, controller_health = free_port(), free_port(), free_port()
-        print(f"Starting from image {self.image} (buildah run --isolation chroot, host network):", flush=True)
+        how = (
+            "docker run, the engine's network"
+            if self.runtime == "docker"
+            else "buildah run --isolation chroot, host network"
+        )
+        print(f"Starting from image {self.image} ({how}):", flush=True)
         self.container("etcd", etcd_argv(layout.etcd_dir, etcd_port, peer_port), f"http://{etcd}/health")
         self.service(advisor_spec(grpc_port, advisor_health, config, etcd))
         self.service(controller_spec(0, controller_health, config, etcd))
@@ -178,6 +213,8 @@ class Smoke:
                 continue
             if killed:
                 problems.append(f"{c.name}: {len(killed)} processes still ran after SIGTERM and were killed")
+            if isinstance(c, DockerContainer) and c.left_behind:
+                problems.append(f"{c.name}: still running besides the program: {c.left_behind}")
         self.containers.clear()
         return problems
 
@@ -190,18 +227,58 @@ def image_exists(image: str) -> bool:
     return True
 
 
-def run(image: str, keep_state: bool) -> int:
+def missing_image(image: str) -> str:
+    """Why `image` cannot be run ("" when it can): it comes from buildah's storage either way."""
     if shutil.which("buildah") is None:
-        print(
-            "error: buildah is not installed; `make image` installs it and builds the image", file=sys.stderr
-        )
-        return 2
+        return "buildah is not installed; `make image` installs it and builds the image"
     if not image_exists(image):
-        print(f"error: no image {image} in buildah's storage; build it with `make image`", file=sys.stderr)
+        return f"no image {image} in buildah's storage; build it with `make image`"
+    return ""
+
+
+def run_in_engine(image: str, keep_state: bool) -> int:
+    """Start a private docker engine, load the image into it, run the smoke (docker runtime) in
+    the engine's network namespace, stop the engine; fails too if the engine left anything."""
+    problem = missing_image(image)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    # Short: dockerd's and containerd's sockets live under it.
+    engine = Engine(Path(tempfile.mkdtemp(prefix="cd-se-")))
+    began = time.monotonic()
+    code = 1
+    try:
+        engine.start()
+        load_built_image(engine, image, image)
+        print(
+            f"Private docker engine up and the image loaded after {time.monotonic() - began:.1f} s.",
+            flush=True,
+        )
+        inner = [sys.executable, "-m", "tools.image.smoke", "--runtime", "docker", "--inside-engine"]
+        inner += ["--image", image, *(["--keep-state"] if keep_state else [])]
+        code = subprocess.run(engine.netns_argv(inner), env=engine.env(), check=False).returncode
+    except EngineError as exc:
+        print(f"image smoke FAILED: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("image smoke FAILED: interrupted", file=sys.stderr)
+    finally:
+        problems = engine.stop()
+    if problems:
+        print("image smoke FAILED: the engine did not stop cleanly:\n" + "\n".join(problems), file=sys.stderr)
+        return code or 1
+    print("The engine stopped; nothing of it is left (processes, mounts, cgroups, files).")
+    return code
+
+
+def run(image: str, keep_state: bool, runtime: str = "buildah") -> int:
+    if runtime == "buildah":
+        problem = missing_image(image)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     # Short: unix socket paths under it must stay within 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="cd-smoke-"))
-    smoke = Smoke(image, root)
+    smoke = Smoke(image, root, runtime)
     began = time.monotonic()
     failure = ""
     try:
@@ -216,7 +293,12 @@ def run(image: str, keep_state: bool) -> int:
         problems = smoke.stop()
     if problems:
         failure = "\n".join([failure, *problems]).strip()
-    summary = {"image": image, "ok": not failure, "seconds": round(time.monotonic() - began, 1)}
+    summary = {
+        "image": image,
+        "runtime": runtime,
+        "ok": not failure,
+        "seconds": round(time.monotonic() - began, 1),
+    }
     if failure:
         print(f"image smoke FAILED: {failure}\n(logs in {smoke.layout.logs_dir})", file=sys.stderr)
         keep_state = True
@@ -234,9 +316,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="the image to exercise (default: %(default)s)")
     parser.add_argument("--keep-state", action="store_true", help="keep the state directory and logs")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="docker", help="default: %(default)s")
+    # Set by the docker runtime's own second start, in the engine's network namespace.
+    parser.add_argument("--inside-engine", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     configure_logging("console", "warning", stream=sys.stderr)
-    sys.exit(run(args.image, args.keep_state))
+    if args.runtime == "docker" and not args.inside_engine:
+        sys.exit(run_in_engine(args.image, args.keep_state))
+    sys.exit(run(args.image, args.keep_state, args.runtime))
 
 
 if __name__ == "__main__":
