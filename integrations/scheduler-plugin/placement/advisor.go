@@ -35,6 +35,16 @@ type advisorClient struct {
 // waits and is retried, nothing is reserved.
 var errUnavailable = errors.New("placement advisor unavailable")
 
+// refused is the advisor's answer that the request itself is wrong (INVALID_ARGUMENT: e.g. a
+// gang larger than the cluster): asking again changes nothing.
+type refused struct {
+	message string
+}
+
+func (e *refused) Error() string {
+	return e.message
+}
+
 // infeasible is the advisor's answer that the gang does not fit now (a valid request).
 type infeasible struct {
 	reason, message string
@@ -127,7 +137,8 @@ func (c *advisorClient) placeAndReserve(ctx context.Context, req gangRequest) (*
 			return held, nil
 		}
 		switch status.Code(err) {
-		case codes.Aborted:
+		case codes.Aborted, codes.FailedPrecondition:
+			// A node was taken, or turned unhealthy, since Place: ask again.
 			lastErr = err
 			continue
 		case codes.AlreadyExists:
@@ -214,6 +225,9 @@ func (c *advisorClient) release(ctx context.Context, id string) (bool, error) {
 // wrap names the advisor and the call; unreachable, timed out or not ready is errUnavailable.
 func (c *advisorClient) wrap(call string, err error) error {
 	code := status.Code(err)
+	if code == codes.InvalidArgument {
+		return &refused{message: fmt.Sprintf("placement advisor at %s: %s refused: %s", c.address, call, status.Convert(err).Message())}
+	}
 	if code == codes.Unavailable || code == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %s at %s: %s", errUnavailable, call, c.address, status.Convert(err).Message())
 	}

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -63,6 +64,9 @@ func (a Args) settings() (settings, error) {
 	}
 	if s.holder == "" {
 		s.holder = defaultHolder
+	}
+	if strings.Contains(s.holder, "/") {
+		return s, fmt.Errorf("%s args: holder %q must not contain '/' (it is part of reservation ids)", Name, s.holder)
 	}
 	if (a.CertFile == "") != (a.KeyFile == "") {
 		return s, fmt.Errorf("%s args: certFile and keyFile go together", Name)

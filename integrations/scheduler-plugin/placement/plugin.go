@@ -123,7 +123,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err != nil {
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "cd_uid", domainUID)
+	logger := klog.FromContext(ctx).WithValues("cd_uid", domainUID) // the scheduler names the pod
 
 	p.gangs.mu.Lock()
 	defer p.gangs.mu.Unlock()
@@ -170,7 +170,10 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 // retried with backoff, as the advisor may be back any moment); no room = unschedulable.
 func (p *Plugin) refusal(logger klog.Logger, domainUID string, request gangRequest, err error) *fwk.Status {
 	var noRoom *infeasible
+	var wrong *refused
 	switch {
+	case errors.As(err, &wrong):
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf("ComputeDomain %s: %s", domainUID, wrong))
 	case errors.As(err, &noRoom):
 		where := "one NVLink clique"
 		if request.clique != "" {
@@ -259,7 +262,7 @@ func (p *Plugin) PostBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 	if err != nil {
 		return
 	}
-	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "cd_uid", s.domainUID)
+	logger := klog.FromContext(ctx).WithValues("cd_uid", s.domainUID)
 	p.gangs.mu.Lock()
 	g := p.gangs.get(s.domainUID, 0)
 	g.pods[pod.UID] = nodeName
