@@ -69,6 +69,7 @@ class SecondScheduler:
 
     env: E2EEnvironment
     profiles: dict[str, str]
+    extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     port: int = 0
 
@@ -116,6 +117,7 @@ class SecondScheduler:
             f"--cert-dir={self.work_dir / 'certs'}",
             "--logging-format=json",
             "-v=2",
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

@@ -7,7 +7,9 @@ manifests/components/scheduler-plugin. A Job of three pods whose pods name its s
   pod (one Place + Reserve per gang), and the domain forms; once all the gang's pods are bound the
   reservation is released (its TTL is 600 s here, so gone means released);
 - with the advisor unreachable, stays whole and pending with a reason that names the advisor:
-  no pod bound, no claim allocated, nothing reserved; when the advisor answers again, it lands.
+  no pod bound, no claim allocated, nothing reserved; when the advisor answers again, it lands;
+- joined to a PodGroup (kube-scheduler's own gang scheduling, `GenericWorkload`), lands the same
+  way: the two work together.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
@@ -34,7 +36,9 @@ from tests.e2e.scenario import (
     wait_job_running,
 )
 from tests.e2e.second_scheduler import SecondScheduler, grant_plugin_reads
+from tools.controlplane import cluster
 from tools.controlplane.binaries import ensure_binaries, ensure_node_binaries
+from tools.controlplane.cluster import ControlPlane
 from tools.netports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -46,6 +50,21 @@ RELEASED = "ComputeDomain gang bound; reservation released"
 # How long a gang must stay wholly pending while the advisor is down.
 DOWN_HOLD_S = 15.0
 GANG = 3
+WORKLOAD_GATES = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+
+
+def serve_workload_scheduling(env: E2EEnvironment) -> None:
+    """The scheduling.k8s.io/v1beta1 API (PodGroup) with kube-scheduler's gang scheduling on, before
+    the environment starts. Only where the control plane does not do it by itself already."""
+    if hasattr(cluster, "workload_scheduling_args"):
+        return
+    env.cp = ControlPlane(
+        env.binaries,
+        env.root / "controlplane",
+        apiserver_args=["--runtime-config=scheduling.k8s.io/v1beta1=true", WORKLOAD_GATES],
+        controller_manager_args=[WORKLOAD_GATES],
+        scheduler_args=[WORKLOAD_GATES],
+    )
 
 
 class Proxy:
@@ -87,6 +106,7 @@ def plugin_env() -> Iterator[E2EEnvironment]:
     binaries = ensure_binaries()
     ensure_node_binaries()
     env = E2EEnvironment(binaries, racks=2, trays=4)
+    serve_workload_scheduling(env)
     env.start()
     try:
         yield env
@@ -121,6 +141,7 @@ def cd_scheduler(plugin_env: E2EEnvironment, down_port: int) -> Iterator[SecondS
             WITH_ADVISOR: f"127.0.0.1:{plugin_env.ports['advisor_grpc']}",
             ADVISOR_DOWN: f"127.0.0.1:{down_port}",
         },
+        extra_args=(WORKLOAD_GATES,),
     )
     scheduler.start()
     try:
@@ -155,37 +176,80 @@ async def domain_uid_of(api: ApiClient, namespace: str, template: str) -> str:
     return str(found["metadata"]["labels"]["resource.nvidia.com/computeDomain"])
 
 
-async def test_gang_lands_on_its_reservation_in_one_clique_and_the_reservation_is_released(
-    plugin_env: E2EEnvironment,
-    cd_scheduler: SecondScheduler,
+async def create_pod_group(api: ApiClient, namespace: str, name: str, min_count: int) -> None:
+    body = {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}},
+    }
+    await CustomObjectsApi(api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1beta1", namespace, "podgroups", body
+    )
+
+
+async def place_and_release(
+    env: E2EEnvironment,
+    scheduler: SecondScheduler,
     api: ApiClient,
     store: Store,
     namespace: str,
+    pod_group: str | None,
 ) -> None:
+    """A Job of GANG pods under cd-scheduler (in `pod_group` if given) lands on the nodes reserved at
+    its first pod, in one clique; the reservation is released; the domain forms and goes."""
     cd_name, template, job = "plugin-placed", "plugin-channel", "plugin-job"
     await apply_example_cd(api, namespace, "imex-compute-domain.yaml", cd_name, template)
     uid = await domain_uid_of(api, namespace, template)
-    await kube.create_job(api, job_for(WITH_ADVISOR, job, namespace, template, pods=GANG))
+    manifest = job_for(WITH_ADVISOR, job, namespace, template, pods=GANG)
+    if pod_group is not None:
+        await create_pod_group(api, namespace, pod_group, GANG)
+        manifest["spec"]["template"]["spec"]["schedulingGroup"] = {"podGroupName": pod_group}
+    await kube.create_job(api, manifest)
 
-    formed = await wait_job_running(plugin_env, api, namespace, job, GANG, template)  # one clique, own nodes
+    formed = await wait_job_running(env, api, namespace, job, GANG, template)  # one clique, own nodes
     for pod in formed.pods:
         assert pod["spec"]["schedulerName"] == WITH_ADVISOR
-    reserved = [r for r in cd_scheduler.log_records(RESERVED) if r.get("cd_uid") == uid]
+    if pod_group is not None:
+        # The API kept the pods' group (it drops the field where the API is off), and kube-scheduler
+        # scheduled them as one pod group.
+        assert {(p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in formed.pods} == {
+            pod_group
+        }
+        cycles = [
+            r
+            for r in scheduler.log_records("Successfully scheduled a pod group")
+            if r.get("podGroup") == {"name": pod_group, "namespace": namespace}
+        ]
+        assert [r.get("scheduledPods") for r in cycles] == [GANG], cycles
+    reserved = [r for r in scheduler.log_records(RESERVED) if r.get("cd_uid") == uid]
     assert len(reserved) == 1, f"the advisor was asked {len(reserved)} times for one gang: {reserved}"
     assert sorted(reserved[0]["nodes"]) == sorted(formed.nodes), (reserved[0], formed.nodes)
-    clique = plugin_env.cluster.node(formed.nodes[0]).clique
+    clique = env.cluster.node(formed.nodes[0]).clique
     assert reserved[0]["clique"] == clique
 
     async def released() -> dict[str, Any] | None:
-        done = [r for r in cd_scheduler.log_records(RELEASED) if r.get("cd_uid") == uid]
+        done = [r for r in scheduler.log_records(RELEASED) if r.get("cd_uid") == uid]
         return done[0] if done and not await reservations_of(store, uid) else None
 
     record = await kube.eventually(released, f"the reservation of ComputeDomain {uid} released")
     assert record["reservation"] == reserved[0]["reservation"] and record["released"] is True
 
-    await wait_cd_ready(plugin_env, api, namespace, cd_name, formed.nodes)
-    await delete_job_and_wait_released(plugin_env, api, store, namespace, job, formed, cd_name)
-    await delete_cd_and_wait_gone(plugin_env, api, store, namespace, cd_name, template, formed)
+    await wait_cd_ready(env, api, namespace, cd_name, formed.nodes)
+    await delete_job_and_wait_released(env, api, store, namespace, job, formed, cd_name)
+    await delete_cd_and_wait_gone(env, api, store, namespace, cd_name, template, formed)
+
+
+async def test_gang_lands_on_its_reservation_in_one_clique_and_the_reservation_is_released(
+    plugin_env: E2EEnvironment, cd_scheduler: SecondScheduler, api: ApiClient, store: Store, namespace: str
+) -> None:
+    await place_and_release(plugin_env, cd_scheduler, api, store, namespace, pod_group=None)
+
+
+async def test_beside_kube_schedulers_own_gang_scheduling_the_pod_group_lands_the_same_way(
+    plugin_env: E2EEnvironment, cd_scheduler: SecondScheduler, api: ApiClient, store: Store, namespace: str
+) -> None:
+    await place_and_release(plugin_env, cd_scheduler, api, store, namespace, pod_group="gang")
 
 
 async def test_advisor_down_leaves_the_gang_whole_and_pending_with_a_reason_then_it_lands(
