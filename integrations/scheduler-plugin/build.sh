@@ -26,7 +26,7 @@ parent="$cache_root/scheduler-plugin"
 dest="$parent/$k8s_version"
 stamp=".source-sha256"
 source_hash="$(
-    cd "$here" && cat go.mod go.sum $(find cmd placement -name '*.go' | LC_ALL=C sort) \
+    cd "$here" && cat go.mod go.sum $(find cmd gang placement -name '*.go' | LC_ALL=C sort) \
         "$bindings/go.mod" $(find "$bindings/placementv1" -name '*.go' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1
 )"
 
@@ -74,6 +74,8 @@ echo "build.sh: building cd-scheduler ($k8s_version with the ComputeDomainPlacem
 start=$SECONDS
 (
     cd "$here"
+    # The gang table's rules first (no Kubernetes client in it: seconds).
+    GOWORK=off CGO_ENABLED=0 go test -mod=readonly -trimpath -tags="k8s_1_$minor" -count=1 ./gang
     # Same flags and tag as the control plane's build, so its compiled packages are reused.
     GOWORK=off CGO_ENABLED=0 go build -mod=readonly -trimpath -tags="k8s_1_$minor" \
         -ldflags="$ldflags" -o "$tmp/cd-scheduler" ./cmd/cd-scheduler

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	placementv1 "computedomains/integrations/placement-go/placementv1"
+
+	"computedomains/integrations/scheduler-plugin/gang"
 )
 
 // advisorClient asks the placement advisor for a gang's nodes and holds them (Place, then
@@ -114,18 +116,10 @@ type gangRequest struct {
 	reservationID string
 }
 
-// reservation is the advisor's hold on a gang's nodes.
-type reservation struct {
-	id      string
-	nodes   []string
-	clique  string
-	expires time.Time
-}
-
 // placeAndReserve asks where the gang goes (Place, no write), then holds exactly those nodes
 // (Reserve). A node taken between the two (ABORTED) starts over, at most three times. An id
 // left by an earlier run of this scheduler (ALREADY_EXISTS) is released first: this holder made it.
-func (c *advisorClient) placeAndReserve(ctx context.Context, req gangRequest) (*reservation, error) {
+func (c *advisorClient) placeAndReserve(ctx context.Context, req gangRequest) (*gang.Reservation, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		placed, err := c.place(ctx, req)
@@ -183,7 +177,7 @@ func (c *advisorClient) place(ctx context.Context, req gangRequest) (*placementv
 	return resp, nil
 }
 
-func (c *advisorClient) reserve(ctx context.Context, req gangRequest, placed *placementv1.PlaceResponse) (*reservation, error) {
+func (c *advisorClient) reserve(ctx context.Context, req gangRequest, placed *placementv1.PlaceResponse) (*gang.Reservation, error) {
 	var nodes []string
 	clique := ""
 	for _, segment := range placed.GetPlacements() {
@@ -203,11 +197,11 @@ func (c *advisorClient) reserve(ctx context.Context, req gangRequest, placed *pl
 		return nil, err
 	}
 	info := resp.GetReservation()
-	return &reservation{
-		id:      info.GetId(),
-		nodes:   info.GetNodeNames(),
-		clique:  clique,
-		expires: time.UnixMilli(info.GetExpiresUnixMs()),
+	return &gang.Reservation{
+		ID:      info.GetId(),
+		Nodes:   info.GetNodeNames(),
+		Clique:  clique,
+		Expires: time.UnixMilli(info.GetExpiresUnixMs()),
 	}, nil
 }
 

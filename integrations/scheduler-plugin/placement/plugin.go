@@ -23,6 +23,8 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+
+	"computedomains/integrations/scheduler-plugin/gang"
 )
 
 // Name is the plugin's name in a KubeSchedulerConfiguration profile.
@@ -35,7 +37,7 @@ type Plugin struct {
 	advisor   *advisorClient
 	templates resourcelisters.ResourceClaimTemplateLister
 	domains   cache.Indexer // ComputeDomains by uid (for spec.numNodes); nil without a kubeconfig
-	gangs     *gangs
+	gangs     *gang.Table
 }
 
 var (
@@ -73,7 +75,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	p := &Plugin{
 		advisor:   client,
 		templates: handle.SharedInformerFactory().Resource().V1().ResourceClaimTemplates().Lister(),
-		gangs:     newGangs(s.holder, time.Now),
+		gangs:     gang.NewTable(s.holder, time.Now),
 	}
 	_, _ = handle.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj interface{}) {
@@ -81,7 +83,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 				obj = tombstone.Obj
 			}
 			if pod, ok := obj.(*v1.Pod); ok {
-				p.gangs.forgetPod(pod.UID)
+				p.gangs.ForgetPod(pod.UID)
 			}
 		},
 	})
@@ -125,17 +127,17 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	logger := klog.FromContext(ctx).WithValues("cd_uid", domainUID) // the scheduler names the pod
 
-	p.gangs.mu.Lock()
-	defer p.gangs.mu.Unlock()
-	p.gangs.forgetIdle()
-	g := p.gangs.get(domainUID, size)
-	now := p.gangs.now()
-	allowed := g.free(now)
+	p.gangs.Lock()
+	defer p.gangs.Unlock()
+	p.gangs.ForgetIdle()
+	g := p.gangs.Get(domainUID, size)
+	now := p.gangs.Now()
+	allowed := g.Free(now)
 	if allowed.Len() == 0 {
-		if held := g.held; held != nil {
+		if held := g.Held; held != nil {
 			// Used up (more pods than the gang's size) or expired: replaced by a new one below.
-			g.held = nil
-			go p.releaseQuietly(logger, held.id)
+			g.Held = nil
+			go p.releaseQuietly(logger, held.ID)
 		}
 		candidates := make([]string, 0, len(nodes))
 		for _, n := range nodes {
@@ -143,26 +145,26 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		}
 		request := gangRequest{
 			domainUID:     domainUID,
-			numNodes:      g.wanted(),
-			clique:        g.clique,
+			numNodes:      g.Wanted(),
+			clique:        g.Clique,
 			candidates:    candidates,
-			excluded:      append(sets.List(g.nodesInUse()), p.gangs.busyElsewhere(domainUID)...),
-			sizeKnown:     g.size > 0,
-			reservationID: g.nextID(p.gangs.holder),
+			excluded:      append(sets.List(g.NodesInUse()), p.gangs.BusyElsewhere(domainUID)...),
+			sizeKnown:     g.Size > 0,
+			reservationID: g.NextID(p.gangs.Holder),
 		}
 		held, err := p.advisor.placeAndReserve(ctx, request)
 		if err != nil {
 			return nil, p.refusal(logger, domainUID, request, err)
 		}
-		g.held = held
-		if g.clique == "" {
-			g.clique = held.clique
+		g.Held = held
+		if g.Clique == "" {
+			g.Clique = held.Clique
 		}
-		allowed = g.free(now)
+		allowed = g.Free(now)
 		logger.Info("ComputeDomain gang reserved by the placement advisor",
-			"reservation", held.id, "nodes", held.nodes, "clique", held.clique, "gangSize", g.size)
+			"reservation", held.ID, "nodes", held.Nodes, "clique", held.Clique, "gangSize", g.Size)
 	}
-	state.Write(stateKey, &cycleState{domainUID: domainUID, reservationID: g.held.id, allowed: allowed})
+	state.Write(stateKey, &cycleState{domainUID: domainUID, reservationID: g.Held.ID, allowed: allowed})
 	return &fwk.PreFilterResult{NodeNames: allowed.Clone()}, nil
 }
 
@@ -235,9 +237,9 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	if err != nil {
 		return nil // not ours
 	}
-	p.gangs.mu.Lock()
-	defer p.gangs.mu.Unlock()
-	p.gangs.get(s.domainUID, 0).pods[pod.UID] = nodeName
+	p.gangs.Lock()
+	defer p.gangs.Unlock()
+	p.gangs.Get(s.domainUID, 0).Assume(pod.UID, nodeName)
 	return nil
 }
 
@@ -247,12 +249,9 @@ func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err != nil {
 		return
 	}
-	p.gangs.mu.Lock()
-	defer p.gangs.mu.Unlock()
-	g := p.gangs.get(s.domainUID, 0)
-	if !g.bound.Has(pod.UID) {
-		delete(g.pods, pod.UID)
-	}
+	p.gangs.Lock()
+	defer p.gangs.Unlock()
+	p.gangs.Get(s.domainUID, 0).Unassume(pod.UID)
 }
 
 // PostBind marks the pod bound and releases the reservation once every reserved node has a
@@ -263,23 +262,22 @@ func (p *Plugin) PostBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod
 		return
 	}
 	logger := klog.FromContext(ctx).WithValues("cd_uid", s.domainUID)
-	p.gangs.mu.Lock()
-	g := p.gangs.get(s.domainUID, 0)
-	g.pods[pod.UID] = nodeName
-	g.bound.Insert(pod.UID)
-	var done *reservation
-	if g.served() {
-		done, g.held = g.held, nil
+	p.gangs.Lock()
+	g := p.gangs.Get(s.domainUID, 0)
+	g.Bind(pod.UID, nodeName)
+	var done *gang.Reservation
+	if g.Served() {
+		done, g.Held = g.Held, nil
 	}
-	p.gangs.mu.Unlock()
+	p.gangs.Unlock()
 	if done != nil {
-		released, err := p.advisor.release(ctx, done.id)
+		released, err := p.advisor.release(ctx, done.ID)
 		if err != nil {
 			// Its TTL frees the nodes anyway.
-			logger.Error(err, "releasing the gang's reservation failed", "reservation", done.id)
+			logger.Error(err, "releasing the gang's reservation failed", "reservation", done.ID)
 			return
 		}
-		logger.Info("ComputeDomain gang bound; reservation released", "reservation", done.id, "released", released, "nodes", done.nodes)
+		logger.Info("ComputeDomain gang bound; reservation released", "reservation", done.ID, "released", released, "nodes", done.Nodes)
 	}
 }
 
