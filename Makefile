@@ -39,11 +39,14 @@ setup: $(STAMP)
 # (the whole suite) and the oldest (a smaller e2e scenario); measured cold on the shared, loaded
 # 2-core machine: 1.37.2 about 12 min, 1.32.13 about 19 min. Then each release's kubelet and crisim
 # (the simulated nodes' binaries, `--node`), from the same module cache and build cache: ~1.7 min.
+# Then cd-scheduler (kube-scheduler 1.37.2 with the ComputeDomainPlacement plugin,
+# integrations/scheduler-plugin): the control plane's module set, so ~2 min on its build cache.
 setup-k8s: setup
 	@bash tools/controlplane/build.sh >/dev/null
 	@bash tools/controlplane/build.sh 1.32 >/dev/null
 	@bash tools/controlplane/build.sh --node >/dev/null
 	@bash tools/controlplane/build.sh --node 1.32 >/dev/null
+	@bash integrations/scheduler-plugin/build.sh >/dev/null
 
 # Debian's Chromium for the dashboard's browser test (Playwright drives the system browser).
 setup-browser:

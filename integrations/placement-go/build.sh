@@ -12,7 +12,7 @@
 # plugins (the generator needs them before placementv1/ exists); --cached-only never builds.
 set -euo pipefail
 
-PROTOC_GEN_GO=v1.36.12      # google.golang.org/protobuf, the runtime version go.mod requires
+PROTOC_GEN_GO=v1.36.12      # google.golang.org/protobuf; go.mod holds the runtime at the control plane's pre-release of it
 PROTOC_GEN_GO_GRPC=v1.6.2   # google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
 source "$(dirname "${BASH_SOURCE[0]}")/../../tools/goinstall.sh"

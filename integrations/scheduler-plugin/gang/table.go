@@ -1,0 +1,171 @@
+// Package gang is what cd-scheduler's plugin knows of each ComputeDomain's pods (a gang): the
+// advisor's reservation for it and where its pods went. No Kubernetes client and no network: the
+// plugin (package placement) drives it.
+package gang
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+)
+
+// Reservation is the advisor's hold on a gang's nodes.
+type Reservation struct {
+	ID      string
+	Nodes   []string
+	Clique  string
+	Expires time.Time
+}
+
+// Gang is one ComputeDomain's pods. The first pod of a gang asks the advisor; the others use the
+// answer.
+type Gang struct {
+	DomainUID string
+	Size      int32 // 0 = not known
+	Clique    string
+	Held      *Reservation // nil once released (or never made)
+	// Reservations made for this gang so far: the next one's id.
+	sequence int
+	// Pods assumed (Reserve) or bound (PostBind) -> node.
+	pods     map[types.UID]string
+	bound    sets.Set[types.UID]
+	lastUsed time.Time
+}
+
+// Table is the plugin's table of gangs, shared by the scheduling and binding goroutines: hold its
+// lock around every use but ForgetPod.
+type Table struct {
+	sync.Mutex
+	byUID  map[string]*Gang
+	Holder string
+	Now    func() time.Time
+	// A gang with no reservation and no activity for this long is forgotten.
+	idle time.Duration
+}
+
+// NewTable makes the table of a holder (the scheduler's name to the advisor).
+func NewTable(holder string, now func() time.Time) *Table {
+	return &Table{byUID: map[string]*Gang{}, Holder: holder, Now: now, idle: 30 * time.Minute}
+}
+
+// Get returns the gang of a domain, made on first use; size > 0 sets its size.
+func (t *Table) Get(domainUID string, size int32) *Gang {
+	found := t.byUID[domainUID]
+	if found == nil {
+		found = &Gang{DomainUID: domainUID, pods: map[types.UID]string{}, bound: sets.New[types.UID]()}
+		t.byUID[domainUID] = found
+	}
+	if size > 0 {
+		found.Size = size
+	}
+	found.lastUsed = t.Now()
+	return found
+}
+
+// Live drops a reservation the advisor has let expire (its TTL ran out before the gang bound).
+func (x *Gang) Live(now time.Time) *Reservation {
+	if x.Held != nil && !now.Before(x.Held.Expires) {
+		x.Held = nil
+	}
+	return x.Held
+}
+
+// NodesInUse are the nodes the gang's pods are assumed on or bound to.
+func (x *Gang) NodesInUse() sets.Set[string] {
+	used := sets.New[string]()
+	for _, node := range x.pods {
+		used.Insert(node)
+	}
+	return used
+}
+
+// Free are the reserved nodes no pod of the gang has taken yet.
+func (x *Gang) Free(now time.Time) sets.Set[string] {
+	held := x.Live(now)
+	if held == nil {
+		return sets.New[string]()
+	}
+	return sets.New(held.Nodes...).Difference(x.NodesInUse())
+}
+
+// Wanted is how many nodes to ask for: the rest of the gang, or one more node.
+func (x *Gang) Wanted() int32 {
+	rest := x.Size - int32(len(x.NodesInUse()))
+	if rest < 1 {
+		return 1
+	}
+	return rest
+}
+
+// NextID is the id of the gang's next reservation: fixed per holder, domain and sequence, so a
+// restarted scheduler finds (and releases) what it held before.
+func (x *Gang) NextID(holder string) string {
+	x.sequence++
+	return fmt.Sprintf("%s.%s.%d", holder, x.DomainUID, x.sequence)
+}
+
+// Assume records the node a pod of the gang is assumed on (the scheduler's Reserve).
+func (x *Gang) Assume(pod types.UID, node string) {
+	x.pods[pod] = node
+}
+
+// Unassume forgets the node of a pod that did not bind (Unreserve); a bound pod keeps it.
+func (x *Gang) Unassume(pod types.UID) {
+	if !x.bound.Has(pod) {
+		delete(x.pods, pod)
+	}
+}
+
+// Bind records a pod of the gang bound to its node (PostBind).
+func (x *Gang) Bind(pod types.UID, node string) {
+	x.pods[pod] = node
+	x.bound.Insert(pod)
+}
+
+// Served says whether every reserved node has a bound pod of the gang: the reservation has done
+// its job, and the bound pods' claims hold the nodes from now on.
+func (x *Gang) Served() bool {
+	if x.Held == nil {
+		return false
+	}
+	boundNodes := sets.New[string]()
+	for uid := range x.bound {
+		boundNodes.Insert(x.pods[uid])
+	}
+	return boundNodes.HasAll(x.Held.Nodes...)
+}
+
+// BusyElsewhere are nodes that pods of other gangs are assumed on or bound to: the advisor only
+// learns of them when their claims are prepared, so they are excluded from this gang's request.
+func (t *Table) BusyElsewhere(domainUID string) []string {
+	busy := sets.New[string]()
+	for uid, other := range t.byUID {
+		if uid != domainUID {
+			busy = busy.Union(other.NodesInUse())
+		}
+	}
+	return sets.List(busy)
+}
+
+// ForgetPod drops a deleted pod: its node is no longer its gang's. It takes the lock itself.
+func (t *Table) ForgetPod(uid types.UID) {
+	t.Lock()
+	defer t.Unlock()
+	for _, x := range t.byUID {
+		delete(x.pods, uid)
+		x.bound.Delete(uid)
+	}
+}
+
+// ForgetIdle drops gangs that hold nothing and saw no pod for a while.
+func (t *Table) ForgetIdle() {
+	now := t.Now()
+	for uid, x := range t.byUID {
+		if x.Live(now) == nil && now.Sub(x.lastUsed) > t.idle {
+			delete(t.byUID, uid)
+		}
+	}
+}
