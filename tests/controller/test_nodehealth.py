@@ -24,7 +24,9 @@ def _node(name: str, ready: str | None) -> dict[str, Any]:
 
 
 def test_not_ready_nodes_are_those_whose_ready_condition_is_not_true() -> None:
-    found = not_ready_nodes([_node("a", "True"), _node("b", "Unknown"), _node("c", "False"), _node("d", None)])
+    found = not_ready_nodes(
+        [_node("a", "True"), _node("b", "Unknown"), _node("c", "False"), _node("d", None)]
+    )
     assert set(found) == {"b", "c", "d"}
     assert found["b"] == NodeReadiness("Unknown", "R", "m")
     assert found["d"].status == "Unknown"
