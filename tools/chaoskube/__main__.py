@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, printed)")
     parser.add_argument("--trays", type=int, default=6, help="trays (nodes, each with a kubelet) of the rack")
     parser.add_argument("--max-job-size", type=int, default=2, help="pods of the largest job (default 2)")
-    parser.add_argument("--settle", type=float, default=120.0, help="seconds a quiescence may take")
+    parser.add_argument("--settle", type=float, default=180.0, help="seconds a quiescence may take")
     parser.add_argument("--quiet", action="store_true", help="do not print events as they happen")
     parser.add_argument("--summary-json", type=Path, default=None, help="also write the result here")
     return parser

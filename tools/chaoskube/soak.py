@@ -62,7 +62,8 @@ NAMESPACES = ("chaos-a", "chaos-b")
 CHECK_INTERVAL_S = 1.0
 IMPORT_CHECK_INTERVAL_S = 5.0
 IMPORT_TIMEOUT_S = 30.0
-FORM_TIMEOUT_S = 120.0
+# Beyond kubelet's retry of a pod it saw before the node authorizer linked it to the node (~90 s).
+FORM_TIMEOUT_S = 180.0
 NODE_TIMEOUT_S = 90.0
 # What a restarting API server or etcd answers meanwhile: the call is tried again.
 API_ERRORS: tuple[type[BaseException], ...] = (
@@ -79,7 +80,7 @@ class KubeSoakOptions:
     duration_s: float
     seed: int
     step_delay_s: tuple[float, float] = (1.0, 3.0)
-    settle_s: float = 120.0
+    settle_s: float = 180.0
     max_job_size: int = 2
     quiesce_every: tuple[int, int] = (25, 40)  # steps between quiescences (and one at the end)
     echo: bool = True
