@@ -141,6 +141,15 @@ async def pod_events(api: ApiClient, namespace: str, pod: str) -> list[dict[str,
     return list((listing or {}).get("items") or [])
 
 
+async def object_events(api: ApiClient, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    """The Events of one object, oldest first."""
+    listing = await raw_get(
+        api,
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind={kind},involvedObject.name={name}",
+    )
+    return sorted((listing or {}).get("items") or [], key=lambda e: e.get("lastTimestamp") or "")
+
+
 def is_running(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     ready = any(
