@@ -134,11 +134,7 @@ async def node_labels(api: ApiClient) -> dict[str, dict[str, str]]:
 
 
 async def pod_events(api: ApiClient, namespace: str, pod: str) -> list[dict[str, Any]]:
-    listing = await raw_get(
-        api,
-        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind=Pod,involvedObject.name={pod}",
-    )
-    return list((listing or {}).get("items") or [])
+    return await object_events(api, namespace, "Pod", pod)
 
 
 async def object_events(api: ApiClient, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
