@@ -23,7 +23,15 @@ from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
 from tools.chaoskube.soak import KubeSoak, KubeSoakOptions
 from tools.controlplane.binaries import ensure_binaries, ensure_node_binaries
+from tools.kubelet.addresses import addresses_in_range
 from tools.kubelet.hoststate import host_state
+
+
+def _host(state: dict[str, object]) -> dict[str, object]:
+    """What this environment's kubelets could change on the host (tools.kubelet.hoststate): the
+    kernel values and kubelet's host paths; node IPs and mounts of other environments running
+    on the machine at the same time are not ours, so the node IPs are checked by address."""
+    return {k: v for k, v in state.items() if k in ("sysctl", "paths")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("console", "critical", stream=sys.stderr)
     binaries = ensure_binaries()
     ensure_node_binaries()
-    before = host_state()
+    before = _host(host_state())
     env = E2EEnvironment(binaries, racks=1, trays=args.trays, kubelets="real")
     env.start()
     ok = False
@@ -84,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
             args.summary_json.write_text(json.dumps(soak.summary(ok), indent=2) + "\n")
     finally:
         env.stop(keep_root=not ok)
-    if host_state() != before:
-        print("the host changed: the real kubelets left something behind", file=sys.stderr)
+    after = _host(host_state())
+    left = sorted(set(env.kubelet_nodes[n].ip for n in env.kubelet_nodes) & set(addresses_in_range()))
+    if after != before or left:
+        print(
+            f"the host changed: the real kubelets left {left or 'kernel values or paths'} behind",
+            file=sys.stderr,
+        )
         return 1
     return 0 if ok else 1
 
