@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos image image-smoke clean help
+.PHONY: setup setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -16,6 +16,7 @@ help:
 	@echo "make setup  - .venv, pinned Python deps, etcd (with etcdctl and etcdutl), the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
+	@echo "make chaos-k8s - the 10-minute chaos soak in Kubernetes mode, real kubelets (SEED=n to replay one)"
 	@echo "make lint   - ruff (check, format) + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
@@ -96,6 +97,14 @@ bench: setup
 SEED ?=
 chaos: setup
 	$(PY) -m tools.chaos --duration 1800 $(if $(SEED),--seed $(SEED))
+
+# The chaos soak in Kubernetes mode: random ComputeDomain jobs through the API server on 6 real
+# kubelets, under kubelet restarts, cd-node-agent kills, controller failovers, kube-apiserver
+# restarts and lost nodes, for 10 minutes; the seed is printed first, the summary (faults by kind,
+# jobs, checks, violations) goes to build/chaos-k8s.json. A short run is part of `make test`.
+chaos-k8s: setup setup-k8s
+	@mkdir -p build
+	$(PY) -m tools.chaoskube --duration 600 --trays 6 --summary-json build/chaos-k8s.json $(if $(SEED),--seed $(SEED))
 
 # The OCI image (Dockerfile) with buildah: installs buildah and mmdebstrap when missing, builds
 # the Debian base with mmdebstrap and a static etcd, then the image (tools/image/build.sh).

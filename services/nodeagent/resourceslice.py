@@ -6,7 +6,10 @@ driver ``compute-domain.nvidia.com``, pool = node name, one device ``channel-0``
 ``type`` ("channel"), ``id`` (0) and ``cliqueID`` (the node's clique, "" on a non-fabric node),
 so the DeviceClass CEL selector and clique-aware selectors both match. The slice is published once
 the node's clique is settled, rewritten when it changes (with the pool generation bumped), and
-deleted on shutdown only when configured. Optionally the Node gets the label
+deleted on shutdown only when configured. It is watched, and published again whenever someone else
+deletes or changes it: kubelet deletes every ResourceSlice of its node when it starts (its DRA
+manager's wipe, as no driver has registered yet), so without this a kubelet restart would leave
+the node with no channel device to allocate until the agent restarted. Optionally the Node gets the label
 ``nvidia.com/gpu.clique=<clusterUUID>.<cliqueId>`` (removed on a non-fabric node).
 
 Pure core: `build_resource_slice`, `slice_content`, `clique_label_patch`. Thin shell:
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import structlog
+from kubernetes_asyncio import watch as k8s_watch
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -43,6 +48,9 @@ log = structlog.get_logger(__name__)
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 FIELD_MANAGER = "compute-domain-node-agent"
 _MAX_NAME = 253  # a ResourceSlice name is a DNS subdomain
+# Server-side end of each watch of our slice; the next watch starts with a fresh check.
+_WATCH_TIMEOUT_S = 300
+_WATCH_ERRORS = (ApiException, aiohttp.ClientError, OSError, TimeoutError, ResourceApiUnavailable)
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,9 @@ class ResourceSlicePublisher:
         self.name = resource_slice_name(node_name)
         self.published_clique: str | None = None
         self.labelled_clique: str | None = None
+        # Bumped whenever the slice may be gone; a publish from an older epoch is done again.
+        self._epoch = 0
+        self._published_epoch = 0
 
     async def run(self, nodes: AsyncIterator[pb.Node]) -> None:
         """Publish for every settled record `nodes` yields (``NodeView.changes()``)."""
@@ -169,9 +180,14 @@ class ResourceSlicePublisher:
                 latest = node
                 wake.set()
 
+        def republish() -> None:
+            self._epoch += 1
+            wake.set()
+
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(follow(), name=f"resourceslice-follow-{self.node_name}")
+                tasks.create_task(self.watch(republish), name=f"resourceslice-watch-{self.node_name}")
                 backoff = Backoff(initial=self.settings.retry_initial_s, cap=self.settings.retry_cap_s)
                 while True:
                     await wake.wait()
@@ -199,11 +215,56 @@ class ResourceSlicePublisher:
                 except Exception as exc:
                     log.warning("deleting ResourceSlice failed", node=self.node_name, error=_describe(exc))
 
+    async def watch(self, republish: Callable[[], None]) -> None:
+        """Watch our slice; call `republish` when a watch starts (the slice may have gone while
+        none ran) and whenever the slice is deleted, or changed away from what we published."""
+        backoff = Backoff(initial=self.settings.retry_initial_s, cap=self.settings.retry_cap_s)
+        while True:
+            try:
+                _, resource = await self._resource()
+                async with k8s_watch.Watch() as w:
+                    stream = w.stream(
+                        resource.list_resource_slice,
+                        field_selector=f"metadata.name={self.name}",
+                        timeout_seconds=_WATCH_TIMEOUT_S,
+                        _request_timeout=_WATCH_TIMEOUT_S + 30,
+                    )
+                    republish()
+                    async for event in stream:
+                        backoff.reset()
+                        if self._lost_by(event["type"], event.get("raw_object") or {}):
+                            log.info(
+                                "ResourceSlice deleted or changed by someone else; publishing it again",
+                                node=self.node_name,
+                                change=event["type"],
+                            )
+                            republish()
+            except _WATCH_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "watching ResourceSlice failed; retrying",
+                    node=self.node_name,
+                    error=_describe(exc),
+                    retry_in_s=round(delay, 3),
+                )
+                await asyncio.sleep(delay)
+
+    def _lost_by(self, change: str, obj: dict[str, Any]) -> bool:
+        """Whether a watch event shows our published slice gone or not ours any more."""
+        if self.published_clique is None:
+            return False  # nothing published yet
+        if change == "DELETED":
+            return True
+        if change in ("ADDED", "MODIFIED"):
+            return live_slice_content(obj) != slice_content(self.node_name, self.published_clique)
+        return False
+
     async def sync(self, clique_id: str) -> None:
         """Make the slice (and label) say `clique_id`; no write when it already does."""
-        if self.published_clique != clique_id:
+        if self.published_clique != clique_id or self._published_epoch != self._epoch:
+            epoch = self._epoch
             await self._sync_slice(clique_id)
-            self.published_clique = clique_id
+            self.published_clique, self._published_epoch = clique_id, epoch
         if self.settings.publish_clique_label and self.labelled_clique != clique_id:
             await self.core.patch_node(
                 self.node_name,

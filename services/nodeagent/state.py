@@ -588,10 +588,13 @@ class DeviceState:
         would release a returning LOST member and its index. Decided under the claim's domain
         lock, so a concurrent unprepare (which deletes the record) is never undone, and written
         only over the value that was read, so a prepare's own write meanwhile (its completed
-        record travels outside that lock) is never overwritten."""
+        record travels outside that lock) is never overwritten. A record whose claim is gone from
+        the claim source (the controller dropped it with its claim) is not written again: the
+        claim is unprepared here instead."""
         entry = self.checkpoint.get(claim_uid)
         if entry is None or not entry.domain_uid or entry.migrated_from is not None:
             return None
+        gone = ""
         async with self._domain_locks.hold(entry.domain_uid):
             entry = self.checkpoint.get(claim_uid)
             if entry is None or not entry.domain_uid:
@@ -611,24 +614,48 @@ class DeviceState:
                     problem = f"names domain {item.value.domain_uid} on node {item.value.node_name}"
                 else:
                     return None
-            completed = entry.state is ClaimState.PREPARE_COMPLETED
-            written = await self.store.compare_and_swap(
-                key,
-                pb.PreparedClaim(
-                    claim_uid=claim_uid,
-                    namespace=entry.namespace,
-                    name=entry.name,
-                    node_name=node,
-                    domain_uid=entry.domain_uid,
-                    state=pb.PreparedState.PREPARE_COMPLETED
-                    if completed
-                    else pb.PreparedState.PREPARE_STARTED,
-                    cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
-                    updated_unix_ms=_now_ms(),
-                ),
-                read_at,
-            )
-        return problem if written else None
+            gone = await self._claim_gone(entry.namespace, entry.name, claim_uid)
+            if not gone:
+                completed = entry.state is ClaimState.PREPARE_COMPLETED
+                written = await self.store.compare_and_swap(
+                    key,
+                    pb.PreparedClaim(
+                        claim_uid=claim_uid,
+                        namespace=entry.namespace,
+                        name=entry.name,
+                        node_name=node,
+                        domain_uid=entry.domain_uid,
+                        state=pb.PreparedState.PREPARE_COMPLETED
+                        if completed
+                        else pb.PreparedState.PREPARE_STARTED,
+                        cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
+                        updated_unix_ms=_now_ms(),
+                    ),
+                    read_at,
+                )
+                return problem if written else None
+        # The controller drops a lost node's records whose claims the API server no longer has
+        # (and releases the member): writing one back would have this node hold a claim of a
+        # domain it left. Unprepared here instead (outside the lock, which unprepare takes).
+        log.warning(
+            "prepared claim record gone with its claim; unpreparing instead of writing it again",
+            claim_uid=claim_uid,
+            cd_uid=entry.domain_uid,
+            node=self.identity.node.name,
+            reason=gone,
+        )
+        await self._unprepare(claim_uid, entry.namespace)
+        return None
+
+    async def _claim_gone(self, namespace: str, name: str, claim_uid: str) -> str:
+        """Why the claim is gone from its source ("" when it is there or cannot be asked now)."""
+        try:
+            await self.claims.resolve(ClaimRef(namespace, name, claim_uid))
+        except ClaimGone as exc:
+            return str(exc)
+        except ClaimError:
+            return ""  # unreachable or unusable: the checkpoint stays the truth
+        return ""
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
         self.checkpoint.mark_prepare_started(

@@ -57,6 +57,17 @@ def test_every_fault_comes_early_and_a_skipped_one_comes_again() -> None:
     assert step.action == p.IMEX_HANG
 
 
+def test_a_soak_with_its_own_fault_kinds_does_each_early_and_refuses_unknown_weights() -> None:
+    """The Kubernetes-mode soak (tools/chaoskube) plans with its own fault kinds."""
+    kinds = ("kubelet-restart", "node-lost")
+    weights = {p.JOB_SUBMIT: 1.0, "kubelet-restart": 1.0, "node-lost": 1.0}
+    plan = p.Plan(5, weights=weights, faults=kinds)
+    faults = [s.action for s in (plan.next_step() for _ in range(40)) if s.action != p.JOB_SUBMIT]
+    assert sorted(faults[:2]) == sorted(kinds) and set(faults) <= set(kinds)
+    with pytest.raises(ValueError, match="unknown actions"):
+        p.Plan(5, weights={**weights, p.KILL_NODE: 1.0}, faults=kinds)
+
+
 def test_weights_choose_the_actions() -> None:
     plan = p.Plan(1, weights={p.JOB_SUBMIT: 1.0, p.KILL_AGENT: 1.0})
     assert {plan.next_step().action for _ in range(200)} == {p.JOB_SUBMIT, p.KILL_AGENT}

@@ -609,6 +609,20 @@ class E2EEnvironment:
         path.write_text(yaml.safe_dump(self.cp.scheduler_config(extenders=[extender])))
         self.cp.restart_scheduler(path)
 
+    def controller_argv(self, identity: str, health_port: int) -> list[str]:
+        """One replica of the controller (Deployment cd-controller); replicas elect a leader."""
+        return [
+            "--identity", identity,
+            "--mode", "kubernetes",
+            "--kubeconfig", str(self.cp.kubeconfig),
+            "--etcd-endpoint", self.etcd.endpoint,
+            "--leader-lease-ttl-s", str(CONTROLLER_LEASE_TTL_S),
+            "--sweep-interval-s", str(CONTROLLER_SWEEP_S),
+            "--health-host", "127.0.0.1",
+            "--health-port", str(health_port),
+            "--log-format", "json",
+        ]  # fmt: skip
+
     def start_controller(self) -> None:
         if "controller_health" not in self.ports:
             self.ports["controller_health"] = free_port()
@@ -616,18 +630,8 @@ class E2EEnvironment:
         self.controller_pid = self._spawn(
             "controller",
             CONTROLLER_TARGET,
-            [
-                "--identity", f"controller-{self.controller_starts}",
-                "--mode", "kubernetes",
-                "--kubeconfig", str(self.cp.kubeconfig),
-                "--etcd-endpoint", self.etcd.endpoint,
-                "--leader-lease-ttl-s", str(CONTROLLER_LEASE_TTL_S),
-                "--sweep-interval-s", str(CONTROLLER_SWEEP_S),
-                "--health-host", "127.0.0.1",
-                "--health-port", str(self.ports["controller_health"]),
-                "--log-format", "json",
-            ],
-        )  # fmt: skip
+            self.controller_argv(f"controller-{self.controller_starts}", self.ports["controller_health"]),
+        )
         wait_until(
             lambda: http_ok(f"http://127.0.0.1:{self.ports['controller_health']}/healthz"),
             60.0,

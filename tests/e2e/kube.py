@@ -134,11 +134,16 @@ async def node_labels(api: ApiClient) -> dict[str, dict[str, str]]:
 
 
 async def pod_events(api: ApiClient, namespace: str, pod: str) -> list[dict[str, Any]]:
+    return await object_events(api, namespace, "Pod", pod)
+
+
+async def object_events(api: ApiClient, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    """The Events of one object, oldest first."""
     listing = await raw_get(
         api,
-        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind=Pod,involvedObject.name={pod}",
+        f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.kind={kind},involvedObject.name={name}",
     )
-    return list((listing or {}).get("items") or [])
+    return sorted((listing or {}).get("items") or [], key=lambda e: e.get("lastTimestamp") or "")
 
 
 def is_running(pod: dict[str, Any]) -> bool:

@@ -96,3 +96,32 @@ async def test_a_deleted_or_garbled_prepared_claim_record_is_written_again(
     assert await _record(store, key) is None
     await asyncio.sleep(LEASE_S)
     assert await _record(store, key) is None
+
+
+async def test_a_record_dropped_with_its_claim_is_not_written_again_and_the_claim_is_unprepared(
+    sim: SimCluster, store: Store
+) -> None:
+    """The controller drops a lost node's records whose claims are gone (Kubernetes deleted the
+    pods of a node declared out of service). When that node comes back, its plugin still holds
+    the claim in its checkpoint: writing the record again would make it hold a claim of a domain
+    it is no member of (invariant 3). It unprepares the claim instead: no record, no CDI spec, no
+    membership."""
+    agent = sim.agent(NODE)
+    agent.start_node()
+    await agent.wait_serving()
+    domain = await put_domain(store)
+    ref = await put_claim(store, NODE, domain.uid)
+    assert (await Kubelet(agent).prepare(ref, 60)).error == ""
+    key = store.keys.preparation(NODE, ref.uid)
+    assert agent.cdi_spec(ref.uid).exists()
+
+    assert await store.delete(store.keys.claim(ref.uid))  # the claim is gone from its source
+    assert await store.delete(key)  # and the controller dropped its record
+
+    async def unprepared() -> bool:
+        member = await store.get(store.keys.member(domain.uid, NODE), pb.Member)
+        return not agent.cdi_spec(ref.uid).exists() and member is None
+
+    await eventually(unprepared, 3 * LEASE_S, "the plugin to unprepare the claim that is gone")
+    assert await _record(store, key) is None
+    assert not _logged(agent, ref.uid, "")

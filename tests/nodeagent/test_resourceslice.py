@@ -112,11 +112,13 @@ class RecordingApiServer:
         self.calls: list[tuple[str, str]] = []
         self.version = 0
         self.conflict_next_replace = False
+        self.watchers: list[asyncio.Queue[dict[str, Any]]] = []
 
     def app(self) -> web.Application:
         base = "/apis/resource.k8s.io/v1/resourceslices"
         app = web.Application()
         app.router.add_get(base + "/{name}", self.read)
+        app.router.add_get(base, self.watch)
         app.router.add_post(base, self.create)
         app.router.add_put(base + "/{name}", self.replace)
         app.router.add_delete(base + "/{name}", self.delete)
@@ -134,6 +136,42 @@ class RecordingApiServer:
         obj["metadata"]["resourceVersion"] = str(self.version)
         return obj
 
+    def _notify(self, change: str, obj: dict[str, Any]) -> None:
+        for queue in self.watchers:
+            queue.put_nowait({"type": change, "object": obj})
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        """A watch (only): ADDED for each matching slice, then every change, as JSON lines."""
+        assert request.query.get("watch") in ("true", "True"), request.query
+        selector = request.query.get("fieldSelector", "")
+        name = selector.removeprefix("metadata.name=") if selector.startswith("metadata.name=") else None
+        self.calls.append(("WATCH", name or ""))
+        response = web.StreamResponse()
+        await response.prepare(request)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        for obj in self.slices.values():
+            queue.put_nowait({"type": "ADDED", "object": obj})
+        self.watchers.append(queue)
+        try:
+            while True:
+                event = await queue.get()
+                if not event:
+                    break  # the server stops
+                if name is None or event["object"]["metadata"]["name"] == name:
+                    await response.write((json.dumps(event) + "\n").encode())
+        finally:
+            self.watchers.remove(queue)
+
+    def close_watches(self) -> None:
+        for queue in self.watchers:
+            queue.put_nowait({})
+
+    def wipe(self) -> None:
+        """What kubelet does when it starts: delete every slice of the node."""
+        for obj in list(self.slices.values()):
+            del self.slices[obj["metadata"]["name"]]
+            self._notify("DELETED", obj)
+
     async def read(self, request: web.Request) -> web.Response:
         self.calls.append(("GET", request.match_info["name"]))
         obj = self.slices.get(request.match_info["name"])
@@ -147,6 +185,7 @@ class RecordingApiServer:
         if body["metadata"]["name"] in self.slices:
             return web.json_response({"kind": "Status", "code": 409}, status=409)
         self.slices[body["metadata"]["name"]] = self._bump(body)
+        self._notify("ADDED", body)
         return web.json_response(body, status=201)
 
     async def replace(self, request: web.Request) -> web.Response:
@@ -162,6 +201,7 @@ class RecordingApiServer:
         if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
             return web.json_response({"kind": "Status", "code": 409, "reason": "Conflict"}, status=409)
         self.slices[name] = self._bump(body)
+        self._notify("MODIFIED", body)
         return web.json_response(body)
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -169,6 +209,7 @@ class RecordingApiServer:
         obj = self.slices.pop(request.match_info["name"], None)
         if obj is None:
             return web.json_response({"kind": "Status", "code": 404}, status=404)
+        self._notify("DELETED", obj)
         return web.json_response(obj)  # the apiserver answers a delete with the object
 
     async def read_node(self, request: web.Request) -> web.Response:
@@ -203,6 +244,7 @@ async def apiserver() -> AsyncIterator[tuple[RecordingApiServer, ApiClient]]:
         yield server, api
     finally:
         await api.close()
+        server.close_watches()
         await runner.cleanup()
 
 
@@ -280,3 +322,56 @@ async def test_publisher_follows_the_node_record_and_waits_for_a_settled_clique(
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert server.slices == {}, "deleted on shutdown when configured"
+
+
+async def test_a_slice_deleted_or_changed_by_someone_else_is_published_again(
+    apiserver: tuple[RecordingApiServer, ApiClient],
+) -> None:
+    """Kubelet deletes every ResourceSlice of its node when it starts: the running agent sees the
+    deletion on its watch and publishes the slice again (else the node offers no channel until
+    the agent restarts); a slice changed by another writer is put back the same way."""
+    server, api = apiserver
+    records: asyncio.Queue[pb.Node] = asyncio.Queue()
+
+    async def nodes() -> AsyncIterator[pb.Node]:
+        while True:
+            yield await records.get()
+
+    async def published(generation: int | None = None) -> dict[str, Any]:
+        for _ in range(250):
+            found = server.slices.get("rack0-tray3-compute-domain.nvidia.com")
+            cliques = found and found["spec"]["devices"][0]["attributes"]["cliqueID"]
+            if (
+                found
+                and cliques == {"string": CLIQUE}
+                and generation in (None, found["spec"]["pool"]["generation"])
+            ):
+                return found
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"slice not published again: {server.slices}")
+
+    publisher = ResourceSlicePublisher(api, "rack0-tray3", ResourceSliceSettings())
+    task = asyncio.create_task(publisher.run(nodes()))
+    try:
+        await records.put(_node(CLIQUE))
+        await published()
+        creates = [c for c in server.calls if c[0] == "POST"]
+        assert len(creates) == 1
+        server.wipe()
+        await published()
+        assert len([c for c in server.calls if c[0] == "POST"]) == 2
+        # Another writer changes the device's clique: the agent's content comes back.
+        current = server.slices["rack0-tray3-compute-domain.nvidia.com"]
+        changed = json.loads(json.dumps(current))
+        changed["spec"]["devices"][0]["attributes"]["cliqueID"] = {"string": "someone-else"}
+        server.slices[changed["metadata"]["name"]] = server._bump(changed)
+        server._notify("MODIFIED", changed)
+        await published()
+        # Its own writes do not make it write again.
+        writes = len([c for c in server.calls if c[0] in ("POST", "PUT")])
+        await asyncio.sleep(0.3)
+        assert len([c for c in server.calls if c[0] in ("POST", "PUT")]) == writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -107,20 +107,24 @@ class Plan:
         weights: Mapping[str, float] = DEFAULT_WEIGHTS,
         step_delay_s: tuple[float, float] = (0.4, 2.0),
         quiesce_every: tuple[int, int] = (60, 110),
+        faults: Sequence[str] = FAULTS,
     ) -> None:
-        unknown = set(weights) - set(JOB_ACTIONS) - set(FAULTS)
+        """`faults`: the fault kinds this soak knows (another soak, e.g. tools.chaoskube's, has
+        its own); every one with a positive weight is done once early on."""
+        self.faults = tuple(faults)
+        unknown = set(weights) - set(JOB_ACTIONS) - set(self.faults)
         if unknown:
             raise ValueError(f"unknown actions in weights: {sorted(unknown)}")
         if not any(w > 0 for w in weights.values()):
             raise ValueError("at least one action needs a positive weight")
         self.rng = random.Random(seed)
-        self.actions = tuple(a for a in (*JOB_ACTIONS, *FAULTS) if weights.get(a, 0.0) > 0)
+        self.actions = tuple(a for a in (*JOB_ACTIONS, *self.faults) if weights.get(a, 0.0) > 0)
         self.weights = tuple(weights[a] for a in self.actions)
         self.step_delay_s = step_delay_s
         self.quiesce_every = quiesce_every
         self._number = 0
         # Every fault early on, in a seeded order: a short run still tries each kind at least once.
-        self._uncovered = [a for a in FAULTS if a in self.actions]
+        self._uncovered = [a for a in self.faults if a in self.actions]
         self.rng.shuffle(self._uncovered)
 
     def next_step(self) -> Step:
@@ -135,13 +139,13 @@ class Plan:
         all_channels = r.random() < ALL_CHANNELS_SHARE
         length = r.random()
         coin = r.random() < 0.5
-        if action in FAULTS and self._uncovered:
+        if action in self.faults and self._uncovered:
             action = self._uncovered.pop(0)
         return Step(self._number, delay, action, picks, size, namespace, all_channels, length, coin)
 
     def not_done(self, action: str) -> None:
         """A fault found no target before it was ever done: try it again at the next fault step."""
-        if action in FAULTS and action not in self._uncovered:
+        if action in self.faults and action not in self._uncovered:
             self._uncovered.append(action)
 
     def steps_until_quiescence(self) -> int:

@@ -276,6 +276,17 @@ class ControlPlane:
         deadline = time.monotonic() + self._startup_timeout_s
         self._await("kube-scheduler", deadline, lambda: self._component_healthy(self._scheduler_port))
 
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after the grace period), keep it down `down_s`,
+        start it again on the same address and return once it is ready."""
+        proc = self._procs.pop("kube-apiserver", None)
+        if proc is not None:
+            self._terminate([proc])
+        time.sleep(down_s)
+        self._spawn("kube-apiserver", self._apiserver_cmd(int(self.server.rsplit(":", 1)[1])))
+        deadline = time.monotonic() + self._startup_timeout_s
+        self._await("kube-apiserver", deadline, self._apiserver_ready)
+
     def scheduler_config(self, extenders: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The KubeSchedulerConfiguration used by default, with optional extenders added."""
         config: dict[str, Any] = {

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -65,6 +66,12 @@ from services.controller.kube.computedomain import (
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
 from services.controller.kube.fence import fence_writes
 from services.controller.kube.lostclaims import CHECK_INTERVAL_S, drop_vanished_claims
+from services.controller.kube.nodehealth import (
+    NODE_HEALTH_INTERVAL_S,
+    NodeHealth,
+    node_events,
+    with_nodes_condition,
+)
 from services.controller.kube.nodelabel import NodeLabeler, desired_nodes
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.controller.kube.sweep import list_labelled, sweep_once
@@ -128,6 +135,8 @@ class KubeAdapter:
         self.custom = CustomObjectsApi(api)
         self.events = EventRecorder(api, instance)
         self.labeler = NodeLabeler(api)
+        self.node_health = NodeHealth(api)
+        self.node_health_interval_s = NODE_HEALTH_INTERVAL_S
         self.sweep_interval_s = sweep_interval_s
         self.lost_claims_interval_s = lost_claims_interval_s
         self.workers = workers
@@ -173,6 +182,7 @@ class KubeAdapter:
                     tg.create_task(self._worker(leadership))
                 tg.create_task(self._sweeper())
                 tg.create_task(self._lost_claims_checker(leadership))
+                tg.create_task(self._node_health_watcher())
         finally:
             with contextlib.suppress(ValueError):
                 self.reconciler.listeners.remove(self._on_domain_change)
@@ -310,6 +320,27 @@ class KubeAdapter:
             backoff.reset()
             await asyncio.sleep(self.lost_claims_interval_s)
 
+    async def _node_health_watcher(self) -> None:
+        """List the Nodes now and then; requeue the domains of nodes whose readiness changed."""
+        await self.listed.wait()
+        backoff = Backoff(initial=self.node_health_interval_s, cap=self.node_health_interval_s * 10)
+        while True:
+            try:
+                changed = await self.node_health.refresh()
+            except _KUBE_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("listing nodes failed", error=str(exc) or type(exc).__name__, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            if changed:
+                log.info("node readiness changed", nodes=sorted(changed))
+            view = self.reconciler.view
+            for node in changed:
+                for uid in view.node_domains.get(node, ()):
+                    self.queue.add(uid)
+            await asyncio.sleep(self.node_health_interval_s)
+
     def _resync_node_labels(self) -> None:
         """List the labelled Nodes again on the next sync and bring every CD's labels in line."""
         self.labeler.invalidate()
@@ -391,7 +422,14 @@ class KubeAdapter:
                 raise _Retry(f"domain {uid} changed while mirroring its spec")
         await self._ensure_template(uid, cr, desired.spec.channel.resource_claim_template_name, desired)
         if entry is not None and entry.status.conditions:
-            await self._write_status(uid, cr, cr_status(entry.status))
+            desired_status = with_nodes_condition(
+                cr_status(entry.status),
+                cr.get("status"),
+                self.reconciler.view.members.get(uid, {}),
+                self.node_health.not_ready,
+                int(time.time() * 1000),
+            )
+            await self._write_status(uid, cr, desired_status)
 
     async def _ensure_template(
         self, uid: str, cr: dict[str, Any], name: str, desired: pb.ComputeDomain
@@ -459,7 +497,7 @@ class KubeAdapter:
             namespace=meta["namespace"],
             status=desired["status"],
         )
-        for event in transition_events(current, desired):
+        for event in [*transition_events(current, desired), *node_events(current, desired)]:
             await self.events.emit(cr, event)
 
     async def _patch_cr(self, cr: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:

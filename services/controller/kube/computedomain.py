@@ -61,7 +61,7 @@ def _parse_time_ms(value: str | None) -> int:
     return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def _format_time(unix_ms: int) -> str:
+def format_time(unix_ms: int) -> str:
     return datetime.fromtimestamp(unix_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -101,7 +101,7 @@ def cr_status(status: StatusValue) -> dict[str, Any]:
                 "status": c.status,
                 "reason": c.reason,
                 "message": c.message,
-                "lastTransitionTime": _format_time(c.last_transition_unix_ms),
+                "lastTransitionTime": format_time(c.last_transition_unix_ms),
             }
             for c in status.conditions
         ],

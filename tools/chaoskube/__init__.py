@@ -1,0 +1,1 @@
+"""The chaos soak in Kubernetes mode (real kubelets, the API server): `python -m tools.chaoskube`."""
