@@ -45,7 +45,8 @@ from tests.e2e.scenario import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-NVIDIA_CRD = Path(__file__).resolve().parents[1] / "manifests" / "nvidia" / "crd-computedomains.yaml"
+REPO = Path(__file__).resolve().parents[2]
+NVIDIA_CRD = REPO / "tests" / "manifests" / "nvidia" / "crd-computedomains.yaml"
 NVIDIA_NAMESPACE = "nvidia-dra-driver-gpu"  # where NVIDIA's install guide puts its driver
 DAEMON_DEVICE_CLASS = "compute-domain-daemon.nvidia.com"
 CONTROLLER_AGENT = "cd-controller"
@@ -94,6 +95,19 @@ async def nvidia_store(nvidia_env: E2EEnvironment) -> AsyncIterator[Store]:
 async def cd_namespace(nvidia_api: ApiClient) -> AsyncIterator[str]:
     async with fresh_namespace(nvidia_api, "e2e-nvidia") as name:
         yield name
+
+
+async def run_as_operator(env: E2EEnvironment, script: str) -> None:
+    """Run shell commands as an operator would, from the repository, with this cluster's kubectl."""
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-euo", "pipefail", "-c", script,
+        cwd=REPO,
+        env={**os.environ, "PATH": f"{env.cp.bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(env.cp.kubeconfig)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, f"{script}\n{stderr.decode()}"
 
 
 def controller_writes(env: E2EEnvironment) -> list[audit.Write]:
@@ -282,14 +296,7 @@ async def test_nvidias_daemon_daemonset_left_behind_neither_blocks_nor_fights_ou
 
     # docs/migration.md's clean-up: the DaemonSets' finalizer off, then the DaemonSets deleted;
     # the garbage collector takes their pods.
-    proc = await asyncio.create_subprocess_exec(
-        "bash", "-euo", "pipefail", "-c", LEFTOVER_CLEANUP,
-        env={**os.environ, "PATH": f"{env.cp.bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(env.cp.kubeconfig)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, stderr.decode()
+    await run_as_operator(env, LEFTOVER_CLEANUP)
 
     async def no_daemon_pods() -> bool | None:
         return True if not await daemon_pods(api, cd_uid) else None
@@ -297,3 +304,50 @@ async def test_nvidias_daemon_daemonset_left_behind_neither_blocks_nor_fights_ou
     await kube.eventually(
         no_daemon_pods, "NVIDIA's daemon pods deleted with their DaemonSet", explain=env.explain
     )
+
+
+# What docs/migration.md tells the operator to run to put our CRD in place of NVIDIA's.
+REPLACE_CRD = "kubectl apply --server-side --force-conflicts -f manifests/base/crd-computedomains.yaml"
+
+
+async def test_our_crd_replaces_nvidias_in_place_and_a_restarted_controller_writes_the_whole_status(
+    nvidia_env: E2EEnvironment, nvidia_api: ApiClient, cd_namespace: str
+) -> None:
+    """Runs last: it leaves our CRD installed."""
+    env, api, namespace = nvidia_env, nvidia_api, cd_namespace
+    await apply_example_cd(api, namespace, "imex-compute-domain.yaml", "kept", "kept-channel")
+
+    async def waiting() -> dict[str, Any] | None:
+        cd = await kube.get_cd(api, namespace, "kept")
+        return cd if ((cd or {}).get("status") or {}).get("status") == "NotReady" else None
+
+    before = await kube.eventually(waiting, "the new ComputeDomain NotReady", explain=env.explain)
+    assert set(before["status"]) == {"status", "nodes"}, before["status"]
+
+    await run_as_operator(env, REPLACE_CRD)
+    env.cp.kubectl(
+        "wait", "--for=condition=Established", "crd/computedomains.resource.nvidia.com", "--timeout=60s"
+    )
+    kept = await kube.get_cd(api, namespace, "kept")
+    assert kept is not None and kept["metadata"]["uid"] == before["metadata"]["uid"]
+    assert kept["spec"] == before["spec"]
+
+    env.kill_controller()
+    env.start_controller()
+
+    async def whole_status() -> dict[str, Any] | None:
+        cd = await kube.get_cd(api, namespace, "kept")
+        status = (cd or {}).get("status") or {}
+        return (
+            status if status.get("conditions") and "nodeCount" in status and status.get("imexMesh") else None
+        )
+
+    status = await kube.eventually(
+        whole_status, "conditions, nodeCount and imexMesh written", explain=env.explain
+    )
+    assert status["status"] == "NotReady" and status["nodeCount"] == 0
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "WaitingForNodes"), ready
+    rows = env.cp.kubectl("get", "computedomains", "-n", namespace).stdout.splitlines()
+    assert rows[0].split() == ["NAME", "STATUS", "NODES", "AGE"], rows
+    await kube.delete_cd(api, namespace, "kept")
