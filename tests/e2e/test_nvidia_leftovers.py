@@ -53,11 +53,12 @@ CONTROLLER_AGENT = "cd-controller"
 # Quiet for this long after the domain settled: several sweeps, each of which queues every domain.
 QUIET_WINDOW_S = 4 * CONTROLLER_SWEEP_S
 PODS = 2
-# What docs/migration.md tells the operator to run for NVIDIA's per-domain objects.
-LEFTOVER_CLEANUP = f"""
-kubectl delete daemonsets,resourceclaimtemplates -n {NVIDIA_NAMESPACE} -l resource.nvidia.com/computeDomain --wait=false
-kubectl get daemonsets,resourceclaimtemplates -n {NVIDIA_NAMESPACE} -l resource.nvidia.com/computeDomain -o name \\
-  | xargs -r kubectl patch -n {NVIDIA_NAMESPACE} --type=merge -p '{{"metadata":{{"finalizers":null}}}}'
+# What docs/migration.md tells the operator to run for NVIDIA's per-domain objects ($NS: the
+# namespace NVIDIA's driver was installed in).
+LEFTOVER_CLEANUP = """\
+kubectl delete daemonsets,resourceclaimtemplates -n "$NS" -l resource.nvidia.com/computeDomain --wait=false
+kubectl get daemonsets,resourceclaimtemplates -n "$NS" -l resource.nvidia.com/computeDomain -o name \\
+  | xargs -r kubectl patch -n "$NS" --type=merge -p '{"metadata":{"finalizers":null}}'
 """
 
 
@@ -102,7 +103,12 @@ async def run_as_operator(env: E2EEnvironment, script: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         "bash", "-euo", "pipefail", "-c", script,
         cwd=REPO,
-        env={**os.environ, "PATH": f"{env.cp.bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(env.cp.kubeconfig)},
+        env={
+            **os.environ,
+            "PATH": f"{env.cp.bin_dir}:{os.environ['PATH']}",
+            "KUBECONFIG": str(env.cp.kubeconfig),
+            "NS": NVIDIA_NAMESPACE,
+        },
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -299,10 +305,13 @@ async def test_nvidias_daemon_daemonset_left_behind_neither_blocks_nor_fights_ou
     await run_as_operator(env, LEFTOVER_CLEANUP)
 
     async def no_daemon_pods() -> bool | None:
-        return True if not await daemon_pods(api, cd_uid) else None
+        gone = not await daemon_pods(api, cd_uid) and not await kube.list_claims(api, NVIDIA_NAMESPACE)
+        return True if gone else None
 
     await kube.eventually(
-        no_daemon_pods, "NVIDIA's daemon pods deleted with their DaemonSet", explain=env.explain
+        no_daemon_pods,
+        "NVIDIA's daemon pods and their claims deleted with their DaemonSet",
+        explain=env.explain,
     )
 
 
