@@ -159,18 +159,19 @@ def nvidia_daemon_leftovers(cd_uid: str, version: str) -> list[dict[str, Any]]:
     """What NVIDIA's controller made for a domain in its namespace: the daemon's ResourceClaimTemplate
     and DaemonSet (names, labels, finalizer, node selector, claim and tolerations as it makes them)."""
     name = f"computedomain-daemon-{cd_uid}"
-    meta = {
+    labels = {DOMAIN_LABEL: cd_uid}
+    meta: dict[str, Any] = {
         "name": name,
         "namespace": NVIDIA_NAMESPACE,
         "finalizers": [DOMAIN_LABEL],
-        "labels": {DOMAIN_LABEL: cd_uid},
+        "labels": labels,
     }
     rct = {
         "apiVersion": f"resource.k8s.io/{version}",
         "kind": "ResourceClaimTemplate",
         "metadata": {
             **meta,
-            "labels": {**meta["labels"], "resource.nvidia.com/computeDomainTarget": "Daemon"},
+            "labels": {**labels, "resource.nvidia.com/computeDomainTarget": "Daemon"},
         },
         "spec": {
             "spec": {
