@@ -5,14 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-smoke clean help
+.PHONY: setup setup-demo setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
 	@echo "make test   - set up, lint, run the whole test suite"
+	@echo "make setup-demo - what the demo runs: .venv with the services' pinned Python deps, and etcd"
 	@echo "make setup  - .venv, pinned Python deps, etcd (with etcdctl and etcdutl), the CDI schema/checker, the Go placement client, buf and helm (and the test control plane) built once into the cache"
 	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
@@ -23,12 +25,21 @@ help:
 	@echo "make image-smoke - the built image runs a 2-node simulated job (docker run on a private engine, then buildah run)"
 	@echo "make setup-containers - Debian's docker.io, the docker compose plugin (built once into the cache) and the image"
 
-$(STAMP): pyproject.toml constraints.txt tools/setup.sh
+$(RUNTIME_STAMP): pyproject.toml constraints.txt tools/setup.sh
+	bash tools/setup.sh --runtime
+	touch $(RUNTIME_STAMP)
+
+# The development tools on top of the services' dependencies (one pip at a time, also under -j).
+$(STAMP): $(RUNTIME_STAMP)
 	bash tools/setup.sh
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Only what `make demo` runs: the services' Python dependencies and etcd (no buf, helm, Go
+# placement client or CDI checker, which only the tests and lint use).
+setup-demo: $(RUNTIME_STAMP)
 	@bash tools/etcd/build.sh >/dev/null
+
+setup: $(STAMP) setup-demo
 	@bash tools/etcd/build-ctl.sh >/dev/null
 	@bash tools/cdi/build.sh >/dev/null
 	@bash integrations/placement-go/build.sh >/dev/null
@@ -79,7 +90,7 @@ protos: setup
 test: setup setup-k8s setup-browser setup-containers lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
-demo: setup
+demo: setup-demo
 	PYTHON=$(PY) bash tools/demo.sh
 
 # The Kubernetes end-to-end scenarios alone (also part of `make test`).

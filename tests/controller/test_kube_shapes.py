@@ -8,10 +8,12 @@ from libs.gen.computedomain.state import v1 as pb
 from services.controller.kube.computedomain import (
     FINALIZER,
     InvalidComputeDomain,
+    StatusEcho,
     cr_status,
     cr_status_differs,
     domain_from_cr,
     finalizers_patch,
+    seen_status,
     spec_from_cr,
     status_transition,
 )
@@ -151,6 +153,29 @@ def test_only_a_transition_skips_the_status_write_pacing() -> None:
     assert status_transition(waiting, _status(True, "AllNodesReady", "2 of 2"))
     assert status_transition(waiting, _status(False, "ImexDaemonFailed", "n1: exited"))
     assert status_transition(waiting, {**waiting, "imexMesh": "tls"})
+
+
+def test_a_status_pruned_by_an_older_crd_reads_as_written_until_someone_changes_it() -> None:
+    """NVIDIA's CRD declares only status.status and status.nodes: the server drops the rest of a
+    write, and the CR's status must not read as different on every pass (a PATCH and an Event
+    each time)."""
+    desired = {
+        **_status(True, "AllNodesReady", "2 of 2"),
+        "nodeCount": 2,
+        "nodes": [{"name": "n1"}, {"name": "n2"}],
+    }
+    kept = {"status": "Ready", "nodes": [{"name": "n1"}, {"name": "n2"}]}
+    echo = StatusEcho(sent=desired, kept=kept)
+    assert cr_status_differs(kept, desired)  # what the comparison saw before
+    assert seen_status(kept, echo) == desired
+    assert not cr_status_differs(seen_status(kept, echo), desired)
+    assert transition_events(seen_status(kept, echo), desired) == []
+    # Someone else edited the status since: it is compared as it is, and written again.
+    edited = {**kept, "status": "NotReady"}
+    assert seen_status(edited, echo) == edited
+    assert cr_status_differs(seen_status(edited, echo), desired)
+    # No write yet (a fresh controller): the CR's own status.
+    assert seen_status(kept, None) == kept
 
 
 def test_finalizer_patch_adds_and_removes_only_ours_guarded_by_resource_version() -> None:

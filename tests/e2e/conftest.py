@@ -42,6 +42,16 @@ def _build() -> None:
         _build_error = str(exc)
 
 
+def newest_binaries() -> Binaries:
+    """The newest supported minor's binaries (built on first use); fails the test naming the
+    build's error."""
+    _build()
+    if _build_error is not None:
+        pytest.fail(f"building the Kubernetes binaries failed:\n{_build_error}", pytrace=False)
+    assert _binaries is not None
+    return _binaries
+
+
 def oldest_binaries() -> Binaries:
     """The control plane of the oldest supported minor (built on first use); fails the test naming
     the build's error."""
@@ -59,7 +69,7 @@ def oldest_binaries() -> Binaries:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     fixtures = {f for item in session.items for f in getattr(item, "fixturenames", ())}
-    if fixtures & {"e2e_env", "kubelet_env"}:
+    if fixtures & {"e2e_env", "kubelet_env", "nvidia_env"}:
         _build()
     if "oldest_env" in fixtures:
         try:

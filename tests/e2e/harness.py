@@ -261,6 +261,10 @@ class E2EEnvironment:
     controller_starts: int = 0
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # The ComputeDomain CRD to install in place of ours (e.g. NVIDIA's, left by its chart).
+    crd: dict[str, Any] | None = None
+    # More kube-apiserver flags (e.g. an audit log).
+    apiserver_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.layout = StateLayout.at(self.root)
@@ -282,7 +286,7 @@ class E2EEnvironment:
             self.binaries,
             self.root / "controlplane",
             controllers=controllers,
-            apiserver_args=apiserver_args,
+            apiserver_args=[*apiserver_args, *self.apiserver_args],
             controller_manager_args=kcm_args,
         )
         self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
@@ -384,6 +388,8 @@ class E2EEnvironment:
         wanted = {"CustomResourceDefinition", "DeviceClass"}
         objects = [o for o in self.base_manifests() if o.get("kind") in wanted]
         assert {o["kind"] for o in objects} == wanted, "the kustomize base lost the CRD or the DeviceClass"
+        if self.crd is not None:
+            objects = [self.crd if o["kind"] == "CustomResourceDefinition" else o for o in objects]
         self.kubectl_apply(objects)
         self.cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 

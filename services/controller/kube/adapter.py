@@ -53,6 +53,7 @@ from services.controller.kube.computedomain import (
     SOURCE_KUBERNETES,
     VERSION,
     InvalidComputeDomain,
+    StatusEcho,
     allocation_mode_name,
     cr_status,
     cr_status_differs,
@@ -60,6 +61,7 @@ from services.controller.kube.computedomain import (
     finalizers_patch,
     has_finalizer,
     is_deleting,
+    seen_status,
     status_patch,
     status_transition,
 )
@@ -147,6 +149,8 @@ class KubeAdapter:
         self._templates_ok: set[str] = set()
         # When each CD's status was last written (loop time), to pace node-list-only rewrites.
         self._status_written: dict[str, float] = {}
+        # Each CD's last status write and what the API server kept of it (see seen_status).
+        self._status_echo: dict[str, StatusEcho] = {}
         self.resource_version = ""
         self.relists = 0
 
@@ -262,6 +266,7 @@ class KubeAdapter:
                 if event["type"] == "DELETED":
                     self.crs.pop(uid, None)
                     self._status_written.pop(uid, None)
+                    self._status_echo.pop(uid, None)
                 elif _newer_or_same(raw, self.crs.get(uid)):
                     self.crs[uid] = raw
                 self.queue.add(uid)
@@ -461,7 +466,7 @@ class KubeAdapter:
         self._templates_ok.add(uid)
 
     async def _write_status(self, uid: str, cr: dict[str, Any], desired: dict[str, Any]) -> None:
-        current = cr.get("status")
+        current = seen_status(cr.get("status"), self._status_echo.get(uid))
         if not cr_status_differs(current, desired):
             return
         now = asyncio.get_running_loop().time()
@@ -488,8 +493,10 @@ class KubeAdapter:
                 _request_timeout=_CALL_TIMEOUT_S,
             ),
         )
-        if isinstance(updated, dict) and _newer_or_same(updated, self.crs.get(uid)):
-            self.crs[uid] = updated
+        if isinstance(updated, dict):
+            self._status_echo[uid] = StatusEcho(sent=desired, kept=updated.get("status") or {})
+            if _newer_or_same(updated, self.crs.get(uid)):
+                self.crs[uid] = updated
         log.info(
             "computedomain status written",
             cd_uid=uid,
@@ -562,6 +569,7 @@ class KubeAdapter:
             await remove_template(self.api, meta["namespace"], name, uid, await self.served.get())
         self._templates_ok.discard(uid)
         self._status_written.pop(uid, None)
+        self._status_echo.pop(uid, None)
         try:
             await self._patch_cr(cr, finalizers_patch(cr, present=False))
         except ApiException as exc:

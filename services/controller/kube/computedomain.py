@@ -7,6 +7,7 @@ tooling keep working: group `resource.nvidia.com`, version `v1beta1`, plural
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -113,6 +114,24 @@ def cr_status_differs(current: dict[str, Any] | None, desired: dict[str, Any]) -
     return any(
         current.get(k) != desired.get(k) for k in ("status", "nodeCount", "nodes", "conditions", "imexMesh")
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StatusEcho:
+    """A status this controller wrote to a CR, and what the API server kept of it: a CRD that
+    does not declare some of our fields (NVIDIA's, left installed) prunes them."""
+
+    sent: dict[str, Any]
+    kept: dict[str, Any]
+
+
+def seen_status(current: dict[str, Any] | None, echo: StatusEcho | None) -> dict[str, Any] | None:
+    """The status to compare a desired one with: what was last written, while the CR shows exactly
+    what the server kept of that write; otherwise the CR's own (someone else changed it). Without
+    this, a pruned field reads as a difference, and every pass writes again. Pure."""
+    if echo is not None and not cr_status_differs(current, echo.kept):
+        return echo.sent
+    return current
 
 
 def status_transition(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
