@@ -4,6 +4,7 @@ their labels), files and tests; its commands are the ones the end-to-end test ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -82,7 +83,14 @@ def test_the_commands_are_the_ones_the_end_to_end_test_runs() -> None:
 
 
 def test_nothing_of_ours_uses_computedomaincliques() -> None:
-    for root in ("libs", "services", "tools", "manifests", "deployments"):
+    # The chart's schema names NVIDIA's feature gate ComputeDomainCliques only to refuse it (true).
+    schema_path = REPO / "deployments/helm/compute-domains/values.schema.json"
+    schema = json.loads(schema_path.read_text())
+    gate = schema["properties"]["featureGates"]["properties"].pop("ComputeDomainCliques")
+    assert gate["const"] is False
+    assert "computedomainclique" not in json.dumps(schema).lower()
+    for root in ("libs", "services", "tools", "manifests", "deployments", "integrations"):
         for path in (REPO / root).rglob("*"):
-            if path.is_file() and path.suffix in {".py", ".yaml", ".yml", ".json", ".tpl", ".proto"}:
+            suffixes = {".py", ".yaml", ".yml", ".json", ".tpl", ".proto", ".go"}
+            if path.is_file() and path.suffix in suffixes and path != schema_path:
                 assert "computedomainclique" not in path.read_text(errors="replace").lower(), path

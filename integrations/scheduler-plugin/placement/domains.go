@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// The ComputeDomain contract (SPEC §3): the controller labels the workload ResourceClaimTemplate
+// The ComputeDomain contract: the controller labels the workload ResourceClaimTemplate
 // with its domain's uid and puts the uid in the template's opaque config for our driver.
 const (
 	domainLabel = "resource.nvidia.com/computeDomain"
