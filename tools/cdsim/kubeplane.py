@@ -308,18 +308,25 @@ class KubeMode:
             registered = {n["metadata"]["name"] for n in found.get("items") or []}
             if names <= registered:
                 return
+            exited = self._exited_kubelet_problem()
+            if exited:  # it will not register: no need to wait for the deadline
+                raise KubeStartFailed(f"a kubelet exited at start: {exited}")
             if loop.time() > deadline:
                 raise KubeStartFailed(
-                    f"the kubelets registered {len(names & registered)}/{len(names)} Nodes in time"
-                    f"{self._kubelet_problems()}"
+                    f"the kubelets registered {len(names & registered)}/{len(names)} Nodes in time "
+                    f"(kubelet logs in {self.layout.logs_dir})"
                 )
             await asyncio.sleep(0.25)
 
-    def _kubelet_problems(self) -> str:
+    def _exited_kubelet_problem(self) -> str:
+        """Why a kubelet that exited did not start, when its log says so ("" otherwise)."""
         thread = self._thread
-        problems = [k.startup_problem() for k in (thread.kubelets if thread else [])]
-        known = sorted({p for p in problems if p})
-        return f": {known[0]}" if known else f" (kubelet logs in {self.layout.logs_dir})"
+        for kubelet in thread.kubelets if thread else []:
+            if not kubelet.kubelet_running():
+                problem = kubelet.startup_problem()
+                if problem:
+                    return problem
+        return ""
 
     def _kubectl_json(self, *args: str) -> dict[str, Any]:
         proc = self.plane.kubectl(*args, "-o", "json", check=False, timeout_s=KUBECTL_TIMEOUT_S)
