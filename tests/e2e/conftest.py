@@ -88,7 +88,9 @@ def e2e_env() -> Iterator[E2EEnvironment]:
     if _build_error is not None:
         pytest.fail(f"building the Kubernetes control plane failed:\n{_build_error}", pytrace=False)
     assert _binaries is not None
-    env = E2EEnvironment(_binaries, racks=E2E_RACKS, trays=E2E_TRAYS)
+    # Upstream eviction timeouts: no test of the session evicts, and a kubelet slowed down by a
+    # loaded machine must not cost the session's domains their pods.
+    env = E2EEnvironment(_binaries, racks=E2E_RACKS, trays=E2E_TRAYS, eviction_toleration_s=None)
     env.start()
     try:
         yield env
