@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end tests against a real Kubernetes control plane (what `make e2e` runs):
-# tests/e2e (the ComputeDomain scenario on 36 simulated nodes, each running an IMEX agent and a
-# kubelet plugin; isolation, controller restart, every kubelet plugin replaced under a Ready
-# domain, CRD validation, kubelet shim), a smaller scenario on the oldest supported Kubernetes
+# tests/e2e (the ComputeDomain scenario on 8 simulated nodes, each running the upstream kubelet on
+# a simulated container runtime, an IMEX agent and a kubelet plugin; isolation, controller
+# restart, every kubelet plugin replaced under a Ready domain, CRD validation, real-kubelet
+# behaviour, the kubelet shim against real kubelets), a smaller scenario on the oldest supported Kubernetes
 # (1.32), and tests/k8s (the control plane itself). CD_K8S_MINOR=1.32 runs tests/e2e on 1.32.
 #
 # Usage: tools/e2e.sh [pytest arguments]      e.g. tools/e2e.sh -x -k isolation

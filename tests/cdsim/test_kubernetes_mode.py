@@ -1,13 +1,16 @@
 """`cdsim up --kubernetes` as a user drives it: up, `kubectl apply -f examples/...`, Ready, delete, down.
 
-One local cluster (2 NVL72 racks of 6 trays: two cliques of 6 nodes) serves the module, whose
-tests run in order: the printed KUBECONFIG works -> every manifest of examples/ applied in a
-namespace of its own reaches Ready with its pods Running in one clique, then is deleted with
-nothing left (in Kubernetes and in the store) -> `cdsim down` leaves no process and frees the ports.
+One local cluster (2 NVL72 racks of 5 trays: two cliques of 5 nodes, each a real kubelet on the
+simulated container runtime) serves the module, whose tests run in order: the printed KUBECONFIG
+works -> `kubectl get nodes -o wide` shows each node's kubelet version and node IP -> every
+manifest of examples/ applied in a namespace of its own reaches Ready with its pods Running in one
+clique, then is deleted with nothing left (in Kubernetes and in the store) -> `cdsim down` leaves
+no process and frees the ports.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -35,10 +38,13 @@ from tools.cdsim.procscan import KUBE_MARKERS, cluster_processes
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import AGENT_HEALTH_PORT, IMEX_AGENT_HEALTH_PORT
 from tools.controlplane.binaries import ensure_binaries
+from tools.kubelet.addresses import NODE_IP_NETWORK, addresses_in_range
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
-RACKS, TRAYS = 2, 6
+# Two cliques of 5: every example fits one (at most 5 nodes), and 10 kubelets with their control
+# plane hold 53 of the 128 inotify instances a user gets (tools/kubelet/inotify.py).
+RACKS, TRAYS = 2, 5
 ADDRESS_BLOCK = address_blocks.CDSIM
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
@@ -163,6 +169,24 @@ def test_up_prints_a_kubeconfig_that_works(local_cluster: LocalCluster) -> None:
     # The base's RBAC and admission policies are there for users to read; no workload of it is.
     assert local_cluster.kubectl("get", "clusterrole", "-o", "name").count("computedomain") >= 1
     assert not local_cluster.items("pods", "compute-domains-system")
+
+
+def test_kubectl_get_nodes_wide_shows_a_real_kubelet_on_each_node(local_cluster: LocalCluster) -> None:
+    table = local_cluster.kubectl("get", "nodes", "-o", "wide")
+    print(f"kubectl get nodes -o wide:\n{table}")
+    header, *rows = table.splitlines()
+    columns = header.split()
+    assert columns[:7] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP"], header
+    version = ensure_binaries().version
+    assert version.startswith("v1."), version
+    assert len(rows) == RACKS * TRAYS
+    for row in rows:
+        _, status, _, _, kubelet_version, internal_ip = row.split()[:6]
+        # The version kubelet itself reports in its Node status.
+        assert (status, kubelet_version) == ("Ready", version), row
+        assert ipaddress.ip_address(internal_ip) in NODE_IP_NETWORK, row
+    for node in local_cluster.items("nodes"):
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == version, node["metadata"]["name"]
 
 
 def reservations(kube: LocalCluster) -> str:
@@ -346,9 +370,12 @@ def test_a_killed_supervisor_takes_the_control_plane_with_it() -> None:
             alive = [p for p in cluster_processes(layout) if any(m in p.command for m in KUBE_MARKERS)]
             return ", ".join(p.command[:60] for p in alive)
 
-        wait_for(control_plane_alive, 30.0, "the control plane to end with its supervisor")
+        wait_for(control_plane_alive, 30.0, "the control plane and the kubelets to end with their supervisor")
         ok(cdsim(state_dir, "down", timeout=180))
         assert cluster_processes(layout) == []
+        # Nobody removed the kubelets' node IPs before the kill: down does.
+        ips = {str(NODE_IP_NETWORK.network_address + 80 * 1024 + i) for i in (1, 2)}
+        assert not ips & set(addresses_in_range()), addresses_in_range()
     finally:
         cdsim(state_dir, "down", timeout=180)
         shutil.rmtree(state_dir, ignore_errors=True)

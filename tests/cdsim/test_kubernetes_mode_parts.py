@@ -1,24 +1,27 @@
-"""The pure parts of `cdsim up --kubernetes`: service flags, the shim's nodes and health flags, the
-extender entry, the CLI option. The whole thing runs in tests/cdsim/test_kubernetes_mode.py."""
+"""The pure parts of `cdsim up --kubernetes`: service flags, the extender entry, the CLI options, the
+inotify budget that bounds the kubelets. The whole thing runs in tests/cdsim/test_kubernetes_mode.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from libs.hardware.cluster import ClusterDescription
+from tests.cdsim.cli import cdsim
 from tools.cdsim import procscan
-from tools.cdsim.kubeplane import SHIM_KIND, extender_config, kubernetes_specs, set_flag, shim_nodes_document
+from tools.cdsim.kubeplane import DEFAULT_TRAYS, extender_config, kubernetes_specs, set_flag
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.main import build_parser
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, all_specs
-from tools.kubeletshim.nodes import parse_nodes
-from tools.kubeletshim.service import UsageError, split_health_flags
+from tools.kubelet.inotify import (
+    INSTANCES_PER_CONTROL_PLANE,
+    INSTANCES_PER_KUBELET,
+    InotifyBudget,
+    InotifyBudgetExceeded,
+)
 
 
 def _value(argv: list[str], flag: str) -> str:
@@ -36,20 +39,14 @@ def test_set_flag_replaces_a_value_or_appends_the_flag() -> None:
     assert set_flag(["--x", "1"], "--kubeconfig", "k") == ["--x", "1", "--kubeconfig", "k"]
 
 
-def test_services_run_in_kubernetes_mode_and_the_shim_is_added(tmp_path: Path) -> None:
+def test_services_run_in_kubernetes_mode(tmp_path: Path) -> None:
     cluster = ClusterDescription(racks=1, trays_per_rack=2)
     layout = StateLayout.at(tmp_path)
     config = SimConfig(racks=1, trays_per_rack=2, kubernetes=True)
     ports = Ports(etcd=1, advisor_grpc=2, advisor_health=3, controller_health=(4, 5))
     kubeconfig = tmp_path / "kube" / "admin.kubeconfig"
     specs = kubernetes_specs(
-        all_specs(cluster, layout, config, ports),
-        layout=layout,
-        config=config,
-        kubeconfig=kubeconfig,
-        extender_port=4242,
-        shim_health_port=4343,
-        nodes_file=tmp_path / "nodes.json",
+        all_specs(cluster, layout, config, ports), kubeconfig=kubeconfig, extender_port=4242
     )
     by_kind: dict[str, list[list[str]]] = {}
     for spec in specs:
@@ -71,22 +68,8 @@ def test_services_run_in_kubernetes_mode_and_the_shim_is_added(tmp_path: Path) -
     # The IMEX agents do not talk to Kubernetes: unchanged.
     for argv in by_kind["imex-agent"]:
         assert "--kubeconfig" not in argv
-    (shim,) = [s for s in specs if s.kind == SHIM_KIND]
-    assert shim.health_url == "http://127.0.0.1:4343/healthz"
-    assert _value(shim.argv, "--nodes-file") == str(tmp_path / "nodes.json")
-
-
-def test_shim_nodes_carry_clique_labels_kubelet_dirs_and_four_gpus(tmp_path: Path) -> None:
-    cluster = ClusterDescription(racks=2, trays_per_rack=3)
-    layout = StateLayout.at(tmp_path)
-    nodes = parse_nodes(json.loads(json.dumps(shim_nodes_document(cluster, layout))))
-    assert [n.name for n in nodes] == list(cluster.node_names())
-    cliques = {n.labels["nvidia.com/gpu.clique"] for n in nodes}
-    assert len(cliques) == 2  # one per rack
-    for node in nodes:
-        assert node.kubelet_dir == layout.node(node.name).kubelet_dir
-        assert node.capacity["nvidia.com/gpu"] == "4"
-        assert node.address == cluster.node(node.name).address
+    # Kubelets are not supervised services: they run beside the control plane (KubeMode).
+    assert {s.kind for s in specs} == {"agent", "imex-agent", "controller", "advisor"}
 
 
 def test_extender_points_at_the_advisor_and_is_not_ignorable() -> None:
@@ -96,33 +79,40 @@ def test_extender_points_at_the_advisor_and_is_not_ignorable() -> None:
     assert entry["ignorable"] is False
 
 
-def test_shim_service_takes_its_health_flags_and_passes_the_rest() -> None:
-    host, port, rest = split_health_flags(
-        ["--kubeconfig", "k", "--health-port", "9000", "--health-host=127.0.0.2", "--nodes-file", "n"]
-    )
-    assert (host, port, rest) == ("127.0.0.2", 9000, ["--kubeconfig", "k", "--nodes-file", "n"])
-    with pytest.raises(UsageError, match="--health-port is required"):
-        split_health_flags(["--kubeconfig", "k"])
-    with pytest.raises(UsageError, match="port number, got 'x'"):
-        split_health_flags(["--health-port", "x"])
-    with pytest.raises(UsageError, match="needs a value"):
-        split_health_flags(["--health-port"])
-
-
-def test_shim_service_refuses_a_missing_health_port_by_name() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.kubeletshim.service", "--kubeconfig", "k"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 2
-    assert "--health-port is required" in proc.stderr
-
-
 def test_up_takes_kubernetes_and_the_process_scan_knows_the_control_plane() -> None:
     args = build_parser().parse_args(["up", "--kubernetes", "--racks", "2"])
     assert args.kubernetes is True and args.racks == 2
     assert build_parser().parse_args(["up"]).kubernetes is False
     assert {"kube-apiserver", "kube-scheduler", "kube-controller-manager"} <= set(procscan.KUBE_MARKERS)
+    assert {"/kubelet", "/crisim"} <= set(procscan.KUBE_MARKERS)
+
+
+def test_kubernetes_mode_defaults_to_the_trays_that_fit_and_simulation_keeps_a_full_rack() -> None:
+    assert build_parser().parse_args(["up", "--kubernetes"]).trays is None  # DEFAULT_TRAYS then
+    assert DEFAULT_TRAYS == 8
+    # 8 kubelets and a control plane fit the kernel's default 128 instances with half to spare.
+    assert InotifyBudget(limit=128, in_use=0).kubelets_that_fit(control_planes=1) >= DEFAULT_TRAYS
+    assert DEFAULT_TRAYS * INSTANCES_PER_KUBELET + INSTANCES_PER_CONTROL_PLANE <= 128 // 2
+
+
+def test_the_inotify_budget_counts_kubelets_control_planes_and_headroom() -> None:
+    budget = InotifyBudget(limit=128, in_use=40)
+    # (128 - 40 - 13 - 8) // 4
+    assert budget.kubelets_that_fit(control_planes=1) == 16
+    budget.require(16, control_planes=1)
+    with pytest.raises(InotifyBudgetExceeded) as refused:
+        budget.require(17, control_planes=1)
+    message = str(refused.value)
+    for part in ("fs.inotify.max_user_instances is 128", "hold 40", "each kubelet takes 4", "at most 16"):
+        assert part in message, message
+    assert InotifyBudget(limit=128, in_use=130).kubelets_that_fit() == 0
+
+
+def test_up_refuses_more_kubernetes_nodes_than_the_inotify_budget_before_starting_anything() -> None:
+    # 10 racks x 18 trays = 180 kubelets = 720 instances: more than any default limit allows.
+    with tempfile.TemporaryDirectory(prefix="cdk-") as state_dir:  # short: unix socket paths
+        result = cdsim(Path(state_dir), "up", "--kubernetes", "--racks", "10", "--trays", "18")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "cannot run 180 nodes with Kubernetes" in result.stderr
+        assert "fs.inotify.max_user_instances" in result.stderr
+        assert not (Path(state_dir) / "logs").exists(), "nothing may be started"

@@ -1,6 +1,16 @@
-"""Fixtures of the end-to-end tests: one environment (control plane, etcd, shim, 36 nodes each with
-an IMEX agent and a kubelet plugin, advisor with the scheduler extender, controller) for the whole
-session, started on first use.
+"""Fixtures of the end-to-end tests: one environment (control plane with the node lifecycle
+controller, etcd, E2E_RACKS x E2E_TRAYS nodes each with the upstream kubelet on crisim, an IMEX
+agent and a kubelet plugin, advisor with the scheduler extender, controller) for the whole session,
+started on first use.
+
+Why 2 racks of 4 trays and not 36 nodes: real kubelets are bounded by inotify instances, not by
+memory or CPU. The kernel gives a user 128 (fs.inotify.max_user_instances, left as it is), each
+kubelet holds 4 and each control plane 13 (tools.kubelet.inotify, counted from /proc/*/fd), and
+while this environment runs a module may start its own (kubelet_env: a control plane and 4
+kubelets). 36 kubelets alone would need 144. Eight nodes hold 45 instances with the control
+plane, 74 while kubelet_env runs, leaving more than 50 to other programs of the same user; two
+cliques of 4 still take every Job of the tests (4 pods in one clique) and show the extender's
+choice between cliques.
 
 The Kubernetes binaries are built (or found in the cache) right after collection, outside any
 per-test timeout; a failed build fails the tests that need it, it never skips them. Set
@@ -24,6 +34,9 @@ from tests.e2e.harness import E2EEnvironment
 from tools.cachedtool import BuildError
 from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries, supported_minors
 from tools.kubelet.hoststate import host_state
+
+E2E_RACKS = 2
+E2E_TRAYS = 4
 
 _binaries: Binaries | None = None
 _build_error: str | None = None
@@ -69,7 +82,7 @@ def oldest_binaries() -> Binaries:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     fixtures = {f for item in session.items for f in getattr(item, "fixturenames", ())}
-    if fixtures & {"e2e_env", "kubelet_env", "nvidia_env"}:
+    if fixtures & {"e2e_env", "kubelet_env", "shim_env", "nvidia_env"}:
         _build()
     if "oldest_env" in fixtures:
         try:
@@ -85,7 +98,25 @@ def e2e_env() -> Iterator[E2EEnvironment]:
     if _build_error is not None:
         pytest.fail(f"building the Kubernetes control plane failed:\n{_build_error}", pytrace=False)
     assert _binaries is not None
-    env = E2EEnvironment(_binaries)
+    # Upstream eviction timeouts: no test of the session evicts, and a kubelet slowed down by a
+    # loaded machine must not cost the session's domains their pods.
+    env = E2EEnvironment(_binaries, racks=E2E_RACKS, trays=E2E_TRAYS, eviction_toleration_s=None)
+    env.start()
+    try:
+        yield env
+    finally:
+        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
+
+
+@pytest.fixture(scope="module")
+def shim_env() -> Iterator[E2EEnvironment]:
+    """A small environment (one rack of three trays) whose nodes the kubelet shim plays, as in the
+    256-node benchmark (tools/bench/k8senv.py): for the shim's own tests and the differential test."""
+    _build()
+    if _build_error is not None:
+        pytest.fail(f"building the Kubernetes binaries failed:\n{_build_error}", pytrace=False)
+    assert _binaries is not None
+    env = E2EEnvironment(_binaries, racks=1, trays=3, kubelets="shim")
     env.start()
     try:
         yield env

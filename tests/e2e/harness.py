@@ -6,9 +6,10 @@
    from the rendered kustomize base (with manifests/components/resource-v1beta1 on Kubernetes
    older than 1.34, which serves no resource.k8s.io/v1);
 2. our etcd (tools.etcd);
-3. the nodes' kubelets: with kubelets="real", per node the upstream kubelet on crisim, the simulated
-   container runtime (tools.kubelet), each on its own node IP; with "shim", the kubelet shim
-   (tools.kubeletshim, one process for every node: Node objects, leases);
+3. the nodes' kubelets: per node the upstream kubelet on crisim, the simulated container runtime
+   (tools.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
+   kubelets="shim", the kubelet shim (tools.kubeletshim, one process for every node: Node objects,
+   leases), kept for the differential test and the 256-node benchmark, where kubelets do not fit;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
    of them start in seconds on two cores;
@@ -52,6 +53,7 @@ from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
 from tools.kubelet.addresses import NodeAddresses, node_ip
+from tools.kubelet.inotify import current_budget
 from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
 from tools.netports import free_port
@@ -250,7 +252,7 @@ class E2EEnvironment:
     layout: StateLayout = field(init=False)
     forks: ForkServer | None = None
     # "real": one upstream kubelet per node (tools.kubelet); "shim": tools.kubeletshim plays them.
-    kubelets: str = "shim"
+    kubelets: str = "real"
     kubelet_nodes: dict[str, KubeletNode] = field(default_factory=dict)
     node_addresses: NodeAddresses | None = None
     agents: dict[str, int] = field(default_factory=dict)  # node -> kubelet plugin pid
@@ -265,6 +267,10 @@ class E2EEnvironment:
     crd: dict[str, Any] | None = None
     # More kube-apiserver flags (e.g. an audit log).
     apiserver_args: list[str] = field(default_factory=list)
+    # With real kubelets: evict pods from an unreachable or not-ready Node after this long (the
+    # lost-node test); None keeps the upstream 300 s, so that a kubelet slowed down by a loaded
+    # machine does not cost a long-lived environment its pods.
+    eviction_toleration_s: int | None = EVICTION_TOLERATION_S
 
     def __post_init__(self) -> None:
         self.layout = StateLayout.at(self.root)
@@ -278,10 +284,11 @@ class E2EEnvironment:
             kcm_args = ["--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s"]
             # Pods tolerate an unreachable or not-ready node this long before they are evicted
             # (upstream default: 300 s).
-            apiserver_args = [
-                f"--default-unreachable-toleration-seconds={EVICTION_TOLERATION_S}",
-                f"--default-not-ready-toleration-seconds={EVICTION_TOLERATION_S}",
-            ]
+            if self.eviction_toleration_s is not None:
+                apiserver_args = [
+                    f"--default-unreachable-toleration-seconds={self.eviction_toleration_s}",
+                    f"--default-not-ready-toleration-seconds={self.eviction_toleration_s}",
+                ]
         self.cp = ControlPlane(
             self.binaries,
             self.root / "controlplane",
@@ -309,7 +316,7 @@ class E2EEnvironment:
         return self.layout.log_file(process)
 
     def explain(self, *processes: str, lines: int = 25) -> str:
-        names = processes or ("controller", "advisor", "kubeletshim")
+        names = processes or ("controller", "advisor", *(("kubeletshim",) if self.kubelets == "shim" else ()))
         parts = [f"--- {name} ---\n{log_tail(self.log(name), lines)}" for name in names]
         parts.append(f"--- kube-scheduler ---\n{log_tail(self.cp.log_path('kube-scheduler'), lines)}")
         return "\n".join(parts)
@@ -420,9 +427,11 @@ class E2EEnvironment:
         )
 
     def start_kubelets(self) -> None:
-        """One kubelet and container runtime per node, each on a node IP of its own."""
+        """One kubelet and container runtime per node, each on a node IP of its own; refused up
+        front, naming the inotify budget, when they cannot all start (tools.kubelet.inotify)."""
         bin_dir = ensure_node_binaries(minor=f"1.{self.binaries.minor}")
         nodes = nodes_of_cluster(self.cluster, self.layout.nodes_dir)
+        current_budget().require(len(nodes), headroom=0)
         ips = {n.name: node_ip(self.cluster.address_block, i) for i, n in enumerate(nodes)}
         self.node_addresses = NodeAddresses(ips.values())
         self.node_addresses.add()

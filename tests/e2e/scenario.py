@@ -48,7 +48,7 @@ async def apply_example_cd(
 async def wait_job_running(
     env: E2EEnvironment, api: ApiClient, namespace: str, job: str, pods: int, template: str
 ) -> Formed:
-    """All pods of the Job Running (prepared by the shim), each on its own node, in one clique."""
+    """All pods of the Job Running (their claims prepared by kubelet), each on its own node, in one clique."""
 
     async def running() -> list[dict[str, Any]] | None:
         items = [p for p in await kube.list_pods(api, namespace, f"e2e-job={job}") if kube.is_running(p)]
@@ -149,7 +149,7 @@ async def delete_job_and_wait_released(
     cd_name: str,
     nvidia_crd: bool = False,
 ) -> None:
-    """Delete the Job: pods go (the shim unprepares their claims), claims go, nodes leave the domain.
+    """Delete the Job: pods go (kubelet unprepares their claims), claims go, nodes leave the domain.
     With `nvidia_crd`, the CD's status has no node count."""
     await kube.delete_job(api, namespace, job)
 

@@ -2,7 +2,7 @@
 
 Real kube-scheduler (with our extender) places the pods in one clique and allocates `channel-0`
 from our ResourceSlices; the kube-controller-manager's job and resourceclaim controllers make the
-pods and claims; the kubelet shim prepares the claims through the node agents' DRA sockets; the
+pods and claims; each node's kubelet prepares the claims through its node agent's DRA socket; the
 controller reports the domain Ready with the 4 nodes. Deleting the Job empties the domain;
 deleting the CD leaves nothing behind.
 """

@@ -7,15 +7,18 @@ The supervisor runs, besides what `cdsim up` runs:
   its state under `<state dir>/kube/`;
 - from manifests/base, everything but the workloads: Namespace, CRD, DeviceClass, ServiceAccounts
   and RBAC, admission policies (our services run here as processes, not as pods);
-- the kubelet shim (tools/kubeletshim) playing kubelet for every simulated node: Node objects,
-  leases, NodePrepare/UnprepareResources through each node's real DRA socket, pod status;
+- per simulated node the upstream kubelet of the control plane's release on crisim, the simulated
+  container runtime (tools/kubelet), each on a node IP of its own; the node lifecycle controller
+  runs. How many fit is bounded by the user's inotify instances (tools/kubelet/inotify.py): `up`
+  refuses more nodes than fit, naming that budget;
 
 and runs our services in Kubernetes mode: the controller mirrors ComputeDomain CRs, the kubelet
 plugins take claims from the API server and publish ResourceSlices, the advisor serves the
 extender. `cdsim down` stops the control plane after our services.
 
-The control plane's processes die with the thread that started them (PR_SET_PDEATHSIG is per
-thread), so one dedicated thread starts them and lives until they are stopped.
+The control plane's processes and the kubelets die with the thread that started them
+(PR_SET_PDEATHSIG is per thread), so one dedicated thread starts them and lives until they are
+stopped.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import json
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +39,16 @@ import yaml
 
 from libs.contract.names import DRIVER_NAME
 from libs.hardware.cluster import ClusterDescription
+from services.nodeagent.resourceslice import CLIQUE_LABEL
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import AGENT_KIND, ServiceSpec
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.kubeletshim.nodes import DEFAULT_CAPACITY, nodes_document, nodes_of_cluster
+from tools.kubelet.addresses import NodeAddresses, node_ip
+from tools.kubelet.inotify import current_budget
+from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.netports import free_port
 
 log = structlog.get_logger(__name__)
@@ -65,13 +72,13 @@ BASE_KINDS = frozenset(
         "ValidatingAdmissionPolicyBinding",
     }
 )
-SHIM_NAME = "kubeletshim"
-SHIM_KIND = "kubeletshim"
-SHIM_TARGET = "tools.kubeletshim.service:main"
-PRELOAD_MODULES = ("tools.kubeletshim.service",)
-# A GB200 compute tray has 4 GPUs: advertised as the device plugin would, so that pods asking for
-# `nvidia.com/gpu` schedule (nothing backs them; only IMEX channels are simulated).
-GPUS_PER_NODE = "4"
+PRELOAD_MODULES: tuple[str, ...] = ()  # nothing beyond the simulation's services
+# `up --kubernetes` without --trays: one rack of 8 trays. 8 kubelets and the control plane hold 45
+# of the user's 128 inotify instances (tools/kubelet/inotify.py), leaving room for the desktop,
+# editors and another cluster; every example of examples/ fits (at most 5 nodes in one clique).
+DEFAULT_TRAYS = 8
+# A node's kubelet reports to the node lifecycle controller every NODE_LEASE_DURATION_S / 4.
+NODE_LIFECYCLE_ARGS = ("--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s")
 # Cold control plane + services on a loaded two-core machine.
 STARTUP_TIMEOUT_S = 300.0
 KUBECTL_TIMEOUT_S = 60.0
@@ -107,24 +114,16 @@ def extender_config(port: int) -> dict[str, Any]:
     }
 
 
-def shim_nodes_document(cluster: ClusterDescription, layout: StateLayout) -> dict[str, Any]:
-    """The kubelet shim's nodes file: every simulated node, its clique label and 4 GPUs."""
-    capacity = {**DEFAULT_CAPACITY, "nvidia.com/gpu": GPUS_PER_NODE}
-    nodes = [dataclasses.replace(n, capacity=capacity) for n in nodes_of_cluster(cluster, layout.nodes_dir)]
-    return nodes_document(nodes)
+def check_inotify_budget(nodes: int) -> None:
+    """Raise InotifyBudgetExceeded unless `nodes` kubelets and a control plane fit this user's
+    inotify instances now (the message names the budget and how many would fit)."""
+    current_budget().require(nodes, control_planes=1)
 
 
 def kubernetes_specs(
-    specs: Sequence[ServiceSpec],
-    *,
-    layout: StateLayout,
-    config: SimConfig,
-    kubeconfig: Path,
-    extender_port: int,
-    shim_health_port: int,
-    nodes_file: Path,
+    specs: Sequence[ServiceSpec], *, kubeconfig: Path, extender_port: int
 ) -> list[ServiceSpec]:
-    """The simulation's service specs turned to Kubernetes mode, plus the kubelet shim."""
+    """The simulation's service specs turned to Kubernetes mode."""
     kc = str(kubeconfig)
     out: list[ServiceSpec] = []
     for spec in specs:
@@ -143,24 +142,6 @@ def kubernetes_specs(
             argv = set_flag(argv, "--template-source", "kubernetes")
             argv = set_flag(argv, "--kubeconfig", kc)
         out.append(dataclasses.replace(spec, argv=argv))
-    shim_argv = [
-        "--kubeconfig", kc,
-        "--nodes-file", str(nodes_file),
-        "--health-host", "127.0.0.1",
-        "--health-port", str(shim_health_port),
-        "--log-format", "json",
-        "--log-level", config.log_level,
-    ]  # fmt: skip
-    out.append(
-        ServiceSpec(
-            name=SHIM_NAME,
-            kind=SHIM_KIND,
-            target=SHIM_TARGET,
-            argv=shim_argv,
-            health_url=f"http://127.0.0.1:{shim_health_port}/healthz",
-            restart_delay_s=1.0,
-        )
-    )
     return out
 
 
@@ -184,11 +165,20 @@ def base_objects(kubectl: Path) -> list[dict[str, Any]]:
 
 
 class _PlaneThread(threading.Thread):
-    """Starts the control plane, applies the base, then keeps it (and its children) until stopped."""
+    """Starts the control plane, applies the base and starts the nodes' kubelets, then keeps them
+    (and their children) until stopped."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        make_kubelets: Callable[[], list[KubeletNode]],
+        addresses: NodeAddresses,
+    ) -> None:
         super().__init__(name="kube-control-plane", daemon=True)
         self.plane = plane
+        self.make_kubelets = make_kubelets  # called once the control plane's CA exists
+        self.kubelets: list[KubeletNode] = []
+        self.addresses = addresses
         self.started = threading.Event()
         self.stop_requested = threading.Event()
         self.error = ""
@@ -201,15 +191,44 @@ class _PlaneThread(threading.Thread):
                 "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects), timeout_s=120.0
             )
             self.plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+            self.addresses.add()
+            self.kubelets = self.make_kubelets()
+            for kubelet in self.kubelets:
+                kubelet.start()
         except Exception as exc:
             self.error = _describe(exc)
             log.error("control plane failed to start", error=self.error)
-            self.plane.stop()
+            self._stop()
             self.started.set()
             return
         self.started.set()
         self.stop_requested.wait()
+        self._stop()
+
+    def _stop(self) -> None:
+        # All at once: one after the other, each kubelet's exit on a loaded machine adds up.
+        with ThreadPoolExecutor(
+            max_workers=max(1, len(self.kubelets)), thread_name_prefix="kubelet-stop"
+        ) as pool:
+            for kubelet, error in zip(self.kubelets, pool.map(_stop_kubelet, self.kubelets), strict=True):
+                if error:  # the others and the control plane are stopped anyway
+                    log.warning("kubelet did not stop cleanly", node=kubelet.name, error=error)
+        try:
+            self.addresses.remove()
+        except Exception as exc:
+            log.warning(
+                "node IPs not removed (the kernel drops them after their lifetime)", error=_describe(exc)
+            )
         self.plane.stop()
+
+
+def _stop_kubelet(kubelet: KubeletNode) -> str:
+    """Stop one node's kubelet and runtime; what went wrong ("" if nothing)."""
+    try:
+        kubelet.stop()
+    except Exception as exc:
+        return _describe(exc)
+    return ""
 
 
 def _describe(exc: BaseException) -> str:
@@ -232,10 +251,13 @@ class KubeMode:
             layout.kube_dir,
             scheduler_config=self.scheduler_config_file,
             startup_timeout_s=STARTUP_TIMEOUT_S,
+            # Real kubelets renew their leases: the node lifecycle controller runs, as in a cluster.
+            controllers="*",
+            controller_manager_args=list(NODE_LIFECYCLE_ARGS),
         )
+        self.minor = binaries.minor
         self.extender_port = free_port()
-        self.shim_health_port = free_port()
-        self.nodes_file = layout.kube_dir / "shim-nodes.json"
+        self.addresses = NodeAddresses(node_ip(cluster.address_block, i) for i in range(cluster.node_count))
         self._thread: _PlaneThread | None = None
 
     @property
@@ -247,37 +269,50 @@ class KubeMode:
         return self.plane.bin_dir
 
     def adapt(self, specs: Sequence[ServiceSpec]) -> list[ServiceSpec]:
-        return kubernetes_specs(
-            specs,
-            layout=self.layout,
-            config=self.config,
-            kubeconfig=self.kubeconfig,
-            extender_port=self.extender_port,
-            shim_health_port=self.shim_health_port,
-            nodes_file=self.nodes_file,
-        )
+        return kubernetes_specs(specs, kubeconfig=self.kubeconfig, extender_port=self.extender_port)
+
+    def kubelets(self) -> list[KubeletNode]:
+        """Each simulated node's kubelet on crisim, its files under the node's folder (`host/`)."""
+        out = []
+        for node, ip in zip(self.cluster.nodes(), self.addresses.addresses, strict=True):
+            dirs = self.layout.node(node.name)
+            state_dir = dirs.root / "host"
+            out.append(
+                KubeletNode(
+                    name=node.name,
+                    ip=ip,
+                    kubelet_dir=dirs.kubelet_dir,
+                    state_dir=state_dir,
+                    bin_dir=Path(self.config.kube_node_bin_dir),
+                    kubeconfig=self.plane.node_kubeconfig(node.name, state_dir / "pki"),
+                    log_dir=self.layout.logs_dir,
+                    minor=self.minor,
+                    labels={CLIQUE_LABEL: node.clique},
+                    cdi_root=dirs.cdi_root,
+                    gpus=self.cluster.gpus_per_tray,
+                )
+            )
+        return out
 
     async def start(self) -> None:
-        """Start the control plane (the scheduler with our extender) and apply the base."""
+        """Start the control plane (the scheduler with our extender), apply the base, start the
+        kubelets and wait until each has registered its Node (as on a real node, before its kubelet
+        plugin publishes a ResourceSlice owned by the Node)."""
+        deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT_S
         self.layout.kube_dir.mkdir(parents=True, exist_ok=True)
-        self.nodes_file.write_text(json.dumps(shim_nodes_document(self.cluster, self.layout)))
         scheduler = self.plane.scheduler_config(extenders=[extender_config(self.extender_port)])
         self.scheduler_config_file.write_text(yaml.safe_dump(scheduler))
-        thread = self._thread = _PlaneThread(self.plane)
+        thread = self._thread = _PlaneThread(self.plane, self.kubelets, self.addresses)
         thread.start()
         await asyncio.to_thread(thread.started.wait, STARTUP_TIMEOUT_S + 180.0)
         if not thread.started.is_set():
             raise KubeStartFailed("the Kubernetes control plane did not start in time")
         if thread.error:
             raise KubeStartFailed(f"the Kubernetes control plane did not start: {thread.error}")
-
-    @staticmethod
-    def starts_first(spec: ServiceSpec) -> bool:
-        """The kubelet shim: its Nodes exist before the plugins publish ResourceSlices owned by them."""
-        return spec.kind == SHIM_KIND
+        await self.wait_nodes(deadline)
 
     async def wait_nodes(self, deadline: float) -> None:
-        """Until the shim has registered a Node for every simulated node."""
+        """Until the kubelets have registered a Node for every simulated node."""
         loop = asyncio.get_running_loop()
         names = set(self.cluster.node_names())
         while True:
@@ -285,11 +320,25 @@ class KubeMode:
             registered = {n["metadata"]["name"] for n in found.get("items") or []}
             if names <= registered:
                 return
+            exited = self._exited_kubelet_problem()
+            if exited:  # it will not register: no need to wait for the deadline
+                raise KubeStartFailed(f"a kubelet exited at start: {exited}")
             if loop.time() > deadline:
                 raise KubeStartFailed(
-                    f"the kubelet shim registered {len(names & registered)}/{len(names)} Nodes in time"
+                    f"the kubelets registered {len(names & registered)}/{len(names)} Nodes in time "
+                    f"(kubelet logs in {self.layout.logs_dir})"
                 )
             await asyncio.sleep(0.25)
+
+    def _exited_kubelet_problem(self) -> str:
+        """Why a kubelet that exited did not start, when its log says so ("" otherwise)."""
+        thread = self._thread
+        for kubelet in thread.kubelets if thread else []:
+            if not kubelet.kubelet_running():
+                problem = kubelet.startup_problem()
+                if problem:
+                    return problem
+        return ""
 
     def _kubectl_json(self, *args: str) -> dict[str, Any]:
         proc = self.plane.kubectl(*args, "-o", "json", check=False, timeout_s=KUBECTL_TIMEOUT_S)

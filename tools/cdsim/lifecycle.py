@@ -17,10 +17,20 @@ from libs.hardware.simulated import prepare_node_dirs
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
 from tools.cachedtool import BuildError
 from tools.cdsim import control, credentials, procscan
+from tools.cdsim.kubeplane import check_inotify_budget
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
-from tools.cdsim.runstate import RunState, SimConfig, pid_alive, supervisor_running, try_lock
+from tools.cdsim.runstate import (
+    CONFIG_FILE_NAME,
+    RunState,
+    SimConfig,
+    pid_alive,
+    supervisor_running,
+    try_lock,
+)
 from tools.cdsim.services import AGENT_HEALTH_PORT
-from tools.controlplane.binaries import Binaries, ensure_binaries
+from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries
+from tools.kubelet.addresses import NodeAddressError, node_ip, remove_leftovers
+from tools.kubelet.inotify import InotifyBudgetExceeded
 
 UP_TIMEOUT_S = 150.0
 # `up --kubernetes` also starts a control plane (tools.cdsim.kubeplane.STARTUP_TIMEOUT_S, plus slack).
@@ -42,18 +52,19 @@ class UpOptions:
     log_level: str = "info"
     mesh: str = "tls"  # tls | plaintext: the controller's mode for new domains
     mesh_certificate_validity_s: float = 24 * 3600.0
-    kubernetes: bool = False  # a real control plane, the kubelet shim, services in Kubernetes mode
+    kubernetes: bool = False  # a real control plane, a real kubelet per node, services in Kubernetes mode
     secure: bool = True  # etcd with TLS and auth, the advisor with mutual TLS (`up --plaintext`: off)
     driver_version: str = ""  # every node's (NVML) driver version; "" = the simulation's default
     node_driver_versions: tuple[tuple[str, str], ...] = ()  # (node, version) running another one
 
 
-def _kube_binaries(out: TextIO) -> Binaries:
-    """The control-plane binaries, built into the cache first if missing (many minutes, once)."""
+def _kube_binaries(out: TextIO) -> tuple[Binaries, Path]:
+    """The control plane's binaries and the folder of kubelet and crisim, built into the cache
+    first if missing (many minutes, once)."""
     out.write("Finding the Kubernetes binaries (the first time they are built from source: 15-25 min)\n")
     out.flush()
     try:
-        return ensure_binaries()
+        return ensure_binaries(), ensure_node_binaries()
     except BuildError as exc:
         raise CommandError(f"the Kubernetes binaries could not be built:\n{exc}") from None
 
@@ -99,7 +110,12 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             f"state dir {layout.root} is too long: unix socket {longest} would exceed "
             f"{MAX_UNIX_SOCKET_PATH} bytes; choose a shorter --state-dir"
         )
-    binaries = _kube_binaries(out) if options.kubernetes else None
+    if options.kubernetes:
+        try:
+            check_inotify_budget(cluster.node_count)
+        except InotifyBudgetExceeded as exc:
+            raise CommandError(f"cannot run {cluster.node_count} nodes with Kubernetes: {exc}") from None
+    binaries, node_bin_dir = _kube_binaries(out) if options.kubernetes else (None, None)
     lock_fd = try_lock(layout)
     if lock_fd is None:
         state = RunState.load(layout)
@@ -142,6 +158,7 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             kubernetes=binaries is not None,
             kube_bin_dir=str(binaries.bin_dir) if binaries else "",
             kube_etcd=str(binaries.etcd) if binaries else "",
+            kube_node_bin_dir=str(node_bin_dir or ""),
         ).save(layout)
         # The supervisor and its fork server run in the state dir: make this code importable there.
         python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -224,7 +241,8 @@ def _wait_up(
                 )
                 if state.kubeconfig:
                     out.write(
-                        f"Kubernetes: {cluster.node_count} Nodes Ready (kubelet shim), scheduler with the "
+                        f"Kubernetes: {cluster.node_count} Nodes Ready (a real kubelet each, on the simulated "
+                        f"container runtime), scheduler with the "
                         f"placement extender; control-plane logs in {layout.kube_dir / 'logs'}\n"
                         f"export KUBECONFIG={state.kubeconfig} PATH={state.kube_bin_dir}:$PATH\n"
                     )
@@ -242,6 +260,19 @@ def _tail(layout: StateLayout, process: str, lines: int = 20) -> str:
         return "\n".join(layout.log_file(process).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _remove_leftover_node_ips(layout: StateLayout) -> list[str]:
+    """The kubelets' node IPs of a Kubernetes-mode run whose supervisor was killed before it could
+    remove them (tools/kubelet/addresses.py)."""
+    config = SimConfig.load(layout) if (layout.root / CONFIG_FILE_NAME).exists() else None
+    if config is None or not config.kubernetes or not layout.cluster_file.exists():
+        return []
+    cluster = ClusterDescription.load(layout.cluster_file)
+    try:
+        return remove_leftovers(node_ip(cluster.address_block, i) for i in range(cluster.node_count))
+    except NodeAddressError as exc:
+        raise CommandError(f"could not remove the kubelets' node IPs: {exc}") from None
 
 
 def down(layout: StateLayout, out: TextIO) -> None:
@@ -267,6 +298,9 @@ def down(layout: StateLayout, out: TextIO) -> None:
     if leftovers:
         procscan.kill_all(leftovers)
         out.write(f"killed {len(leftovers)} leftover process(es) of {layout.root}\n")
+    removed = _remove_leftover_node_ips(layout)
+    if removed:
+        out.write(f"removed {len(removed)} leftover kubelet node IP(s) of {layout.root}\n")
     if stopped:
         out.write(f"Cluster in {layout.root} stopped; nothing of it runs any more.\n")
     else:

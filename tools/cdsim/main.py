@@ -1,6 +1,6 @@
 """`cdsim`: run a simulated NVL72 cluster and jobs on it, from the command line.
 
-    cdsim up [--racks N] [--trays 18] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes] [--plaintext]
+    cdsim up [--racks N] [--trays 18, or 8 with --kubernetes] [--partitions-per-rack 1] [--state-dir DIR] [--kubernetes] [--plaintext]
              [--driver-version [NODE=]VERSION ...]
     cdsim job submit NAME --nodes N [-n NS] [--all-channels] [--wait]
     cdsim job wait NAME [-n NS] [--status Ready|NotReady] [--reason R] [--timeout S]
@@ -37,6 +37,7 @@ from libs.state.store import TRANSIENT_ERRORS
 from tools.cdsim import faults, jobs, lifecycle, scaling
 from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
+from tools.cdsim.kubeplane import DEFAULT_TRAYS as KUBE_DEFAULT_TRAYS
 from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
@@ -84,7 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", parents=[common], help="start a simulated cluster in the background")
     up.add_argument("--racks", type=int, default=1, help="NVL72 racks (default 1)")
-    up.add_argument("--trays", type=int, default=18, help="compute trays (nodes) per rack (default 18)")
+    up.add_argument(
+        "--trays",
+        type=int,
+        default=None,
+        help=f"compute trays (nodes) per rack (default 18; with --kubernetes {KUBE_DEFAULT_TRAYS}, see "
+        "docs/simulation.md: each node runs a real kubelet, and this machine's inotify instances bound them)",
+    )
     up.add_argument("--partitions-per-rack", type=int, default=1, help="NVLink partitions (cliques) per rack")
     up.add_argument(
         "--address-block",
@@ -104,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--kubernetes",
         action="store_true",
-        help="also run a real Kubernetes control plane, a kubelet shim for every node and the services in "
-        "Kubernetes mode; prints `export KUBECONFIG=...` for kubectl apply of your own manifests",
+        help="also run a real Kubernetes control plane, a real kubelet for every node (on a simulated "
+        "container runtime) and the services in Kubernetes mode; prints `export KUBECONFIG=...` for "
+        "kubectl apply of your own manifests",
     )
     up.add_argument(
         "--plaintext",
@@ -299,7 +307,7 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
     if args.command == "up":
         options = lifecycle.UpOptions(
             racks=args.racks,
-            trays=args.trays,
+            trays=args.trays if args.trays is not None else (KUBE_DEFAULT_TRAYS if args.kubernetes else 18),
             partitions_per_rack=args.partitions_per_rack,
             address_block=args.address_block,
             log_level=args.log_level,

@@ -19,8 +19,9 @@ __all__ = ["IMEX_DAEMON_MARKER", "ProcessEntry", "imex_daemons_under", "list_pro
 
 ZYGOTE_MARKER = "tools.cdsim.zygote"
 SUPERVISOR_MARKER = "tools.cdsim.supervisor"
-# `up --kubernetes`: the control plane's programs (its etcd is found by --data-dir=).
-KUBE_MARKERS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# `up --kubernetes`: the control plane's programs (its etcd is found by --data-dir=), the nodes'
+# kubelets and container runtimes.
+KUBE_MARKERS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "/kubelet", "/crisim")
 
 
 def cluster_processes(layout: StateLayout) -> list[ProcessEntry]:

@@ -41,6 +41,7 @@ class SimConfig:
     kubernetes: bool = False
     kube_bin_dir: str = ""
     kube_etcd: str = ""
+    kube_node_bin_dir: str = ""  # kubelet and crisim of the same release
 
     def save(self, layout: StateLayout) -> None:
         write_atomic(layout.root / CONFIG_FILE_NAME, json.dumps(asdict(self), indent=2).encode())

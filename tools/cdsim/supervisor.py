@@ -238,7 +238,7 @@ class Supervisor:
             client_cert_auth=self.credentials is not None,
         )
         self.zygote = ZygoteClient(self._on_exit)
-        # `up --kubernetes`: the control plane, the kubelet shim, services in Kubernetes mode.
+        # `up --kubernetes`: the control plane, a kubelet per node, services in Kubernetes mode.
         self.kube = KubeMode(layout, config, cluster) if config.kubernetes else None
         self.services: dict[str, Service] = {}
         self.by_pid: dict[int, Service] = {}
@@ -610,17 +610,9 @@ class Supervisor:
             await asyncio.gather(*(gate.start() for gate in self.gates.values()))
         except OSError as exc:
             raise StartupFailed(f"could not open the nodes' etcd gates: {exc}") from None
-        first = [
-            s for s in self.services.values() if self.kube is not None and self.kube.starts_first(s.spec)
-        ]
-        if first and self.kube is not None:
-            # As on a real node, kubelet registers the Node before the plugin publishes its slice.
-            await asyncio.gather(*(self._start_service(s) for s in first))
-            try:
-                await self.kube.wait_nodes(deadline)
-            except RuntimeError as exc:
-                raise StartupFailed(str(exc)) from None
-        await asyncio.gather(*(self._start_service(s) for s in self.services.values() if s not in first))
+        # In Kubernetes mode the kubelets registered their Nodes in kube.start(), before any plugin
+        # publishes a slice, as on a real node.
+        await asyncio.gather(*(self._start_service(s) for s in self.services.values()))
         if self._startup_failure:
             raise StartupFailed(self._startup_failure)
         await self._wait_all_healthy(deadline)

@@ -95,3 +95,15 @@ class NodeAddresses:
                 if address in addresses_in_range():
                     raise
         self._added.clear()
+
+
+def remove_leftovers(addresses: Iterable[str]) -> list[str]:
+    """Remove those of `addresses` still on this host with our label (a run killed before it could
+    remove them); returns the ones removed. Addresses labelled otherwise are not touched."""
+    present = addresses_in_range()
+    removed = []
+    for address in addresses:
+        if present.get(address) == ADDRESS_LABEL:
+            _ip("-4", "addr", "del", f"{address}/32", "dev", "lo")
+            removed.append(address)
+    return removed

@@ -23,6 +23,7 @@ import structlog
 import yaml
 
 from tools.controlplane.cluster import die_with_parent
+from tools.kubelet.inotify import INSTANCES_PER_KUBELET
 
 log = structlog.get_logger(__name__)
 
@@ -58,10 +59,7 @@ for tunable in $CD_KERNEL_TUNABLES; do
 done
 exec "$@"
 """
-# Each kubelet holds 5 inotify instances (cAdvisor's cgroup watcher, the plugin watcher, the
-# FlexVolume prober, its serving certificate, one idle), and the kernel allows a user 128 in all
-# (fs.inotify.max_user_instances), shared with every other root process: a few dozen kubelets
-# at most on this machine, less what the control planes running here hold.
+# Kubelet fails at start when the user has no inotify instance left (tools.kubelet.inotify).
 INOTIFY_EXHAUSTED = "inotify_init: too many open files"
 _STOP_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 1.0
@@ -79,7 +77,7 @@ def kubelet_configuration(ip: str, runtime_socket: Path, state_dir: Path, minor:
         "healthzPort": KUBELET_HEALTHZ_PORT,
         "containerRuntimeEndpoint": f"unix://{runtime_socket}",
         # Nobody calls kubelet's API here (the API server has no kubelet client certificate), so
-        # it authenticates no one: a client CA file would cost an inotify instance (see below).
+        # it authenticates no one: a client CA file would cost an inotify instance.
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
         # This machine's cgroups are v1 and it has no systemd; the runtime runs no process, so
@@ -99,8 +97,12 @@ def kubelet_configuration(ip: str, runtime_socket: Path, state_dir: Path, minor:
         "resolvConf": "",
         "clusterDomain": "cluster.local",
     }
+    # The serving certificate is generated once and never changes: no file watch for it, which
+    # saves an inotify instance per kubelet (tools.kubelet.inotify).
+    gates: dict[str, bool] = {"ReloadKubeletServerCertificateFile": False}
     if minor < 34:
-        config["featureGates"] = {"DynamicResourceAllocation": True}
+        gates["DynamicResourceAllocation"] = True
+    config["featureGates"] = gates
     return config
 
 
@@ -223,7 +225,7 @@ class KubeletNode:
         if INOTIFY_EXHAUSTED in log_text:
             return (
                 f"kubelet of {self.name} found no free inotify instance: this user's processes hold "
-                "fs.inotify.max_user_instances of them (each kubelet takes 5)"
+                f"fs.inotify.max_user_instances of them (each kubelet takes {INSTANCES_PER_KUBELET})"
             )
         return ""
 

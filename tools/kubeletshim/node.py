@@ -237,18 +237,18 @@ class NodeKubelet:
             f"({plugin.describe_call_error(exc)})"
         )
 
-    async def prepare(self, refs: list[ClaimRef]) -> dict[str, str]:
-        """Per claim uid the plugin's error ("" = prepared); a failed call is every claim's error."""
+    async def prepare(self, refs: list[ClaimRef]) -> dict[str, plugin.PrepareAnswer]:
+        """Per claim uid the plugin's answer; a failed call is every claim's error."""
         try:
             info = await self.plugin_endpoint()
         except _REGISTRATION_ERRORS as exc:
-            return {r.uid: self._not_registered(exc) for r in refs}
+            return {r.uid: plugin.PrepareAnswer(self._not_registered(exc)) for r in refs}
         try:
             return await plugin.prepare(info.endpoint, refs, self.settings.call_timeout_s, info.service)
         except plugin.CALL_ERRORS as exc:
             self.plugin_info = None  # the plugin may have restarted: register again next time
             message = f"NodePrepareResources call failed: {plugin.describe_call_error(exc)}"
-            return {r.uid: message for r in refs}
+            return {r.uid: plugin.PrepareAnswer(message) for r in refs}
 
     async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
         try:
@@ -474,8 +474,11 @@ class PodWorker:
         refs = await self._claims_for_driver(pod)
         if refs:
             self.attempted.update({r.uid: r for r in refs})
-            errors = await k.prepare(refs)
-            failed = [(r, errors.get(r.uid, "no answer")) for r in refs if errors.get(r.uid, "no answer")]
+            answers = await k.prepare(refs)
+            no_answer = plugin.PrepareAnswer("no answer")
+            failed = [
+                (r, answers.get(r.uid, no_answer).error) for r in refs if answers.get(r.uid, no_answer).error
+            ]
             if failed:
                 detail = "; ".join(
                     f"NodePrepareResources failed for claim {r.namespace}/{r.name}: {error}"
@@ -484,7 +487,13 @@ class PodWorker:
                 message = f"Failed to prepare dynamic resources: {detail}"
                 await k.record_event(pod, FAILED_PREPARE_REASON, message, self.event_counts)
                 raise PrepareFailed(detail)
-            self.log.info("claims prepared", claims=[r.name for r in refs], claim_uids=[r.uid for r in refs])
+            # The CDI devices kubelet would hand the runtime (the differential test compares them).
+            self.log.info(
+                "claims prepared",
+                claims=[r.name for r in refs],
+                claim_uids=[r.uid for r in refs],
+                cdi_device_ids=[i for r in refs for i in answers[r.uid].cdi_device_ids],
+            )
         if not is_running(pod):
             try:
                 await read_json(

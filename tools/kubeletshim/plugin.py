@@ -127,10 +127,19 @@ def _claims(dra: Any, refs: Sequence[ClaimRef]) -> list[Any]:
     return [dra.Claim(namespace=r.namespace, uid=r.uid, name=r.name) for r in refs]
 
 
+@dataclass(frozen=True)
+class PrepareAnswer:
+    """The plugin's answer for one claim: its error ("" = prepared) and the CDI devices that kubelet
+    would hand the container runtime for it."""
+
+    error: str
+    cdi_device_ids: tuple[str, ...] = ()
+
+
 async def prepare(
     endpoint: Path, refs: Sequence[ClaimRef], timeout_s: float, service: str = DRA_V1
-) -> dict[str, str]:
-    """NodePrepareResources; per claim uid the error ("" = prepared). Raises CALL_ERRORS."""
+) -> dict[str, PrepareAnswer]:
+    """NodePrepareResources; per claim uid the plugin's answer. Raises CALL_ERRORS."""
     dra = _SERVICES[service]
     channel = grpclib.client.Channel(path=str(endpoint))
     try:
@@ -140,16 +149,16 @@ async def prepare(
             )
     finally:
         channel.close()
-    errors: dict[str, str] = {}
+    answers: dict[str, PrepareAnswer] = {}
     for ref in refs:
         result = response.claims.get(ref.uid)
         if result is None:
-            errors[ref.uid] = f"the plugin's response has no entry for claim {ref.uid}"
+            answers[ref.uid] = PrepareAnswer(f"the plugin's response has no entry for claim {ref.uid}")
         elif result.error:
-            errors[ref.uid] = result.error
+            answers[ref.uid] = PrepareAnswer(result.error)
         else:
-            errors[ref.uid] = ""
-    return errors
+            answers[ref.uid] = PrepareAnswer("", tuple(i for d in result.devices for i in d.cdi_device_ids))
+    return answers
 
 
 async def unprepare(
