@@ -40,6 +40,11 @@ def test_the_tally_integrates_stranded_nodes_only_while_a_gang_waits() -> None:
     assert summary["stranded_mean_while_waiting"] == 5.0 and summary["stranded_max"] == 5
     assert summary["largest_free_block_min"] == 3
     assert summary["largest_free_block_mean"] == pytest.approx((3 * 2 + 3 * 1) / 3, abs=0.01)
+    # Bound pods of a gang not yet whole hold nodes no waiting gang can use.
+    tally.sample(5.0, 2.0, {"a": 0, "b": 0}, [4], partial=6)
+    later = tally.summary()
+    assert later["partial_node_s"] == 12.0 and later["unusable_node_s"] == 10.0 + 12.0
+    assert later["partial_max"] == 6 and later["largest_free_block_min"] == 0
     with pytest.raises(ValueError, match="forward"):
         tally.sample(4.0, -1.0, {"a": 1}, [])
 

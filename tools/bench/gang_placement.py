@@ -132,6 +132,7 @@ class GangRun:
     submitted_s: float | None = None
     bound_s: float | None = None
     left_s: float | None = None
+    cliques: int = 0  # cliques its pods were bound in
 
     def to_json(self) -> dict[str, Any]:
         wait = (
@@ -144,6 +145,7 @@ class GangRun:
             "size": self.gang.size,
             "arrive_s": self.gang.arrive_s,
             "bind_s": wait,
+            "cliques": self.cliques,
         }
 
 
@@ -225,34 +227,40 @@ class Replay:
             pods = await self.pods()
             now = time.monotonic() - t0
             bound: dict[str, int] = {}
+            cliques: dict[str, set[str]] = {}
             used: dict[str, int] = {}
             for pod in pods:
                 node = (pod.get("spec") or {}).get("nodeName")
                 if node:
                     gang_name = pod["metadata"]["labels"][GANG_LABEL]
                     bound[gang_name] = bound.get(gang_name, 0) + 1
+                    cliques.setdefault(gang_name, set()).add(self.clique_of[node])
                     used[self.clique_of[node]] = used.get(self.clique_of[node], 0) + 1
+            partial = 0
             for run in runs.values():
-                if (
-                    run.submitted_s is not None
-                    and run.bound_s is None
-                    and bound.get(run.gang.name, 0) >= run.gang.size
-                ):
+                if run.submitted_s is None or run.bound_s is not None:
+                    continue
+                count = bound.get(run.gang.name, 0)
+                if count >= run.gang.size:
                     run.bound_s = now
+                    run.cliques = len(cliques[run.gang.name])
+                else:
+                    partial += count
             for run in runs.values():
                 if run.bound_s is not None and run.left_s is None and now >= run.bound_s + run.gang.hold_s:
                     await self.leave(run.gang)
                     run.left_s = now
             free = {c: size - used.get(c, 0) for c, size in self.clique_sizes.items()}
             waiting = [r.gang.size for r in runs.values() if r.submitted_s is not None and r.bound_s is None]
-            tally.sample(now, now - last, free, waiting)
+            tally.sample(now, now - last, free, waiting, partial)
             last = now
             if all(r.left_s is not None for r in runs.values()) or now > deadline_s:
                 return list(runs.values()), tally
             await asyncio.sleep(_TICK_S)
 
     async def drain(self) -> None:
-        """Delete what is left of the replay and wait until its pods and claims are gone."""
+        """Delete what is left of the replay and wait until no pod of it is bound and no claim of it
+        allocated (unbound pods may linger, their Job's finalizer not yet removed: they hold nothing)."""
         await self.batch.delete_collection_namespaced_job(self.namespace, propagation_policy="Background")
         await self.custom.delete_collection_namespaced_custom_object(
             CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL
@@ -263,7 +271,9 @@ class Replay:
             )
         claims = resource_path(await discover_version(self.api), "resourceclaims", self.namespace)
         deadline = time.monotonic() + _DRAIN_TIMEOUT_S
-        while await self.pods() or (await self.get(claims)).get("items"):
+        while any((p.get("spec") or {}).get("nodeName") for p in await self.pods()) or any(
+            (c.get("status") or {}).get("allocation") for c in (await self.get(claims)).get("items") or []
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"pods or claims of {self.namespace} still there after {_DRAIN_TIMEOUT_S:.0f} s"
@@ -286,6 +296,8 @@ def summarize(runs: list[GangRun], tally: Tally) -> dict[str, Any]:
         "bind_p90_s": pct(0.9),
         "bind_max_s": round(waits[-1], 2) if waits else None,
         "bind_mean_s": round(statistics.fmean(waits), 2) if waits else None,
+        # Placed gangs whose pods were bound in more than one clique.
+        "split": sum(1 for r in runs if r.cliques > 1),
         **tally.summary(),
         "per_gang": [r.to_json() for r in runs],
         "timeline": tally.timeline,
@@ -305,11 +317,13 @@ def scheduler_config(env: KubeEnvironment, native: bool) -> Path:
     return native_path
 
 
-async def replay_modes(env: KubeEnvironment, trace: list[Gang], deadline_s: float) -> dict[str, Any]:
+async def replay_modes(
+    env: KubeEnvironment, trace: list[Gang], deadline_s: float, modes: list[str]
+) -> dict[str, Any]:
     api = await api_client(env.plane.kubeconfig)
     out: dict[str, Any] = {}
     try:
-        for mode in MODES:
+        for mode in modes:
             native = mode == "native"
             env.plane.restart_scheduler(scheduler_config(env, native))
             replay = Replay(api, env, f"gangs-{mode}", native)
@@ -319,8 +333,9 @@ async def replay_modes(env: KubeEnvironment, trace: list[Gang], deadline_s: floa
             out[mode] = {**summarize(runs, tally), "replay_s": round(time.monotonic() - began, 1)}
             print(
                 f"[gang_placement] {mode}: placed {out[mode]['placed']}/{len(trace)}, bind p50 "
-                f"{out[mode]['bind_p50_s']} s, stranded {out[mode]['stranded_node_s']} node-s, largest free "
-                f"block mean {out[mode]['largest_free_block_mean']}",
+                f"{out[mode]['bind_p50_s']} s, split {out[mode]['split']}, stranded {out[mode]['stranded_node_s']} "
+                f"node-s, held by part of a gang {out[mode]['partial_node_s']} node-s, largest free block mean "
+                f"{out[mode]['largest_free_block_mean']}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -344,9 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drain-s", type=float, default=300.0, help="after the last arrival, stop after this long"
     )
+    parser.add_argument("--modes", default=",".join(MODES), help="which replays, in order (default: both)")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    modes_wanted = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes_wanted or set(modes_wanted) - set(MODES):
+        parser.error(f"--modes takes {' and/or '.join(MODES)}, comma-separated")
     if args.racks < 2 or not 1 <= args.trays <= MAX_GANG or args.gangs < 1:
         parser.error(f"--racks must be >= 2, --trays in [1, {MAX_GANG}], --gangs >= 1")
     trace = make_trace(args.seed, args.gangs, args.mean_gap_s, (args.hold_min_s, args.hold_max_s), args.trays)
@@ -368,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             env = KubeEnvironment(base, binaries, settings, etcd.endpoint, f"/bench-{uuid.uuid4().hex[:8]}/")
             env.start()
             try:
-                modes = asyncio.run(replay_modes(env, trace, trace[-1].arrive_s + args.drain_s))
+                modes = asyncio.run(replay_modes(env, trace, trace[-1].arrive_s + args.drain_s, modes_wanted))
             finally:
                 env.stop()
         ok = True
@@ -390,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             "mean_gap_s": args.mean_gap_s,
             "hold_s": [args.hold_min_s, args.hold_max_s],
             "tick_s": _TICK_S,
+            "log_level": simenv.log_level(),
             "cpu_count": os.cpu_count(),
         },
         "start_s": env.timings if env else {},
@@ -403,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "target": TARGET_FEWER_STRANDED,
     }
+    if set(MODES) <= set(modes):
+        native, ours = modes["native"], modes["advisor"]
+        result["stranded_vs_native"] = fewer_stranded(native["stranded_node_s"], ours["stranded_node_s"])
+        result["unusable_vs_native"] = fewer_stranded(native["unusable_node_s"], ours["unusable_node_s"])
     text = json.dumps(result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
     if args.out:

@@ -7,6 +7,9 @@ figures the benchmark reports:
 
 - stranded nodes: free nodes in cliques with fewer free nodes than the smallest gang waiting,
   i.e. nodes no waiting gang can use; integrated over time (node-seconds) while a gang waits;
+- nodes held by part of a gang: bound pods of gangs not yet whole (a scheduler that binds a
+  gang piecemeal can leave them so for good); integrated the same way. Both together are the
+  nodes no waiting gang can use (`unusable_node_s`);
 - the largest free block (most free nodes in one clique), its time average and minimum.
 """
 
@@ -71,11 +74,21 @@ class Tally:
     largest_block_min: int | None = None
     observed_s: float = 0.0
     stranded_max: int = 0
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, stranded, largest)
+    partial_node_s: float = 0.0
+    partial_max: int = 0
+    # (t, stranded, held by part of a gang, largest free block), at each change
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
 
     def sample(
-        self, t_s: float, dt_s: float, free_by_clique: Mapping[str, int], waiting: Sequence[int]
+        self,
+        t_s: float,
+        dt_s: float,
+        free_by_clique: Mapping[str, int],
+        waiting: Sequence[int],
+        partial: int = 0,
     ) -> None:
+        """One sample: free nodes per clique, the sizes of the gangs waiting, and how many nodes
+        bound pods of gangs not yet whole hold."""
         if dt_s < 0:
             raise ValueError("samples go forward in time")
         largest = max(free_by_clique.values(), default=0)
@@ -89,8 +102,10 @@ class Tally:
             self.waiting_s += dt_s
             self.stranded_node_s += stranded * dt_s
             self.stranded_max = max(self.stranded_max, stranded)
-        if not self.timeline or self.timeline[-1][1:] != (stranded, largest):
-            self.timeline.append((round(t_s, 2), stranded, largest))
+            self.partial_node_s += partial * dt_s
+            self.partial_max = max(self.partial_max, partial)
+        if not self.timeline or self.timeline[-1][1:] != (stranded, partial, largest):
+            self.timeline.append((round(t_s, 2), stranded, partial, largest))
 
     def summary(self) -> dict[str, float | int]:
         observed = self.observed_s or 1.0
@@ -99,6 +114,9 @@ class Tally:
             "stranded_node_s": round(self.stranded_node_s, 1),
             "stranded_mean_while_waiting": round(self.stranded_node_s / waiting, 2),
             "stranded_max": self.stranded_max,
+            "partial_node_s": round(self.partial_node_s, 1),
+            "partial_max": self.partial_max,
+            "unusable_node_s": round(self.stranded_node_s + self.partial_node_s, 1),
             "waiting_s": round(self.waiting_s, 1),
             "largest_free_block_mean": round(self.largest_block_node_s / observed, 2),
             "largest_free_block_min": self.largest_block_min or 0,
@@ -107,7 +125,7 @@ class Tally:
 
 
 def fewer_stranded(native_node_s: float, ours_node_s: float) -> float:
-    """The fraction of the native scheduler's stranded node-seconds that ours avoids (1.0: none
+    """The fraction of the native scheduler's stranded (or unusable) node-seconds that ours avoids (1.0: none
     left; 0: as many; negative: more). A native run that stranded nothing leaves nothing to avoid: 0."""
     if native_node_s <= 0:
         return 0.0
