@@ -31,6 +31,7 @@ log = structlog.get_logger(__name__)
 
 SIZE_ANNOTATION = "resource.nvidia.com/computeDomainSize"
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+UNKNOWN_NODE = "no node record in the placement advisor's inventory (node agent down or its lease lapsed)"
 # The service's extender holds reservations as `extender/<replica identity>`: every replica's
 # reaper recognises those of the others by this prefix.
 EXTENDER_HOLDER_PREFIX = "extender/"
@@ -117,10 +118,13 @@ class DomainPlacer:
         inv = self.advisor.inventory
         candidate_set = frozenset(candidates)
         held = inv.domain_nodes(domain_uid)
-        if not held and not any(n in inv.nodes and inv.nodes[n].clique for n in candidate_set):
+        known = frozenset(n for n in candidate_set if n in inv.nodes)
+        if not held and known and not any(inv.nodes[n].clique for n in known):
             # No NVLink fabric among the candidates: the domain is a plain node set there,
-            # so there is no clique to keep it in (and no reason to refuse the nodes).
-            return Allowance(candidate_set, (), "", False)
+            # so there is no clique to keep it in (and no reason to refuse the nodes). A node
+            # without a record (its agent down, its lease lapsed) is not known to lack a
+            # fabric: letting a domain's pods onto such nodes would split it over cliques.
+            return Allowance(known, (), UNKNOWN_NODE, True)
         cliques = self._cliques_of(held)
         usable = held & candidate_set
         if usable:

@@ -386,6 +386,23 @@ async def test_nodes_without_a_fabric_are_not_refused(env: Env) -> None:
     assert env.inventory.domain_reservations(DOMAIN) == []
 
 
+async def test_nodes_the_inventory_does_not_know_are_refused_not_taken_for_plain_nodes(env: Env) -> None:
+    # Records gone (lapsed leases): such nodes may well be in a clique, so a domain's pod must
+    # not go there unplaced, or its domain ends up split over cliques.
+    env.sizes.mapping[DOMAIN] = 4
+    unknown = [f"vanished-{i}" for i in range(3)]
+    plain = "cpu-node-0"
+    await env.store.put(env.store.keys.node(plain), pb.Node(name=plain, health=pb.Health.HEALTHY))
+    assert await env.inventory.wait_for(lambda: plain in env.inventory.nodes, 2.0)
+    mixed = await env.filter(pod_args([plain, *unknown]))
+    assert mixed["NodeNames"] == [plain], mixed
+    assert sorted(mixed["FailedNodes"]) == unknown and "no node record" in mixed["FailedNodes"]["vanished-0"]
+    result = await env.filter(pod_args(unknown))
+    assert not result["NodeNames"], result
+    refused = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert sorted(refused) == unknown, result
+
+
 async def test_kube_template_source_reads_the_template_from_the_api_server() -> None:
     from aiohttp import web
     from kubernetes_asyncio import client as kube

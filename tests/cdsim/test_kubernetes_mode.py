@@ -228,6 +228,7 @@ EXAMPLE_CASES = {
     "torchrun-indexed-job.yaml": Expect(pods=4, domains={"torchrun": 4}),
     "mpi-launcher-workers.yaml": Expect(pods=3, domains={"mpi": 2}),
     "two-domains-one-clique.yaml": Expect(pods=5, domains={"team-a": 2, "team-b": 3}, same_clique=True),
+    "gang-podgroup-indexed-job.yaml": Expect(pods=4, domains={"gang": 4}),
 }
 
 

@@ -33,7 +33,7 @@ from tests.manifests.objects import NAMESPACE
 from tests.manifests.test_resource_versions import render_v1beta1_overlay
 from tools.cachedtool import BuildError
 from tools.controlplane.binaries import ensure_binaries, supported_minors
-from tools.controlplane.cluster import ControlPlane, dra_args
+from tools.controlplane.cluster import ControlPlane, dra_args, merge_flags, workload_scheduling_args
 from tools.controlplane.nodes import create_schedulable_node
 
 pytestmark = pytest.mark.timeout(300)
@@ -73,6 +73,27 @@ def test_each_release_gets_what_it_needs_to_serve_dra() -> None:
         dra_args(31)
 
 
+def test_gang_scheduling_is_served_from_1_37_and_never_passed_to_1_32() -> None:
+    gates = ["--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"]
+    assert workload_scheduling_args(37) == (
+        ["--runtime-config=scheduling.k8s.io/v1beta1=true", *gates],
+        gates,
+    )
+    with_job = workload_scheduling_args(37, with_job=True)[1]
+    assert with_job == [gates[0] + ",WorkloadWithJob=true"]
+    assert workload_scheduling_args(32) == ([], [])
+    # One flag of each, so a process listing shows every gate in one place.
+    assert merge_flags(
+        [
+            "--runtime-config=a=true",
+            "--feature-gates=X=true",
+            "--v=2",
+            "--runtime-config=b=true",
+            "--feature-gates=Y=true",
+        ]
+    ) == ["--runtime-config=a=true,b=true", "--feature-gates=X=true,Y=true", "--v=2"]
+
+
 async def test_discovery_finds_v1_on_the_newest_and_v1beta1_on_the_oldest(
     k8s_api: ApiClient, control_plane: ControlPlane, oldest_api: ApiClient, oldest: ControlPlane
 ) -> None:
@@ -82,6 +103,9 @@ async def test_discovery_finds_v1_on_the_newest_and_v1beta1_on_the_oldest(
     assert oldest.version == "v1.32.13"
     served = oldest.kubectl("api-versions").stdout.split()
     assert "resource.k8s.io/v1beta1" in served and "resource.k8s.io/v1" not in served
+    assert "scheduling.k8s.io/v1beta1" not in served  # no PodGroup before 1.37
+    newest = control_plane.kubectl("api-versions").stdout.split()
+    assert ("scheduling.k8s.io/v1beta1" in newest) == (control_plane.binaries.minor >= 37)
 
 
 def _apply(

@@ -56,6 +56,13 @@ SERVICE_IP = "10.0.0.1"  # first IP of SERVICE_CIDR: the `kubernetes` Service
 DEFAULT_CONTROLLERS = "*,-node-lifecycle-controller"
 
 OLDEST_MINOR = 32
+# The first supported release that serves scheduling.k8s.io/v1beta1 (Workload, PodGroup) behind
+# the gates below; 1.32 knows none of them and refuses an unknown gate.
+WORKLOAD_SCHEDULING_MINOR = 37
+WORKLOAD_SCHEDULING_GATES = ("GenericWorkload", "TopologyAwareWorkloadScheduling")
+# Opt-in only: with it, the job controller gives every Job (not only those with spec.scheduling)
+# a Workload and a PodGroup, which changes how every other test's Jobs are scheduled.
+WORKLOAD_WITH_JOB_GATE = "WorkloadWithJob"
 
 _STOP_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 2.0
@@ -81,6 +88,36 @@ def dra_args(minor: int) -> tuple[list[str], list[str]]:
     if minor == OLDEST_MINOR:
         return ["--runtime-config=resource.k8s.io/v1beta1=true", *gate], gate
     raise ControlPlaneError(f"Kubernetes 1.{minor} is older than the oldest supported, 1.{OLDEST_MINOR}")
+
+
+def workload_scheduling_args(minor: int, with_job: bool = False) -> tuple[list[str], list[str]]:
+    """(kube-apiserver args, args of every component) that turn on kube-scheduler's gang and
+    topology-aware scheduling: pods joined to a PodGroup by `spec.schedulingGroup.podGroupName`
+    (and, `with_job`, Jobs with `spec.scheduling`). Off by default upstream (beta and alpha): the
+    apiserver must serve the API and all three components must know the gates. Nothing below
+    1.37 (a gate 1.32 does not know stops it from starting)."""
+    if minor < WORKLOAD_SCHEDULING_MINOR:
+        return [], []
+    names = [*WORKLOAD_SCHEDULING_GATES, *([WORKLOAD_WITH_JOB_GATE] if with_job else [])]
+    gates = ["--feature-gates=" + ",".join(f"{g}=true" for g in names)]
+    return ["--runtime-config=scheduling.k8s.io/v1beta1=true", *gates], gates
+
+
+def merge_flags(
+    args: Sequence[str], names: Sequence[str] = ("--runtime-config", "--feature-gates")
+) -> list[str]:
+    """`args` with each of the comma-list flags `names` given once (values joined, first place kept)."""
+    merged: list[str] = []
+    where: dict[str, int] = {}
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        if sep and name in names:
+            if name in where:
+                merged[where[name]] += "," + value
+                continue
+            where[name] = len(merged)
+        merged.append(arg)
+    return merged
 
 
 @dataclass
@@ -145,6 +182,9 @@ class ControlPlane:
     start() returns once the controllers run (the default ServiceAccount exists);
     pass wait_for_controllers=False when `controllers` leaves out the
     serviceaccount controller.
+
+    On 1.37 and later it serves kube-scheduler's gang and topology-aware scheduling
+    (workload_scheduling_args); workload_with_job adds Jobs' spec.scheduling.
     """
 
     def __init__(
@@ -159,6 +199,7 @@ class ControlPlane:
         scheduler_args: Sequence[str] = (),
         startup_timeout_s: float = 60.0,
         wait_for_controllers: bool = True,
+        workload_with_job: bool = False,
     ) -> None:
         self.binaries = binaries
         self.bin_dir = binaries.bin_dir
@@ -176,7 +217,10 @@ class ControlPlane:
         self._scheduler_args = list(scheduler_args)
         self._startup_timeout_s = startup_timeout_s
         self._wait_for_controllers = wait_for_controllers
-        self._dra_apiserver_args, self._dra_component_args = dra_args(binaries.minor)
+        dra_apiserver, dra_components = dra_args(binaries.minor)
+        workload_apiserver, workload_components = workload_scheduling_args(binaries.minor, workload_with_job)
+        self._feature_apiserver_args = merge_flags([*dra_apiserver, *workload_apiserver])
+        self._feature_component_args = merge_flags([*dra_components, *workload_components])
         self._procs: dict[str, _Process] = {}
         self._pki: ControlPlanePKI | None = None
         self.etcd_url = ""
@@ -366,7 +410,7 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             # The loopback advertise address cannot be an Endpoints address.
             "--endpoint-reconciler-type=none",
-            *self._dra_apiserver_args,
+            *self._feature_apiserver_args,
             *self._apiserver_args,
         ]
 
@@ -393,7 +437,7 @@ class ControlPlane:
             f"--root-ca-file={pki.ca.cert}",
             f"--cluster-signing-cert-file={pki.ca.cert}",
             f"--cluster-signing-key-file={pki.ca.key}",
-            *self._dra_component_args,
+            *self._feature_component_args,
             *self._kcm_args,
         ]
 
@@ -406,7 +450,7 @@ class ControlPlane:
             str(self.bin_dir / "kube-scheduler"),
             f"--config={config}",
             *self._component_serving_args("kube-scheduler", self._scheduler_port, self.scheduler_kubeconfig),
-            *self._dra_component_args,
+            *self._feature_component_args,
             *self._scheduler_args,
         ]
         self._spawn("kube-scheduler", cmd)

@@ -1,0 +1,439 @@
+"""Benchmark: one trace of ComputeDomain gangs placed by kube-scheduler's own gang and topology
+scheduling, then by the placement advisor through the scheduler extender, on a real control plane.
+
+Set-up (tools/bench/k8senv.py): kube-apiserver, kube-controller-manager and kube-scheduler 1.37
+(scheduling.k8s.io/v1beta1 with GenericWorkload and TopologyAwareWorkloadScheduling on), our
+etcd, a `cd-controller` and a `cd-placement-advisor`, the kubelet shim playing kubelet for two
+racks of 18 simulated NVL72 trays (two cliques), whose IMEX agents and kubelet plugins run in
+scale-mode hosts in Kubernetes mode (a ResourceSlice with one channel per node). This process
+plays the users.
+
+One trace (tools/bench/gangtrace.py: seeded; gangs of 1 to 18 nodes arriving and leaving, at times
+wanting more nodes than are free) is replayed twice, each time in a fresh namespace:
+
+- native: kube-scheduler's default configuration (no extender); each gang is a PodGroup
+  (`gang.minCount` = its size, topology `nvidia.com/gpu.clique`) whose pods join it by
+  `spec.schedulingGroup.podGroupName`;
+- advisor: kube-scheduler with the advisor's extender (as manifests/README.md configures it); no
+  PodGroup: the advisor reserves the gang's nodes in one clique (best fit) at its first pod.
+
+Every gang is a ComputeDomain (numNodes = its size, created before the replay) and an Indexed Job
+of that many pods, each claiming the domain's channel (so one pod per node). A Job is created at
+its gang's arrival; once all its pods are bound, the gang holds its nodes for its hold time, then
+its Job, PodGroup and ComputeDomain are deleted. The cluster is sampled every tick (pods listed
+from the API server): per gang, the time from its Job's creation to all its pods bound; per
+sample, free nodes per clique (no pod of ours on them), from which gangtrace.Tally counts
+stranded nodes and the largest free block.
+
+    python -m tools.bench.gang_placement [--gangs 40 --seed 7] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
+
+from libs.kube.resourceapi import discover_version, resource_path
+from tools.bench import simenv
+from tools.bench.formation_k8s import api_client
+from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
+from tools.bench.k8senv import KubeEnvironment, KubeSettings
+from tools.controlplane.binaries import ensure_binaries
+from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR
+from tools.kubeletshim.nodes import CLIQUE_LABEL
+
+TARGET_FEWER_STRANDED = 0.30
+MODES = ("native", "advisor")
+CD_GROUP, CD_VERSION, CD_PLURAL = "resource.nvidia.com", "v1beta1", "computedomains"
+PG_GROUP, PG_VERSION, PG_PLURAL = "scheduling.k8s.io", "v1beta1", "podgroups"
+GANG_LABEL = "bench-gang"
+SIZE_ANNOTATION = "resource.nvidia.com/computeDomainSize"
+_TICK_S = 0.25
+_REQUEST_TIMEOUT_S = 30.0
+_SETUP_TIMEOUT_S = 180.0
+_DRAIN_TIMEOUT_S = 300.0
+
+
+def domain_object(gang: Gang, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{CD_GROUP}/{CD_VERSION}",
+        "kind": "ComputeDomain",
+        "metadata": {"name": gang.name, "namespace": namespace},
+        "spec": {
+            "numNodes": gang.size,
+            "channel": {"resourceClaimTemplate": {"name": f"{gang.name}-channel"}},
+        },
+    }
+
+
+def pod_group_object(gang: Gang, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{PG_GROUP}/{PG_VERSION}",
+        "kind": "PodGroup",
+        "metadata": {"name": gang.name, "namespace": namespace},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": gang.size}},
+            "schedulingConstraints": {"topology": [{"key": CLIQUE_LABEL}]},
+        },
+    }
+
+
+def job_object(gang: Gang, namespace: str, native: bool) -> dict[str, Any]:
+    """An Indexed Job of the gang's pods, each claiming the domain's channel; natively grouped
+    by its PodGroup, else carrying the size hint the advisor's extender reads."""
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "worker",
+                "image": "busybox",
+                "command": ["sleep", "infinity"],
+                "resources": {"claims": [{"name": "imex-channel"}]},
+            }
+        ],
+        "resourceClaims": [{"name": "imex-channel", "resourceClaimTemplateName": f"{gang.name}-channel"}],
+    }
+    metadata: dict[str, Any] = {"labels": {GANG_LABEL: gang.name}}
+    if native:
+        pod_spec["schedulingGroup"] = {"podGroupName": gang.name}
+    else:
+        metadata["annotations"] = {SIZE_ANNOTATION: str(gang.size)}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": gang.name, "namespace": namespace},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": gang.size,
+            "parallelism": gang.size,
+            "backoffLimit": 0,
+            "template": {"metadata": metadata, "spec": pod_spec},
+        },
+    }
+
+
+@dataclass
+class GangRun:
+    gang: Gang
+    submitted_s: float | None = None
+    bound_s: float | None = None
+    left_s: float | None = None
+    cliques: int = 0  # cliques its pods were bound in
+
+    def to_json(self) -> dict[str, Any]:
+        wait = (
+            None
+            if self.bound_s is None or self.submitted_s is None
+            else round(self.bound_s - self.submitted_s, 2)
+        )
+        return {
+            "gang": self.gang.name,
+            "size": self.gang.size,
+            "arrive_s": self.gang.arrive_s,
+            "bind_s": wait,
+            "cliques": self.cliques,
+        }
+
+
+class Replay:
+    """Replays the trace in one namespace against whatever scheduler configuration is running."""
+
+    def __init__(self, api: ApiClient, env: KubeEnvironment, namespace: str, native: bool) -> None:
+        self.api, self.env, self.namespace, self.native = api, env, namespace, native
+        self.core: Any = CoreV1Api(api)
+        self.batch: Any = BatchV1Api(api)
+        self.custom: Any = CustomObjectsApi(api)
+        self.clique_of = {n: env.cluster.node(n).clique for n in env.node_names}
+        self.clique_sizes: dict[str, int] = {}
+        for clique in self.clique_of.values():
+            self.clique_sizes[clique] = self.clique_sizes.get(clique, 0) + 1
+
+    async def get(self, path: str) -> dict[str, Any]:
+        response = await self.api.call_api(
+            path, "GET", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=_REQUEST_TIMEOUT_S,
+        )  # fmt: skip
+        resp = response[0] if isinstance(response, tuple) else response
+        try:
+            status, body = int(resp.status), await resp.read()
+        finally:
+            resp.release()
+        if status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {status}: {body.decode(errors='replace')[:300]}")
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    async def pods(self) -> list[dict[str, Any]]:
+        listing = await self.get(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={GANG_LABEL}")
+        return list(listing.get("items") or [])
+
+    async def prepare(self, trace: list[Gang]) -> None:
+        """The namespace, every gang's ComputeDomain (and PodGroup), their claim templates made."""
+        await self.core.create_namespace(
+            {"metadata": {"name": self.namespace}}, _request_timeout=_REQUEST_TIMEOUT_S
+        )
+        for gang in trace:
+            await self.custom.create_namespaced_custom_object(
+                CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL, domain_object(gang, self.namespace)
+            )
+            if self.native:
+                await self.custom.create_namespaced_custom_object(
+                    PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL, pod_group_object(gang, self.namespace)
+                )
+        templates = resource_path(await discover_version(self.api), "resourceclaimtemplates", self.namespace)
+        deadline = time.monotonic() + _SETUP_TIMEOUT_S
+        while len((await self.get(templates)).get("items") or []) < len(trace):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the controller made fewer than {len(trace)} claim templates in time")
+            await asyncio.sleep(0.5)
+
+    async def leave(self, gang: Gang) -> None:
+        await self.batch.delete_namespaced_job(gang.name, self.namespace, propagation_policy="Background")
+        await self.custom.delete_namespaced_custom_object(
+            CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL, gang.name
+        )
+        if self.native:
+            await self.custom.delete_namespaced_custom_object(
+                PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL, gang.name
+            )
+
+    async def run(self, trace: list[Gang], deadline_s: float) -> tuple[list[GangRun], Tally]:
+        runs = {g.name: GangRun(g) for g in trace}
+        tally = Tally()
+        t0 = time.monotonic()
+        last = 0.0
+        while True:
+            now = time.monotonic() - t0
+            for run in runs.values():
+                if run.submitted_s is None and run.gang.arrive_s <= now:
+                    run.submitted_s = time.monotonic() - t0
+                    await self.batch.create_namespaced_job(
+                        self.namespace, job_object(run.gang, self.namespace, self.native)
+                    )
+            pods = await self.pods()
+            now = time.monotonic() - t0
+            bound: dict[str, int] = {}
+            cliques: dict[str, set[str]] = {}
+            used: dict[str, int] = {}
+            for pod in pods:
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node:
+                    gang_name = pod["metadata"]["labels"][GANG_LABEL]
+                    bound[gang_name] = bound.get(gang_name, 0) + 1
+                    cliques.setdefault(gang_name, set()).add(self.clique_of[node])
+                    used[self.clique_of[node]] = used.get(self.clique_of[node], 0) + 1
+            partial = 0
+            for run in runs.values():
+                if run.submitted_s is None or run.bound_s is not None:
+                    continue
+                count = bound.get(run.gang.name, 0)
+                if count >= run.gang.size:
+                    run.bound_s = now
+                    run.cliques = len(cliques[run.gang.name])
+                else:
+                    partial += count
+            for run in runs.values():
+                if run.bound_s is not None and run.left_s is None and now >= run.bound_s + run.gang.hold_s:
+                    await self.leave(run.gang)
+                    run.left_s = now
+            free = {c: size - used.get(c, 0) for c, size in self.clique_sizes.items()}
+            waiting = [r.gang.size for r in runs.values() if r.submitted_s is not None and r.bound_s is None]
+            tally.sample(now, now - last, free, waiting, partial)
+            last = now
+            if all(r.left_s is not None for r in runs.values()) or now > deadline_s:
+                return list(runs.values()), tally
+            await asyncio.sleep(_TICK_S)
+
+    async def drain(self) -> None:
+        """Delete what is left of the replay and wait until no pod of it is bound and no claim of it
+        allocated (unbound pods may linger, their Job's finalizer not yet removed: they hold nothing)."""
+        await self.batch.delete_collection_namespaced_job(self.namespace, propagation_policy="Background")
+        await self.custom.delete_collection_namespaced_custom_object(
+            CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL
+        )
+        if self.native:
+            await self.custom.delete_collection_namespaced_custom_object(
+                PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL
+            )
+        claims = resource_path(await discover_version(self.api), "resourceclaims", self.namespace)
+        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        while any((p.get("spec") or {}).get("nodeName") for p in await self.pods()) or any(
+            (c.get("status") or {}).get("allocation") for c in (await self.get(claims)).get("items") or []
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"pods or claims of {self.namespace} still there after {_DRAIN_TIMEOUT_S:.0f} s"
+                )
+            await asyncio.sleep(0.5)
+
+
+def summarize(runs: list[GangRun], tally: Tally) -> dict[str, Any]:
+    waits = sorted(
+        r.bound_s - r.submitted_s for r in runs if r.bound_s is not None and r.submitted_s is not None
+    )
+
+    def pct(q: float) -> float | None:
+        return round(waits[min(len(waits) - 1, int(q * len(waits)))], 2) if waits else None
+
+    return {
+        "gangs": len(runs),
+        "placed": len(waits),
+        "bind_p50_s": round(statistics.median(waits), 2) if waits else None,
+        "bind_p90_s": pct(0.9),
+        "bind_max_s": round(waits[-1], 2) if waits else None,
+        "bind_mean_s": round(statistics.fmean(waits), 2) if waits else None,
+        # Placed gangs whose pods were bound in more than one clique.
+        "split": sum(1 for r in runs if r.cliques > 1),
+        **tally.summary(),
+        "per_gang": [r.to_json() for r in runs],
+        "timeline": tally.timeline,
+    }
+
+
+def scheduler_config(env: KubeEnvironment, native: bool) -> Path:
+    """kube-scheduler's configuration for a mode: the environment's (with the extender) or the
+    same without it."""
+    path = env.base / "kube-scheduler.yaml"
+    if not native:
+        return path
+    config = yaml.safe_load(path.read_text())
+    config.pop("extenders", None)
+    native_path = env.base / "kube-scheduler-native.yaml"
+    native_path.write_text(yaml.safe_dump(config))
+    return native_path
+
+
+async def replay_modes(
+    env: KubeEnvironment, trace: list[Gang], deadline_s: float, modes: list[str]
+) -> dict[str, Any]:
+    api = await api_client(env.plane.kubeconfig)
+    out: dict[str, Any] = {}
+    try:
+        for mode in modes:
+            native = mode == "native"
+            env.plane.restart_scheduler(scheduler_config(env, native))
+            replay = Replay(api, env, f"gangs-{mode}", native)
+            await replay.prepare(trace)
+            began = time.monotonic()
+            runs, tally = await replay.run(trace, deadline_s)
+            out[mode] = {**summarize(runs, tally), "replay_s": round(time.monotonic() - began, 1)}
+            print(
+                f"[gang_placement] {mode}: placed {out[mode]['placed']}/{len(trace)}, bind p50 "
+                f"{out[mode]['bind_p50_s']} s, split {out[mode]['split']}, stranded {out[mode]['stranded_node_s']} "
+                f"node-s, held by part of a gang {out[mode]['partial_node_s']} node-s, largest free block mean "
+                f"{out[mode]['largest_free_block_mean']}",
+                file=sys.stderr,
+                flush=True,
+            )
+            await replay.drain()
+    finally:
+        await api.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gang_placement", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--gangs", type=int, default=40, help="gangs in the trace")
+    parser.add_argument("--seed", type=int, default=7, help="the trace's seed")
+    parser.add_argument("--mean-gap-s", type=float, default=4.0, help="mean time between arrivals")
+    parser.add_argument("--hold-min-s", type=float, default=10.0, help="shortest time a gang holds its nodes")
+    parser.add_argument("--hold-max-s", type=float, default=30.0, help="longest time a gang holds its nodes")
+    parser.add_argument("--racks", type=int, default=2, help="racks (cliques) of 18 trays")
+    parser.add_argument(
+        "--trays", type=int, default=MAX_GANG, help="trays used per rack (the largest gang too)"
+    )
+    parser.add_argument(
+        "--drain-s", type=float, default=300.0, help="after the last arrival, stop after this long"
+    )
+    parser.add_argument("--modes", default=",".join(MODES), help="which replays, in order (default: both)")
+    parser.add_argument("--out", type=Path, help="also write the result as JSON here")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    modes_wanted = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes_wanted or set(modes_wanted) - set(MODES):
+        parser.error(f"--modes takes {' and/or '.join(MODES)}, comma-separated")
+    if args.racks < 2 or not 1 <= args.trays <= MAX_GANG or args.gangs < 1:
+        parser.error(f"--racks must be >= 2, --trays in [1, {MAX_GANG}], --gangs >= 1")
+    trace = make_trace(args.seed, args.gangs, args.mean_gap_s, (args.hold_min_s, args.hold_max_s), args.trays)
+    binaries = ensure_binaries()
+    if binaries.minor < WORKLOAD_SCHEDULING_MINOR:
+        parser.error(
+            f"native gang scheduling needs Kubernetes 1.{WORKLOAD_SCHEDULING_MINOR}, not {binaries.version}"
+        )
+    nodes = args.racks * args.trays
+    settings = KubeSettings(
+        racks=args.racks, nodes=nodes, host_processes=min(os.cpu_count() or 1, 2), mesh_tls=False,
+        client_qps=100, client_burst=200,
+    )  # fmt: skip
+    base = simenv.scratch_dir("gp-")
+    ok = False
+    env: KubeEnvironment | None = None
+    try:
+        with simenv.private_etcd(base) as etcd:
+            env = KubeEnvironment(base, binaries, settings, etcd.endpoint, f"/bench-{uuid.uuid4().hex[:8]}/")
+            env.start()
+            try:
+                modes = asyncio.run(replay_modes(env, trace, trace[-1].arrive_s + args.drain_s, modes_wanted))
+            finally:
+                env.stop()
+        ok = True
+    finally:
+        simenv.kill_leftover_daemons(base)
+        if ok:
+            simenv.remove_tree(base)
+        else:
+            print(f"[gang_placement] failed; logs kept in {base}", file=sys.stderr, flush=True)
+    result: dict[str, Any] = {
+        "benchmark": "gang_placement",
+        "settings": {
+            "kubernetes": binaries.version,
+            "racks": args.racks,
+            "trays_per_rack": args.trays,
+            "nodes": nodes,
+            "seed": args.seed,
+            "gangs": args.gangs,
+            "mean_gap_s": args.mean_gap_s,
+            "hold_s": [args.hold_min_s, args.hold_max_s],
+            "tick_s": _TICK_S,
+            "log_level": simenv.log_level(),
+            "cpu_count": os.cpu_count(),
+        },
+        "start_s": env.timings if env else {},
+        "trace": {
+            "sizes": [g.size for g in trace],
+            "demand_node_s": round(sum(g.size * g.hold_s for g in trace), 1),
+        },
+        "modes": modes,
+        "stranded_vs_native": fewer_stranded(
+            modes["native"]["stranded_node_s"], modes["advisor"]["stranded_node_s"]
+        ),
+        "target": TARGET_FEWER_STRANDED,
+    }
+    if set(MODES) <= set(modes):
+        native, ours = modes["native"], modes["advisor"]
+        result["stranded_vs_native"] = fewer_stranded(native["stranded_node_s"], ours["stranded_node_s"])
+        result["unusable_vs_native"] = fewer_stranded(native["unusable_node_s"], ours["unusable_node_s"])
+    text = json.dumps(result, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
