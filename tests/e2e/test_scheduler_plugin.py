@@ -38,7 +38,6 @@ from tests.e2e.scenario import (
 from tests.e2e.second_scheduler import SecondScheduler, grant_plugin_reads
 from tools.controlplane import cluster
 from tools.controlplane.binaries import ensure_binaries, ensure_node_binaries
-from tools.controlplane.cluster import ControlPlane
 from tools.netports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -50,21 +49,6 @@ RELEASED = "ComputeDomain gang bound; reservation released"
 # How long a gang must stay wholly pending while the advisor is down.
 DOWN_HOLD_S = 15.0
 GANG = 3
-WORKLOAD_GATES = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
-
-
-def serve_workload_scheduling(env: E2EEnvironment) -> None:
-    """The scheduling.k8s.io/v1beta1 API (PodGroup) with kube-scheduler's gang scheduling on, before
-    the environment starts. Only where the control plane does not do it by itself already."""
-    if hasattr(cluster, "workload_scheduling_args"):
-        return
-    env.cp = ControlPlane(
-        env.binaries,
-        env.root / "controlplane",
-        apiserver_args=["--runtime-config=scheduling.k8s.io/v1beta1=true", WORKLOAD_GATES],
-        controller_manager_args=[WORKLOAD_GATES],
-        scheduler_args=[WORKLOAD_GATES],
-    )
 
 
 class Proxy:
@@ -106,7 +90,6 @@ def plugin_env() -> Iterator[E2EEnvironment]:
     binaries = ensure_binaries()
     ensure_node_binaries()
     env = E2EEnvironment(binaries, racks=2, trays=4)
-    serve_workload_scheduling(env)
     env.start()
     try:
         yield env
@@ -141,7 +124,8 @@ def cd_scheduler(plugin_env: E2EEnvironment, down_port: int) -> Iterator[SecondS
             WITH_ADVISOR: f"127.0.0.1:{plugin_env.ports['advisor_grpc']}",
             ADVISOR_DOWN: f"127.0.0.1:{down_port}",
         },
-        extra_args=(WORKLOAD_GATES,),
+        # The gates of kube-scheduler's own gang scheduling, which the control plane turns on.
+        extra_args=tuple(cluster.workload_scheduling_args(plugin_env.binaries.minor)[1]),
     )
     scheduler.start()
     try:
