@@ -282,8 +282,10 @@ async def bench(
         # The benchmark leaves no daemon behind (on a node they outlive the agent).
         "--stop-daemons-on-exit", "true",
     ]  # fmt: skip
+    # With --profile-plugin the plugin runs under cProfile, which writes its stats as it exits.
+    profile = ["-m", "cProfile", "-o", str(args.profile_plugin.resolve())] if args.profile_plugin else []
     plugin_argv = [
-        sys.executable, "-m", "services.nodeagent.main", *hardware, *common,
+        sys.executable, *profile, "-m", "services.nodeagent.main", *hardware, *common,
         "--health-port", str(free_port()),
         "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
         "--tombstone-ttl-s", str(args.tombstone_ttl_s),
@@ -431,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
         default=300.0,
         help="the agent's unprepare tombstone TTL (default: the agent's own; every save of the "
         "checkpoint encodes all live tombstones, and this benchmark unprepares far faster than a node does)",
+    )
+    parser.add_argument(
+        "--profile-plugin", type=Path, help="run the kubelet plugin under cProfile, its stats to this file"
     )
     parser.add_argument("--out", type=Path, help="also write the result as JSON to this file")
     args = parser.parse_args(argv)
