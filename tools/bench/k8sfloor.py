@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tools.bench.auditlog import stages
+
 if TYPE_CHECKING:
     from tools.bench.formation_k8s import Driver
 
@@ -24,6 +26,8 @@ class PlainJob:
     running_s: float  # t0 -> every pod Running
     scheduled_s: float  # t0 -> the last pod bound to a node
     nodes_used: int  # distinct nodes the pods landed on
+    # When each kind of API write happened (from the audit log), as for the formation.
+    write_stages: dict[str, list[float]]
     teardown_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -79,7 +83,7 @@ async def run_plain_job(driver: Driver, namespace: str, rep: int, timeout_s: flo
     watcher = asyncio.create_task(driver.follow(lister, on_pod))
     try:
         await asyncio.sleep(0.2)  # the watch open before t0
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         await driver.batch.create_namespaced_job(
             namespace, plain_job_object(job, namespace, pods_wanted), _request_timeout=30
         )
@@ -100,6 +104,7 @@ async def run_plain_job(driver: Driver, namespace: str, rep: int, timeout_s: flo
         running_s=max(running.values()) - t0,
         scheduled_s=max(scheduled.values()) - t0,
         nodes_used=len(nodes),
+        write_stages=stages(driver.audit.between(t0_wall, time.time()), t0_wall),
     )
     began = time.perf_counter()
     await driver.batch.delete_namespaced_job(
