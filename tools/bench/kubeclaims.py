@@ -19,6 +19,7 @@ from typing import Any
 
 from libs.contract.channelconfig import channel_config
 from libs.contract.names import CHANNEL_DEVICE, CHANNEL_DEVICE_CLASS, CHANNEL_REQUEST, DRIVER_NAME
+from libs.kube.client import without_env_lookups
 from libs.kube.resourceapi import device_request, resource_path
 from tools.bench.k8senv import DurableControlPlane
 from tools.controlplane.cluster import SERVICE_IP, ControlPlaneError
@@ -54,13 +55,13 @@ class ApiServer(DurableControlPlane):
 
 
 async def api_client(kubeconfig: Path) -> Any:
-    """A kubernetes-asyncio client of its own configuration (the agent loads the default one)."""
+    """A kubernetes-asyncio client of its own configuration, made as the agent makes its own."""
     from kubernetes_asyncio import config as kube_config
     from kubernetes_asyncio.client import ApiClient, Configuration
 
     configuration = Configuration()
     await kube_config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    return ApiClient(configuration)
+    return await without_env_lookups(ApiClient(configuration))
 
 
 async def request(api: Any, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
