@@ -15,8 +15,8 @@ _PREPARE_SETUP = (
 )
 
 
-_PREPARE_QUICK: tuple[str, ...] = ("--calls", "20", "--bursts", "5", "--capacity-calls", "32")
-_PREPARE_QUICK += ("--floor-calls", "20", "--claim-source", "store")
+_PREPARE_QUICK: tuple[str, ...] = ("--calls", "10", "--bursts", "3", "--capacity-calls", "32")
+_PREPARE_QUICK += ("--floor-calls", "10", "--claim-source", "store")
 
 PREPARE = Benchmark(
     name="nodeagent_prepare",

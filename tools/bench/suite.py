@@ -249,7 +249,7 @@ ADVISOR_GRPC = Benchmark(
     module="tools.bench.advisor_grpc",
     full_args=(),
     quick_args=(
-        *("--racks", "56", "--seconds", "1.0", "--target-seconds", "1.0", "--extender-calls", "20"),
+        *("--racks", "56", "--seconds", "0.5", "--target-seconds", "0.5", "--extender-calls", "20"),
         *("--reserve-rates", "2000", "--floor-puts", "50"),
     ),
     # Nine phases per RPC shape (two of 20 s), the extender's calls, on a machine maybe shared.
