@@ -245,7 +245,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     with private_etcd(base) as etcd:
         nodes = asyncio.run(seed_store(etcd.endpoint, prefix, args.racks, args.busy, args.seed))
         report["nodes"] = nodes
-        advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log")
+        advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log", profile=args.profile_advisor)
         advisor.etcd_pid = etcd.process.pid if etcd.process is not None else 0
         try:
             requests = request_mix(512, args.seed)
@@ -478,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extender-domains", type=int, default=8, help="ComputeDomains the pods belong to")
     parser.add_argument("--extender-bodies", type=int, default=16, help="distinct request bodies per payload")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--profile-advisor", type=Path, help="run the advisor under cProfile, its stats to this file"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")
