@@ -94,11 +94,13 @@ class AdvisorService:
             # Imported here: the store source needs no Kubernetes client at all.
             from kubernetes_asyncio import client, config
 
+            from libs.kube.client import without_env_lookups
+
             if self.settings.kubeconfig:
                 await config.load_kube_config(config_file=self.settings.kubeconfig)
             else:
                 config.load_incluster_config()
-            self._kube_client = client.ApiClient()
+            self._kube_client = await without_env_lookups(client.ApiClient())
             return CachedTemplateSource(
                 KubeTemplateSource(self._kube_client, self.settings.resource_api_version)
             )

@@ -59,11 +59,13 @@ async def _kube_api_client(settings: AgentSettings) -> Any:
     from kubernetes_asyncio import config as kube_config
     from kubernetes_asyncio.client import ApiClient
 
+    from libs.kube.client import without_env_lookups
+
     if settings.kubeconfig:
         await kube_config.load_kube_config(config_file=settings.kubeconfig)
     else:
         kube_config.load_incluster_config()
-    return ApiClient()
+    return await without_env_lookups(ApiClient())
 
 
 async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:

@@ -53,9 +53,12 @@ def test_quick_suite_reports_every_metric_with_a_number(tmp_path: Path) -> None:
         assert isinstance(m["target"], str) and m["target"], name
         assert isinstance(m["met"], bool), name
         assert m["quick"] is True, name
-    # The quick growth run measures other sizes than the points its figures are named for.
+    # The quick growth run measures other sizes than the points its figures are named for; the
+    # quick prepare run reads claims from the store, so it has no API server GET to measure.
     missing = [
-        name for name, x in results["extras"].items() if x["value"] is None and x["benchmark"] != GROWTH.name
+        name
+        for name, x in results["extras"].items()
+        if x["value"] is None and x["benchmark"] != GROWTH.name and name != "floor_kube_get_p99_ms"
     ]
     assert not missing, f"figures the suite names but the benchmarks did not report: {missing}"
     assert {b.name for b in SUITE} == set(results["benchmarks"])

@@ -30,6 +30,14 @@ def test_a_job_forms_its_domain_on_kubernetes_and_our_writes_are_counted(tmp_pat
     # Every pod Running (its claim prepared by our node agent) and the domain Ready.
     assert 0 < formation["scheduled_s"] <= formation["prepared_s"] <= formation["formation_s"]
     assert formation["ready_s"] <= formation["formation_s"]
+    # Kubernetes' floor, the same Job without a domain, ran before it on the same nodes.
+    plain = formation["plain_job"]
+    assert 0 < plain["scheduled_s"] <= plain["running_s"] and 1 <= plain["nodes_used"] <= NODES
+    summary = result["formation"]
+    assert summary["plain_job_p50_s"] == pytest.approx(plain["running_s"], abs=1e-3)
+    assert summary["ratio_to_plain_job"] == pytest.approx(
+        summary["formation_p50_s"] / summary["plain_job_p50_s"], rel=1e-2
+    )
     writes = formation["writes"]
     kinds = writes["ours_by_kind"]
     # The controller labels each member Node once and makes the domain's claim template once; the

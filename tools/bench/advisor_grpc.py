@@ -7,16 +7,22 @@ way load generators such as ghz work) sending dry-run Place requests: sizes 1-18
 preferred), some 36/54-node jobs in segments of 18, some requiring one clique.
 
 For each RPC shape (unary `Place`, and `PlaceStream`: one long-lived stream per client
-connection, one answer per request), each reported on its own, four phases:
+connection, one answer per request), each reported on its own, these phases:
 1. single client, one request in flight: the latency of an unloaded service;
-2. open loop at `--rate` decisions/s (default 2,000, the target) spread over the clients:
-   latency measured from the scheduled send time, so a server that falls behind pays for it;
-3. closed loop, many requests in flight: the most decisions/s the service sustains;
-4. open loop at `--rate` with reservations, as a scheduler places: the same mix with reserve=true
-   (not dry-run), so each decision writes its reservation to etcd (lease and guarded transaction,
-   services/advisor/reservations.py) before it answers. The client releases each reservation as
-   its answer arrives (untimed; the releases load the same advisor and etcd), so the free nodes
-   stay as they were.
+2. open loop at `--rate` dry-run decisions/s (default 200: what schedulers make, with room):
+   latency measured from the scheduled send time, so a server that falls behind pays for it
+   (no coordinated omission);
+3. open loop at `--reserve-rate` (default 100/s) with reservations, as a scheduler places: the
+   same mix with reserve=true (not dry-run), so each decision writes its reservation to etcd
+   (lease and guarded transaction, services/advisor/reservations.py) before it answers. The client
+   releases each reservation as its answer arrives (untimed; the releases load the same advisor and
+   etcd), so the free nodes stay as they were. Beside it, etcd's own put latency (one put at a
+   time from this process, the same etcd): the floor of any write;
+4. open loop at `--capacity-rate` (default 2,000/s) dry-run: a capacity report;
+5. reserving open loops at each of `--reserve-rates` (default 250 to 2,000/s, 2,000 the capacity
+   report): the reserving capacity is the highest rate answered in full (97 %) with p99 within
+   `--capacity-p99-ms` (250 ms);
+6. closed loop, many requests in flight: the most dry-run decisions/s the service sustains.
 The server's CPU time per decision (from /proc) is reported beside the wall-clock figures,
 since other processes on the machine inflate wall-clock tails.
 
@@ -31,7 +37,7 @@ reserved nodes plus a random sample of the others. Filter and Prioritize are tim
 etcd keeps its data on disk and fsyncs (tools/bench/simenv.py); the result's ``settings`` says so.
 The load generator is tools/bench/advisor_load.py; the extender's calls, tools/bench/extender_calls.py.
 
-    python -m tools.bench.advisor_grpc [--racks 556] [--rate 2000] [--clients 1] [--out FILE]
+    python -m tools.bench.advisor_grpc [--racks 556] [--rate 200] [--reserve-rate 100] [--out FILE]
 """
 
 from __future__ import annotations
@@ -65,9 +71,15 @@ from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, 
 from tools.bench.stats import percentile
 
 TARGET_P99_MS = 1.0
-TARGET_RESERVE_P99_MS = 5.0
+TARGET_RATE = 200.0
+TARGET_RESERVE_P99_MS = 10.0
+TARGET_RESERVE_RATE = 100.0
 TARGET_EXTENDER_P99_MS = 10.0
-TARGET_RATE = 2000.0
+# The reserving capacity: decisions/s answered while p99 stays within this.
+CAPACITY_P99_MS = 250.0
+CAPACITY_RATE = 2000.0
+# An open loop keeps up when it answers at least this share of the rate offered.
+KEEPS_UP = 0.97
 
 
 async def seed_store(endpoint: str, prefix: str, racks: int, busy: float, seed: int) -> int:
@@ -135,6 +147,46 @@ async def seed_store(endpoint: str, prefix: str, racks: int, busy: float, seed: 
         await store.close()
 
 
+async def etcd_put_latencies(endpoint: str, prefix: str, calls: int) -> list[float]:
+    """`calls` puts of a reservation-sized value, one at a time, on the advisor's etcd (s each)."""
+    store = Store(EtcdConfig(endpoint=endpoint, prefix=prefix, timeout_s=30.0))
+    await store.connect()
+    try:
+        key = f"{prefix}bench-put-floor".encode()
+        value = bytes(512)
+        latencies = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            await store.client.put(key, value)
+            latencies.append(time.perf_counter() - began)
+        await store.client.delete(key)
+        return latencies
+    finally:
+        await store.close()
+
+
+def etcd_put_floor(advisor: AdvisorProcess, endpoint: str, prefix: str, calls: int) -> dict[str, Any]:
+    settled_s = wait_quiet(advisor)
+    ms = [x * 1e3 for x in asyncio.run(etcd_put_latencies(endpoint, prefix, calls))]
+    return {
+        "puts": len(ms),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+        "settled_s": settled_s,
+    }
+
+
+def keeps_up(phase: dict[str, Any], p99_ms: float) -> bool:
+    return bool(phase["decisions_per_s"] >= KEEPS_UP * phase["offered_per_s"] and phase["p99_ms"] <= p99_ms)
+
+
+def reserve_capacity(ladder: list[dict[str, Any]], p99_ms: float) -> float:
+    """The reserving decisions/s of the highest offered rate that was kept up with (0: none)."""
+    kept = [phase for phase in ladder if keeps_up(phase, p99_ms)]
+    return max((phase["decisions_per_s"] for phase in kept), default=0.0)
+
+
 def run_phase(pool: Any, advisor: AdvisorProcess, jobs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run `jobs` in the client processes once the advisor and etcd are idle; the phase's figures."""
     settled_s = wait_quiet(advisor)
@@ -193,7 +245,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     with private_etcd(base) as etcd:
         nodes = asyncio.run(seed_store(etcd.endpoint, prefix, args.racks, args.busy, args.seed))
         report["nodes"] = nodes
-        advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log")
+        advisor = start_advisor(etcd.endpoint, prefix, base / "advisor.log", profile=args.profile_advisor)
         advisor.etcd_pid = etcd.process.pid if etcd.process is not None else 0
         try:
             requests = request_mix(512, args.seed)
@@ -217,7 +269,9 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                 )
                 report["loadavg_before"] = os.getloadavg()
 
-                def open_jobs(shape: str, mix: list[bytes], release: bool) -> list[dict[str, Any]]:
+                def open_jobs(
+                    shape: str, mix: list[bytes], release: bool, rate: float, seconds: float
+                ) -> list[dict[str, Any]]:
                     """One open-loop job per client; run_phase sets their common start."""
                     return [
                         {
@@ -225,12 +279,18 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                             "port": advisor.port,
                             "shape": shape,
                             "requests": mix,
-                            "rate": args.rate / args.clients,
-                            "seconds": args.seconds,
+                            "rate": rate / args.clients,
+                            "seconds": seconds,
                             "release": release,
                         }
                         for _ in range(args.clients)
                     ]
+
+                def open_phase(shape: str, reserve: bool, rate: float, seconds: float) -> dict[str, Any]:
+                    mix = reserving if reserve else requests
+                    phase = run_phase(pool, advisor, open_jobs(shape, mix, reserve, rate, seconds))
+                    phase["offered_per_s"] = rate
+                    return phase
 
                 shapes = {}
                 for shape in args.shapes.split(","):
@@ -249,10 +309,18 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                             }
                         ],
                     )
-                    phases["open_loop"] = run_phase(pool, advisor, open_jobs(shape, requests, False))
-                    phases["open_loop"]["offered_per_s"] = args.rate
-                    phases["open_loop_reserve"] = run_phase(pool, advisor, open_jobs(shape, reserving, True))
-                    phases["open_loop_reserve"]["offered_per_s"] = args.rate
+                    phases["open_loop"] = open_phase(shape, False, args.rate, args.target_seconds)
+                    phases["open_loop_reserve"] = open_phase(
+                        shape, True, args.reserve_rate, args.target_seconds
+                    )
+                    phases["etcd_put"] = etcd_put_floor(advisor, etcd.endpoint, prefix, args.floor_puts)
+                    phases["open_loop_capacity"] = open_phase(shape, False, args.capacity_rate, args.seconds)
+                    phases["reserve_ladder"] = [
+                        open_phase(shape, True, rate, args.seconds) for rate in args.reserve_rates
+                    ]
+                    phases["reserve_capacity_per_s"] = reserve_capacity(
+                        phases["reserve_ladder"], args.capacity_p99_ms
+                    )
                     phases["saturation"] = run_phase(
                         pool,
                         advisor,
@@ -269,7 +337,7 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                         ],
                     )
                     shapes[shape] = phases
-                    print(f"{shape}: {json.dumps(phases)}", file=sys.stderr)
+                    print(f"{shape}: {json.dumps(phases)}", file=sys.stderr, flush=True)
                 report["shapes"] = shapes
             if args.extender_calls:
                 report["extender"] = bench_extender(advisor, etcd.endpoint, prefix, args)
@@ -283,8 +351,13 @@ def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         "nodes": report["nodes"],
         "busy": args.busy,
         "offered_per_s": args.rate,
+        "reserve_offered_per_s": args.reserve_rate,
+        "capacity_offered_per_s": args.capacity_rate,
+        "reserve_ladder_per_s": args.reserve_rates,
+        "capacity_p99_ms": args.capacity_p99_ms,
         "client_processes": args.clients,
         "open_loop_streams_per_client": OPEN_LOOP_STREAMS,
+        "target_phase_seconds": args.target_seconds,
         "phase_seconds": args.seconds,
         "saturation_inflight_per_client": args.inflight,
         "reservation_ttl_s": RESERVATION_TTL_S,
@@ -300,24 +373,14 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     """Each shape against each target, on its own."""
     out: dict[str, Any] = {}
     for shape, phases in report["shapes"].items():
-        open_loop, reserve, saturation = (
-            phases["open_loop"],
-            phases["open_loop_reserve"],
-            phases["saturation"],
-        )
+        open_loop, reserve = phases["open_loop"], phases["open_loop_reserve"]
         out[shape] = {
             "p99_at_target_rate_ms": open_loop["p99_ms"],
-            "p99_at_target_rate_from_send_ms": open_loop["p99_from_send_ms"],
-            "achieved_at_target_rate_per_s": open_loop["decisions_per_s"],
-            "max_decisions_per_s": saturation["decisions_per_s"],
-            # From the scheduled send time: includes the load generator's own lag.
-            "p99_target_met": open_loop["p99_ms"] <= TARGET_P99_MS
-            and open_loop["decisions_per_s"] >= 0.97 * TARGET_RATE,
-            "rate_target_met": saturation["decisions_per_s"] >= TARGET_RATE,
+            "p99_target_met": keeps_up(open_loop, TARGET_P99_MS),
             "reserve_p99_at_target_rate_ms": reserve["p99_ms"],
-            "reserve_achieved_per_s": reserve["decisions_per_s"],
-            "reserve_p99_target_met": reserve["p99_ms"] <= TARGET_RESERVE_P99_MS
-            and reserve["decisions_per_s"] >= 0.97 * TARGET_RATE,
+            "reserve_p99_target_met": keeps_up(reserve, TARGET_RESERVE_P99_MS),
+            "reserve_capacity_per_s": phases["reserve_capacity_per_s"],
+            "max_decisions_per_s": phases["saturation"]["decisions_per_s"],
         }
     extender = report.get("extender")
     if extender:
@@ -336,16 +399,24 @@ def markdown(report: dict[str, Any]) -> str:
         "| decisions/s per free core |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    names = {
-        "single_client": "1 client, 1 in flight",
-        "open_loop": "open loop at target rate",
-        "open_loop_reserve": "open loop at target rate, reserving",
-        "saturation": "closed loop, saturated",
-    }
     for shape, phases in report["shapes"].items():
-        for phase, f in phases.items():
+        rows = [
+            ("1 client, 1 in flight", phases["single_client"]),
+            (f"open loop at {phases['open_loop']['offered_per_s']:,.0f}/s", phases["open_loop"]),
+            (
+                f"open loop at {phases['open_loop_reserve']['offered_per_s']:,.0f}/s, reserving",
+                phases["open_loop_reserve"],
+            ),
+            (
+                f"open loop at {phases['open_loop_capacity']['offered_per_s']:,.0f}/s",
+                phases["open_loop_capacity"],
+            ),
+            *((f"open loop at {f['offered_per_s']:,.0f}/s, reserving", f) for f in phases["reserve_ladder"]),
+            ("closed loop, saturated", phases["saturation"]),
+        ]
+        for name, f in rows:
             lines.append(
-                f"| {'Place (unary)' if shape == 'unary' else 'PlaceStream'} | {names[phase]} "
+                f"| {'Place (unary)' if shape == 'unary' else 'PlaceStream'} | {name} "
                 f"| {f['decisions_per_s']:,.0f} | {f['p50_ms']:.2f} ms | {f['p99_ms']:.2f} ms "
                 f"| {f['p99_from_send_ms']:.2f} ms | {f['client_send_lag_p99_ms']:.2f} ms "
                 f"| {f['server_cpu_ms_per_decision'] * 1000:.0f} µs | {f['per_core_capacity_per_s']:,.0f} |"
@@ -357,12 +428,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="advisor_grpc", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--racks", type=int, default=556, help="NVL72 racks of 18 nodes (556 = 10,008 nodes)")
     parser.add_argument("--busy", type=float, default=0.7, help="fraction of nodes bound to running domains")
-    parser.add_argument("--rate", type=float, default=TARGET_RATE, help="open-loop decisions/s")
+    parser.add_argument("--rate", type=float, default=TARGET_RATE, help="open-loop dry-run decisions/s")
+    parser.add_argument(
+        "--reserve-rate", type=float, default=TARGET_RESERVE_RATE, help="open-loop reserving decisions/s"
+    )
+    parser.add_argument(
+        "--capacity-rate",
+        type=float,
+        default=CAPACITY_RATE,
+        help="open-loop dry-run decisions/s reported as capacity",
+    )
+    parser.add_argument(
+        "--reserve-rates",
+        type=lambda text: [float(v) for v in text.split(",") if v.strip()],
+        default=[250.0, 500.0, 1000.0, 1500.0, 2000.0],
+        help="the reserving open loops of the capacity search (comma-separated decisions/s)",
+    )
+    parser.add_argument(
+        "--capacity-p99-ms",
+        type=float,
+        default=CAPACITY_P99_MS,
+        help="p99 a rate must keep to count as capacity",
+    )
+    parser.add_argument(
+        "--target-seconds", type=float, default=20.0, help="length of the phases at the target rates"
+    )
+    parser.add_argument(
+        "--floor-puts", type=int, default=500, help="etcd puts timed beside the reserving phase"
+    )
     parser.add_argument("--clients", type=int, default=1, help="client processes (each its own connection)")
     parser.add_argument(
         "--inflight", type=int, default=16, help="requests in flight per client when saturating"
     )
-    parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each capacity phase")
     parser.add_argument("--shapes", default="stream,unary", help="RPC shapes to measure: stream, unary")
     parser.add_argument(
         "--extender-candidates",
@@ -380,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extender-domains", type=int, default=8, help="ComputeDomains the pods belong to")
     parser.add_argument("--extender-bodies", type=int, default=16, help="distinct request bodies per payload")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--profile-advisor", type=Path, help="run the advisor under cProfile, its stats to this file"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown table here")

@@ -37,11 +37,15 @@ class AdvisorProcess:
         return cpu_seconds(self.etcd_pid) if self.etcd_pid else 0.0
 
 
-def start_advisor(endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0) -> AdvisorProcess:
+def start_advisor(
+    endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0, profile: Path | None = None
+) -> AdvisorProcess:
+    """The advisor process; with `profile`, run under cProfile, which writes its stats there as it exits."""
     out = log.open("wb")
     proc = subprocess.Popen(
         [
             sys.executable,
+            *(["-m", "cProfile", "-o", str(profile.resolve())] if profile else []),
             "-m",
             "services.advisor.main",
             "--etcd-endpoint",

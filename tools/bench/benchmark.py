@@ -22,6 +22,8 @@ class Metric:
     method: str
     # What this metric measures beyond its benchmark's settings (e.g. the RPC shape).
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # The extra figure, measured in the same run, below which this one cannot go (its floor).
+    floor: str = ""
 
     def met(self, value: float) -> bool:
         compare = operator.le if self.at_most else operator.ge

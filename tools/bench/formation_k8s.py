@@ -17,6 +17,9 @@ One formation:
 3. done when every pod is Running (its claim prepared) and the ComputeDomain's status says Ready
    with N nodes, both seen through watches on the API server.
 
+Before each formation, Kubernetes' own time for the same Job without a ComputeDomain (its pods
+claim nothing; tools/bench/k8sfloor.py): the floor, and the formation's ratio to it.
+
 Reported: the formation time (t0 to both), the times of its stages, and the API server writes our
 components (cd-controller, the node agents) made from the ComputeDomain's creation until the
 formation was done and the writes settled, per node (from the audit log; everyone else's beside).
@@ -52,6 +55,7 @@ from libs.state.store import Store
 from tools.bench import simenv
 from tools.bench.auditlog import BENCH_USER_AGENT, AuditReader, stages, summarize
 from tools.bench.k8senv import KubeEnvironment, KubeSettings
+from tools.bench.k8sfloor import run_plain_job
 from tools.cdsim import procscan
 from tools.controlplane.binaries import ensure_binaries
 from tools.kubeletshim.apijson import read_json, watch_events
@@ -78,6 +82,8 @@ class Formation:
     teardown_s: float = 0.0
     teardown_writes: dict[str, Any] | None = None
     watch_restarts: int = 0  # the benchmark's own watches resumed after the server ended them
+    # The same Job without a ComputeDomain, run just before (tools/bench/k8sfloor.py).
+    plain_job: dict[str, Any] | None = None
     # How long the teardown then waited for the advisor's reservations of the domain to expire.
     reservations_expired_after_s: float = 0.0
     # Every component's writes by kind: [first, median, last] seconds after t0, and how many.
@@ -394,7 +400,16 @@ async def drive(env: KubeEnvironment, reps: int, timeout_s: float) -> list[Forma
         await driver.ensure_namespace()
         out: list[Formation] = []
         for rep in range(reps):
+            # Kubernetes' own time for the same Job without a domain, just before each formation.
+            floor = await run_plain_job(driver, NAMESPACE, rep, timeout_s)
+            print(
+                f"[formation_k8s] #{rep + 1}: plain Job Running {floor.running_s:.2f} s "
+                f"(bound {floor.scheduled_s:.2f}, {floor.nodes_used} nodes used)",
+                file=sys.stderr,
+                flush=True,
+            )
             formation = await driver.form(rep)
+            formation.plain_job = floor.to_json()
             print(
                 f"[formation_k8s] #{rep + 1}: done {formation.formation_s:.2f} s (bound {formation.scheduled_s:.2f}, "
                 f"prepared {formation.prepared_s:.2f}, Ready {formation.ready_s:.2f}); our writes "
@@ -415,10 +430,22 @@ def summarize_runs(formations: list[Formation], nodes: int) -> dict[str, Any]:
         return round(statistics.median(getattr(f, key) for f in formations), 3)
 
     per_node = [f.writes["ours_per_node"] for f in formations]
+    plain = [float(f.plain_job["running_s"]) for f in formations if f.plain_job]
+    job_p50 = round(statistics.median(plain), 3) if plain else None
     return {
         "nodes": nodes,
         "reps": len(formations),
         "formation_p50_s": median("formation_s"),
+        # Kubernetes' floor: the same Job without a domain, and the formation's multiple of it.
+        **(
+            {
+                "plain_job_p50_s": job_p50,
+                "plain_job_max_s": round(max(plain), 3),
+                "ratio_to_plain_job": round(median("formation_s") / job_p50, 3),
+            }
+            if job_p50
+            else {}
+        ),
         "formation_max_s": round(max(f.formation_s for f in formations), 3),
         "prepared_p50_s": median("prepared_s"),
         "ready_p50_s": median("ready_s"),

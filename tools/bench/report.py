@@ -36,18 +36,34 @@ def fmt(value: float | None) -> str:
     return f"{value:.3f}"
 
 
+def _floor(results: dict[str, Any], name: str) -> str:
+    """The floor figure a metric names, as a cell: "" when it names none."""
+    if not name:
+        return ""
+    x = (results.get("extras") or {}).get(name) or {}
+    value = x.get("value")
+    return f"{fmt(value)} {x['unit']} (`{name}`)" if value is not None else f"— (`{name}`)"
+
+
 def table(results: dict[str, Any]) -> str:
-    lines = ["| Metric | Value | Target | Met |", "|---|---:|---|:---:|"]
+    lines = [
+        "| Metric | Value | Target | Met | Floor, same run | Load average before |",
+        "|---|---:|---|:---:|---|---:|",
+    ]
+    benchmarks: dict[str, Any] = results.get("benchmarks") or {}
     for name, m in results["metrics"].items():
+        load = (benchmarks.get(m["benchmark"]) or {}).get("load_before")
         value = fmt(m["value"])
         if m["value"] is not None:
             value = f"{value} {m['unit']}"
         met = "yes" if m["met"] else ("**no**" if m["value"] is not None else "**failed**")
-        lines.append(f"| `{name}` | {value} | {m['target']} | {met} |")
+        lines.append(
+            f"| `{name}` | {value} | {m['target']} | {met} | {_floor(results, m.get('floor', ''))} | {fmt(load)} |"
+        )
     # Metrics of the suite that these results predate (or whose benchmark was not selected).
     for metric in _suite_metrics():
         if metric.name not in results["metrics"]:
-            lines.append(f"| `{metric.name}` | not measured | {metric.target} | — |")
+            lines.append(f"| `{metric.name}` | not measured | {metric.target} | — | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -214,7 +230,9 @@ def growth_section(results: dict[str, Any]) -> str:
         if x == "nodes":
             points[1008] = (metrics.get("formation_1008_s") or {}).get("value")
         exponent = (extras.get(exponent_key) or {}).get("value")
-        top = (extras.get(exponent_key.replace("_exponent", "_top_exponent")) or {}).get("value")
+        top_key = exponent_key.replace("_exponent", "_top_exponent")
+        # The formation's top exponent has a target (a metric); the controller's is an extra.
+        top = (extras.get(top_key) or metrics.get(top_key) or {}).get("value")
         if exponent is None and all(v is None for v in points.values()):
             continue
         cells = ", ".join(f"{size:,} {x}: {fmt(v)}" for size, v in sorted(points.items()))

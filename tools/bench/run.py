@@ -260,6 +260,7 @@ def collect(outcomes: Sequence[Outcome], quick: bool) -> dict[str, Any]:
                 "benchmark": o.benchmark.name,
                 "method": m.method,
                 "settings": {**settings, **m.settings},
+                **({"floor": m.floor} if m.floor else {}),
             }
             if o.raw is None:
                 entry["error"] = o.error

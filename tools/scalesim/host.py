@@ -24,6 +24,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
 
 from libs.hardware.cluster import ClusterDescription
+from libs.kube.client import without_env_lookups
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.nodeagent.unixsocket import MAX_SOCKET_PATH
@@ -140,7 +141,8 @@ async def kube_client(kubeconfig: str, nodes: int) -> ApiClient:
     configuration = Configuration()
     await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = max(16, min(128, nodes // 2))
-    api = ApiClient(configuration)
+    # As the node agent's own client (services/nodeagent/main.py).
+    api = await without_env_lookups(ApiClient(configuration))
     api.user_agent = KUBE_USER_AGENT
     return api
 

@@ -42,6 +42,7 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.kube.client import without_env_lookups
 from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion
 from libs.runtime.backoff import Backoff
 from libs.state.election import Leadership
@@ -112,10 +113,12 @@ def _newer_or_same(candidate: dict[str, Any], current: dict[str, Any] | None) ->
 
 async def load_api_client(kubeconfig: str) -> ApiClient:
     if kubeconfig:
-        return await k8s_config.new_client_from_config(config_file=kubeconfig)
-    configuration = k8s_client.Configuration()
-    k8s_config.load_incluster_config(client_configuration=configuration)
-    return ApiClient(configuration)
+        api = await k8s_config.new_client_from_config(config_file=kubeconfig)
+    else:
+        configuration = k8s_client.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        api = ApiClient(configuration)
+    return await without_env_lookups(api)
 
 
 class KubeAdapter:
