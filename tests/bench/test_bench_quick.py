@@ -48,7 +48,9 @@ def test_quick_suite_reports_every_metric_with_a_number(tmp_path: Path) -> None:
     assert not failed, failed
     for name, m in metrics.items():
         assert isinstance(m["value"], int | float) and math.isfinite(m["value"]), name
-        assert m["value"] >= 0, name
+        # A growth exponent may come out below zero at the quick run's small sizes, where the
+        # larger formation can be the faster one; every other figure is a time, rate or count.
+        assert m["value"] >= 0 or name.endswith("_exponent"), name
         assert isinstance(m["unit"], str) and m["unit"], name
         assert isinstance(m["target"], str) and m["target"], name
         assert isinstance(m["met"], bool), name
