@@ -37,9 +37,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 EXAMPLE = REPO_ROOT / "examples" / "gang-podgroup-indexed-job.yaml"
 SCHEDULING = ("scheduling.k8s.io", "v1beta1", "podgroups")
-# More than half a clique of 18: pods placed without the topology constraint would all but never
-# share one clique (2 * C(18,8) / C(36,8) < 0.3 %).
-FITTING = 8
+
+
+def fitting(env: E2EEnvironment) -> int:
+    """A whole clique: in the session environment's 2 cliques of 4 trays, pods placed without the
+    topology constraint would share one clique in 2 * C(4,4) / C(8,4) < 3 % of runs."""
+    return env.trays
 
 
 def gang_objects(path: Path, namespace: str, pods: int) -> dict[str, dict[str, Any]]:
@@ -112,20 +115,19 @@ async def test_a_gang_lands_whole_in_one_clique_and_its_domain_turns_ready(
     native_scheduler: E2EEnvironment, api: ApiClient, e2e_store: Store, namespace: str
 ) -> None:
     env = native_scheduler
-    objects = gang_objects(EXAMPLE, namespace, FITTING)
+    gang = fitting(env)
+    objects = gang_objects(EXAMPLE, namespace, gang)
     cd_name, job = objects["ComputeDomain"]["metadata"]["name"], objects["Job"]["metadata"]["name"]
     template = objects["ComputeDomain"]["spec"]["channel"]["resourceClaimTemplate"]["name"]
     await create_gang(api, objects)
 
     async def bound() -> bool | None:
         pods = await kube.list_pods(api, namespace, f"e2e-job={job}")
-        return True if len(pods) == FITTING and all(p["spec"].get("nodeName") for p in pods) else None
+        return True if len(pods) == gang and all(p["spec"].get("nodeName") for p in pods) else None
 
-    await kube.eventually(
-        bound, f"{FITTING} pods of {job} bound", explain=lambda: explain_gang(env, namespace)
-    )
+    await kube.eventually(bound, f"{gang} pods of {job} bound", explain=lambda: explain_gang(env, namespace))
     # Each pod on a node of its own, all in one clique, each with channel-0 of its node.
-    formed = await wait_job_running(env, api, namespace, job, FITTING, template)
+    formed = await wait_job_running(env, api, namespace, job, gang, template)
     await wait_cd_ready(env, api, namespace, cd_name, formed.nodes)
     for pod in formed.pods:
         assert pod["spec"]["schedulingGroup"] == {"podGroupName": objects["PodGroup"]["metadata"]["name"]}

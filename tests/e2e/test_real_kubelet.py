@@ -568,6 +568,8 @@ async def test_chaos_of_random_jobs_and_kubernetes_faults_keeps_every_invariant(
         print(f"\nkubernetes chaos soak: {json.dumps(summary)}")
     assert ok and summary["violations"] == [], shown
     assert set(summary["faults"]) >= set(CHAOS_FAULTS), shown
-    assert summary["jobs"].get("formed", 0) >= 2 and summary["jobs"].get("delete ok", 0) >= 2, shown
+    # The first job takes two of the four trays (imports); one stays spare for a lost node's pod,
+    # so in 45 s there is room for one or two jobs.
+    assert summary["jobs"].get("formed", 0) >= 1 and summary["jobs"].get("delete ok", 0) >= 1, shown
     assert summary["jobs"].get("imports ok", 0) >= 1, shown
     assert summary["checks"].get("1-3", 0) >= 20 and summary["checks"].get("cluster idle") == 1, shown

@@ -186,6 +186,20 @@ def wait_healthy(procs: Processes, name: str, url: str) -> None:
     pytest.fail(f"{name}: {url} not healthy after {HEALTH_TIMEOUT_S:.0f} s:\n{procs.tail(name)}")
 
 
+def wait_node_ready(procs: Processes, cp: ControlPlane, node_name: str) -> None:
+    """The kubelet shim registered the Node and reports it Ready."""
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert not procs.exited("kubeletshim"), f"kubeletshim exited:\n{procs.tail('kubeletshim')}"
+        got = cp.kubectl("get", "node", node_name, "-o", "json", check=False)
+        if got.returncode == 0:
+            conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+                return
+        time.sleep(0.3)
+    pytest.fail(f"Node {node_name} not Ready after {HEALTH_TIMEOUT_S:.0f} s:\n{procs.tail('kubeletshim')}")
+
+
 def start_etcd(procs: Processes, host: Host, objects: list[Obj], etcd_binary: Path) -> str:
     """The StatefulSet's members; returns the client endpoints, host:port,..."""
     etcd = find(objects, "StatefulSet", "cd-etcd")
@@ -272,14 +286,13 @@ def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, 
     nodes_file.write_text(
         json.dumps({"nodes": [{"name": node_name, "kubeletDir": str(kubelet_dir), "address": address}]})
     )
-    shim_health = free_port()
     procs.start(
         "kubeletshim",
-        [sys.executable, "-m", "tools.kubeletshim.service", f"--kubeconfig={cp.kubeconfig}", f"--nodes-file={nodes_file}",
-         "--health-host=127.0.0.1", f"--health-port={shim_health}", "--log-format=json"],
+        [sys.executable, "-m", "tools.kubeletshim", f"--kubeconfig={cp.kubeconfig}", f"--nodes-file={nodes_file}",
+         "--log-format=json"],
         {"PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip
-    wait_healthy(procs, "kubeletshim", f"http://127.0.0.1:{shim_health}/healthz")
+    wait_node_ready(procs, cp, node_name)
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",

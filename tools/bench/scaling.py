@@ -151,7 +151,7 @@ GROWTH = Benchmark(
         ),
         Metric(
             "growth_formation_top_exponent",
-            "",
+            "exponent",
             "≤ 1.0 (linear or better)",
             1.0,
             True,

@@ -432,7 +432,9 @@ class KubeAdapter:
         if entry is not None and entry.status.conditions:
             desired_status = with_nodes_condition(
                 cr_status(entry.status),
-                cr.get("status"),
+                # What we last wrote, where an older CRD pruned the conditions: else NodesReady's
+                # transition time would be new on every pass, and every pass would write it.
+                seen_status(cr.get("status"), self._status_echo.get(uid)),
                 self.reconciler.view.members.get(uid, {}),
                 self.node_health.not_ready,
                 int(time.time() * 1000),
