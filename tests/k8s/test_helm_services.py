@@ -49,6 +49,7 @@ from tests.address_blocks import CHART_SERVICES
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import REPO_ROOT, Obj, container, env_values, find, of_kind, pod_spec
 from tools.cachedtool import BuildError
+from tools.cdsim import procscan
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, die_with_parent
 from tools.netports import free_port
@@ -260,7 +261,8 @@ def start_service(
     if env.get("HARDWARE") == "nvml":  # manifests/overlays/sim's additions
         env["HARDWARE"] = "simulated"
         args += [f"--sim-cluster={SIM_CLUSTER}", f"--sim-state-dir={SIM_STATE}"]
-    if "--mode=kubernetes" in args or "--claim-source=kubernetes" in args:
+    kube_flags = {"--mode=kubernetes", "--claim-source=kubernetes", "--template-source=kubernetes"}
+    if kube_flags & set(args):
         args.append(f"--kubeconfig={kubeconfig}")  # in a Pod: its service account
     health = 0
     argv = [str(BIN / c["command"][0])]
@@ -409,4 +411,7 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
             asyncio.run(keys_under(as_agent, keys.mesh_authorities()))
     finally:
         procs.stop()
+        # The IMEX agent leaves its daemons running when it stops (the next agent adopts them):
+        # left alive, they hold the node's IMEX ports for the next run.
+        procscan.kill_all(procscan.imex_daemons_under(root))
         shutil.rmtree(root, ignore_errors=True)
