@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 from kubernetes_asyncio import config as k8s_config
@@ -82,7 +82,7 @@ def oldest_binaries() -> Binaries:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     fixtures = {f for item in session.items for f in getattr(item, "fixturenames", ())}
-    if fixtures & {"e2e_env", "kubelet_env", "shim_env", "nvidia_env"}:
+    if fixtures & {"e2e_env", "kubelet_env", "shim_env", "nvidia_env", "plugin_env"}:
         _build()
     if "oldest_env" in fixtures:
         try:
@@ -91,54 +91,43 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             pass  # the tests that need them fail with the build's error
 
 
-@pytest.fixture(scope="session")
-def e2e_env() -> Iterator[E2EEnvironment]:
-    """The running environment; see tests.e2e.harness."""
-    _build()
-    if _build_error is not None:
-        pytest.fail(f"building the Kubernetes control plane failed:\n{_build_error}", pytrace=False)
-    assert _binaries is not None
-    # Upstream eviction timeouts: no test of the session evicts, and a kubelet slowed down by a
-    # loaded machine must not cost the session's domains their pods.
-    env = E2EEnvironment(_binaries, racks=E2E_RACKS, trays=E2E_TRAYS, eviction_toleration_s=None)
+@contextmanager
+def running(env: E2EEnvironment) -> Iterator[E2EEnvironment]:
+    """The environment started, and stopped afterwards (its directory kept with CD_E2E_KEEP=1)."""
     env.start()
     try:
         yield env
     finally:
         env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
+
+
+@pytest.fixture(scope="session")
+def e2e_env() -> Iterator[E2EEnvironment]:
+    """The running environment; see tests.e2e.harness."""
+    # Upstream eviction timeouts: no test of the session evicts, and a kubelet slowed down by a
+    # loaded machine must not cost the session's domains their pods.
+    env = E2EEnvironment(newest_binaries(), racks=E2E_RACKS, trays=E2E_TRAYS, eviction_toleration_s=None)
+    with running(env):
+        yield env
 
 
 @pytest.fixture(scope="module")
 def shim_env() -> Iterator[E2EEnvironment]:
     """A small environment (one rack of three trays) whose nodes the kubelet shim plays, as in the
     256-node benchmark (tools/bench/k8senv.py): for the shim's own tests and the differential test."""
-    _build()
-    if _build_error is not None:
-        pytest.fail(f"building the Kubernetes binaries failed:\n{_build_error}", pytrace=False)
-    assert _binaries is not None
-    env = E2EEnvironment(_binaries, racks=1, trays=3, kubelets="shim")
-    env.start()
-    try:
+    env = E2EEnvironment(newest_binaries(), racks=1, trays=3, kubelets="shim")
+    with running(env):
         yield env
-    finally:
-        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
 
 
 @pytest.fixture(scope="module")
 def kubelet_env() -> Iterator[E2EEnvironment]:
     """A small environment (one rack of four trays) whose nodes run the upstream kubelet on crisim;
     after it stops, the host is as before (tools.kubelet.hoststate)."""
-    _build()
-    if _build_error is not None:
-        pytest.fail(f"building the Kubernetes binaries failed:\n{_build_error}", pytrace=False)
-    assert _binaries is not None
     before = host_state()
-    env = E2EEnvironment(_binaries, racks=1, trays=4, kubelets="real")
-    env.start()
-    try:
+    env = E2EEnvironment(newest_binaries(), racks=1, trays=4, kubelets="real")
+    with running(env):
         yield env
-    finally:
-        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
     assert host_state() == before, "the real kubelets left the host changed"
 
 

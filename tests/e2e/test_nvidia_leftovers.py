@@ -33,7 +33,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1Objec
 from libs.kube.resourceapi import device_request, resource_path
 from libs.state.store import Store
 from tests.e2e import audit, kube
-from tests.e2e.conftest import admin_api, fresh_namespace, newest_binaries, services_store
+from tests.e2e.conftest import admin_api, fresh_namespace, newest_binaries, running, services_store
 from tests.e2e.harness import CONTROLLER_SWEEP_S, DOMAIN_LABEL, E2EEnvironment
 from tests.e2e.scenario import (
     apply_example_cd,
@@ -73,11 +73,8 @@ def nvidia_env() -> Iterator[E2EEnvironment]:
         crd=yaml.safe_load(NVIDIA_CRD.read_text()),
         apiserver_args=audit.apiserver_args(root / "audit"),
     )
-    env.start()
-    try:
+    with running(env):
         yield env
-    finally:
-        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
 
 
 @pytest.fixture

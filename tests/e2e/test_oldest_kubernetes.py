@@ -11,7 +11,6 @@ the ComputeDomain leaves nothing behind. The full suite runs on the newest relea
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -20,7 +19,7 @@ from kubernetes_asyncio.client import ApiClient
 from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
-from tests.e2e.conftest import admin_api, fresh_namespace, oldest_binaries, services_store
+from tests.e2e.conftest import admin_api, fresh_namespace, oldest_binaries, running, services_store
 from tests.e2e.harness import DEVICE_CLASS, DRIVER, E2EEnvironment, iter_lines
 from tests.e2e.scenario import (
     apply_example_cd,
@@ -39,11 +38,8 @@ NODES = 4
 @pytest.fixture(scope="module")
 def oldest_env() -> Iterator[E2EEnvironment]:
     env = E2EEnvironment(oldest_binaries(), racks=1, trays=NODES, kubelets="real")
-    env.start()
-    try:
+    with running(env):
         yield env
-    finally:
-        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -26,7 +25,7 @@ from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tests.e2e import kube
-from tests.e2e.conftest import admin_api, fresh_namespace, services_store
+from tests.e2e.conftest import admin_api, fresh_namespace, newest_binaries, running, services_store
 from tests.e2e.harness import E2EEnvironment
 from tests.e2e.scenario import (
     apply_example_cd,
@@ -37,7 +36,6 @@ from tests.e2e.scenario import (
 )
 from tests.e2e.second_scheduler import SecondScheduler, grant_plugin_reads
 from tools.controlplane import cluster
-from tools.controlplane.binaries import ensure_binaries, ensure_node_binaries
 from tools.netports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -87,14 +85,9 @@ def down_port() -> int:
 @pytest.fixture(scope="module")
 def plugin_env() -> Iterator[E2EEnvironment]:
     """Two racks of four trays, with the environment's own scheduler (and extender) beside."""
-    binaries = ensure_binaries()
-    ensure_node_binaries()
-    env = E2EEnvironment(binaries, racks=2, trays=4)
-    env.start()
-    try:
+    env = E2EEnvironment(newest_binaries(), racks=2, trays=4)
+    with running(env):
         yield env
-    finally:
-        env.stop(keep_root=os.environ.get("CD_E2E_KEEP") == "1")
 
 
 @pytest.fixture
