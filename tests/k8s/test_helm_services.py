@@ -8,6 +8,8 @@ services run here as processes with the command, arguments, environment and moun
 - the controller, the placement advisor, and one node's kubelet plugin and IMEX agent, each with
   its own client certificate, so each reaches etcd only as its etcd user: each healthy, the IMEX
   agent's node record written, a ComputeDomain created in Kubernetes mirrored by the controller;
+  the advisor, rendered with placementAdvisor.tls on, answers a Place call made with the client
+  certificate the chart issued for cd-scheduler and refuses one made without;
   then, with kubelet played on the node by tools/kubeletshim (as `cdsim up --kubernetes` does), a
   pod of the domain's channel claim: the domain turns Ready with the node.
 
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -39,7 +42,11 @@ from typing import IO, Any
 
 import pytest
 import yaml
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.exceptions import StreamTerminatedError
 
+from libs.gen.computedomain.placement import v1 as pp
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
@@ -69,6 +76,11 @@ SIM_CLUSTER = "/etc/computedomains/sim/cluster.json"
 SIM_STATE = "/var/lib/computedomains/sim"
 # Flags whose value is a path in the container.
 PATH_FLAG = re.compile(r"-(file|dir|root|binary|cluster)$")
+# The chart's own switches this run turns on beside its defaults.
+VALUES = {"placementAdvisor": {"tls": {"enabled": True}}, "schedulerPlugin": {"enabled": True}}
+ADVISOR_NAME = f"cd-placement-advisor.{NAMESPACE}.svc"
+# How a refused handshake reaches a grpclib client: the connection goes, the call fails.
+REFUSED = (OSError, ssl.SSLError, ConnectionError, StreamTerminatedError)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +263,9 @@ def run_roles_job(host: Host, objects: list[Obj], endpoints: str) -> str:
 
 def start_service(
     procs: Processes, host: Host, workload: Obj, endpoints: str, kubeconfig: Path, downward: dict[str, str]
-) -> str:
-    """Start the workload's program as the chart renders it; returns its health URL."""
+) -> dict[str, int]:
+    """Start the workload's program as the chart renders it; returns the ports it was given
+    (--health-port, and the advisor's --grpc-port and --extender-port)."""
     c = container(workload)
     fs = host.container(workload["metadata"]["name"], workload, c)
     env = {k: downward.get(v, v) for k, v in env_values(c).items()}
@@ -264,20 +277,20 @@ def start_service(
     kube_flags = {"--mode=kubernetes", "--claim-source=kubernetes", "--template-source=kubernetes"}
     if kube_flags & set(args):
         args.append(f"--kubeconfig={kubeconfig}")  # in a Pod: its service account
-    health = 0
+    ports: dict[str, int] = {}
     argv = [str(BIN / c["command"][0])]
     for arg in args:
         flag, _, value = arg.partition("=")
         value = expand(value, env)
         if flag in PORT_FLAGS:
-            value = str(free_port())
-            health = int(value) if flag == "--health-port" else health
+            ports[flag] = free_port()
+            value = str(ports[flag])
         elif flag != "--kubeconfig":
             value = fs.local(flag, value)
         argv.append(f"{flag}={value}")
     name = workload["metadata"]["name"]
     procs.start(name, argv, {k: v for k, v in env.items() if not v.startswith("<")})
-    return f"http://127.0.0.1:{health}/healthz"
+    return ports
 
 
 def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, address: str) -> None:
@@ -321,12 +334,45 @@ def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, 
         time.sleep(0.5)
 
 
-def identity(root: Path, host: Host, secret: str, endpoints: str) -> EtcdConfig:
-    """A client of the chart's etcd with the certificate of `secret`."""
+def secret_files(root: Path, host: Host, secret: str) -> Path:
+    """A rendered Secret's keys as files in a directory of their own."""
     directory = root / "identities" / secret
     directory.mkdir(parents=True)
     for key, data in host.secrets[secret]["data"].items():
         (directory / key).write_bytes(base64.b64decode(data))
+    return directory
+
+
+async def place(port: int, certificates: Path, *, with_client_certificate: bool) -> pp.PlaceResponse:
+    """A dry-run Place for one node, over TLS to ADVISOR_NAME, as cd-scheduler makes it."""
+    context = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    if with_client_certificate:
+        context.load_cert_chain(str(certificates / "tls.crt"), str(certificates / "tls.key"))
+    context.set_alpn_protocols(["h2"])
+    channel = Channel(
+        "127.0.0.1", port, ssl=context, config=Configuration(ssl_target_name_override=ADVISOR_NAME)
+    )
+    try:
+        return await pp.PlacementAdvisorStub(channel, timeout=10).place(pp.PlaceRequest(num_nodes=1))
+    finally:
+        channel.close()
+
+
+def check_advisor_mtls(procs: Processes, root: Path, host: Host, grpc_port: int) -> None:
+    """cd-scheduler's client certificate gets an answer, and a placement once the node is in the
+    advisor's inventory; no client certificate gets no answer."""
+    scheduler = secret_files(root, host, "cd-scheduler-advisor-client-tls")
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while not asyncio.run(place(grpc_port, scheduler, with_client_certificate=True)).feasible:
+        assert time.monotonic() < deadline, f"no feasible placement:\n{procs.tail('cd-placement-advisor')}"
+        time.sleep(0.5)
+    with pytest.raises(REFUSED):
+        asyncio.run(place(grpc_port, scheduler, with_client_certificate=False))
+
+
+def identity(root: Path, host: Host, secret: str, endpoints: str) -> EtcdConfig:
+    """A client of the chart's etcd with the certificate of `secret`."""
+    directory = secret_files(root, host, secret)
     return EtcdConfig(
         endpoint=endpoints,
         ca_file=str(directory / "ca.crt"),
@@ -352,7 +398,7 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
     root = Path(tempfile.mkdtemp(prefix="cdh-"))
     procs = Processes(root)
     try:
-        objects = render(helm, NAMESPACE, {}, root)
+        objects = render(helm, NAMESPACE, VALUES, root)
         cluster.kubectl(
             "apply", "--server-side", "-f", "-",
             input=yaml.safe_dump_all([o for o in objects if o["kind"] in ("CustomResourceDefinition", "DeviceClass")]),
@@ -369,7 +415,7 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         sim.save(host.host(SIM_CLUSTER))
         prepare_node_dirs(sim, node_name, host.host(SIM_STATE))
         downward = {"<spec.nodeName>": node_name, "<status.hostIP>": sim.node(node_name).address}
-        urls = {
+        ports = {
             name: start_service(
                 procs, host, find(objects, kind, name), endpoints, cluster.kubeconfig, downward
             )
@@ -380,8 +426,8 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
                 ("DaemonSet", "cd-node-agent"),
             )
         }
-        for name, url in urls.items():
-            wait_healthy(procs, name, url)
+        for name, given in ports.items():
+            wait_healthy(procs, name, f"http://127.0.0.1:{given['--health-port']}/healthz")
 
         # Each wrote what it writes, as its own etcd user; etcd refuses a user its role does not
         # allow (the node agent reading the controller's mesh CAs).
@@ -405,6 +451,7 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         while keys.domain(uid) not in asyncio.run(keys_under(root_config, keys.domains())):
             assert time.monotonic() < deadline, f"the domain was not mirrored:\n{procs.tail('cd-controller')}"
             time.sleep(0.5)
+        check_advisor_mtls(procs, root, host, ports["cd-placement-advisor"]["--grpc-port"])
         form_domain(procs, host, cluster, node_name, sim.node(node_name).address)
         as_agent = identity(root, host, "cd-etcd-client-node-agent", endpoints)
         with pytest.raises(Exception, match="permission denied"):

@@ -55,9 +55,16 @@ app.kubernetes.io/component: {{ . }}
      templates/etcd-certificates.yaml reissues them). Pods that mount them carry it, so they roll
      when the certificates are renewed. The same for every template of one render. */}}
 {{- define "cd.etcdCertsExpiryDay" -}}
-{{- $certs := .Values.etcd.certificates -}}
+{{- include "cd.certsExpiryDay" (dict "root" . "secret" "cd-etcd-server-tls" "certs" .Values.etcd.certificates) -}}
+{{- end -}}
+
+{{/* The expiry day of a set of certificates the chart issues, read from the annotation of one of
+them (`secret`): kept while more than certs.renewBeforeDays are left, else today plus
+certs.validityDays (the set is reissued). */}}
+{{- define "cd.certsExpiryDay" -}}
+{{- $certs := .certs -}}
 {{- $today := div (now | unixEpoch | atoi) 86400 -}}
-{{- $issued := lookup "v1" "Secret" (include "cd.namespace" .) "cd-etcd-server-tls" -}}
+{{- $issued := lookup "v1" "Secret" (include "cd.namespace" .root) .secret -}}
 {{- $expiry := 0 -}}
 {{- if $issued -}}
 {{- $expiry = (dig "metadata" "annotations" "computedomains.nvidia.com/expiry-day" "0" $issued) | atoi -}}
@@ -66,6 +73,17 @@ app.kubernetes.io/component: {{ . }}
 {{- $expiry = add $today $certs.validityDays -}}
 {{- end -}}
 {{- $expiry -}}
+{{- end -}}
+
+{{/* The expiry day of the advisor's certificates (placement-advisor-certificates.yaml); the advisor's
+     and cd-scheduler's pods carry it, so they roll when the certificates are renewed. */}}
+{{- define "cd.advisorCertsExpiryDay" -}}
+{{- include "cd.certsExpiryDay" (dict "root" . "secret" "cd-placement-advisor-tls" "certs" .Values.placementAdvisor.tls.certificates) -}}
+{{- end -}}
+
+{{/* true when the advisor requires mutual TLS (then the chart issues its certificates). */}}
+{{- define "cd.advisorTls" -}}
+{{- if and .Values.placementAdvisor.enabled .Values.placementAdvisor.tls.enabled }}true{{ end -}}
 {{- end -}}
 
 {{/* A workload pod's annotation for the chart's etcd certificates (nothing with your own etcd). */}}
