@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-demo setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-smoke clean help
+.PHONY: setup setup-demo setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-scheduler image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint   - ruff (check, format) + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
+	@echo "make image-scheduler - cd-scheduler's image (the chart's schedulerPlugin.image), from the binary setup-k8s builds"
 	@echo "make image-smoke - the built image runs a 2-node simulated job (docker run on a private engine, then buildah run)"
 	@echo "make setup-containers - Debian's docker.io, the docker compose plugin (built once into the cache) and the image"
 
@@ -68,7 +69,7 @@ setup-browser:
 # containerd, runc; no service started or enabled), the docker compose plugin built from its Go
 # module into the per-user cache (tools/containers), and the image (`make image`). Each test starts
 # its own private dockerd (tools/containers/engine.py). Needs root.
-setup-containers: image
+setup-containers: image image-scheduler
 	@bash tools/containers/install.sh
 	@bash tools/containers/compose.sh >/dev/null
 
@@ -122,6 +123,12 @@ chaos-k8s: setup setup-k8s
 # Needs root and the machine's container storage (see docs/operations.md); `make test` builds it for tests/compose.
 image:
 	PYTHON=$(PYTHON) bash tools/image/build.sh
+
+# cd-scheduler's image (the chart's schedulerPlugin.image): the static binary of
+# integrations/scheduler-plugin on an empty base, with buildah (tools/image/scheduler.sh; seconds
+# once setup-k8s built the binary).
+image-scheduler:
+	@bash tools/image/scheduler.sh >/dev/null
 
 # The services started from the image, one container each, and a 2-node job through them: under
 # docker (a private engine, `docker run`), then under buildah (`buildah run --isolation chroot`).

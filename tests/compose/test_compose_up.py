@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tools.containers.engine import Engine, EngineError, missing_tools
-from tools.containers.images import load_built_image
+from tools.containers.images import SCHEDULER_IMAGE, load_built_image
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -217,3 +217,28 @@ def test_compose_up_runs_a_job_and_down_leaves_nothing(engine: Engine) -> None:
     assert leftovers(engine) == before, downed
     left = engine_mounts(engine) - mounts_before
     assert not left, f"mounts left after docker compose down -v: {sorted(left)}"
+
+
+def test_the_scheduler_image_runs_cd_scheduler_as_the_manifests_user(engine: Engine) -> None:
+    """`make image-scheduler`'s image (the chart's schedulerPlugin.image) runs the cd-scheduler
+    the end-to-end tests run, as the user the chart's and the component's pod runs as."""
+    load_built_image(engine, "computedomains-scheduler:dev", SCHEDULER_IMAGE)
+    release = re.search(
+        r"^\s*k8s\.io/kubernetes (v[0-9.]+)",
+        (REPO / "integrations/scheduler-plugin/go.mod").read_text(),
+        re.M,
+    )
+    assert release is not None
+    version = engine.run(
+        "run", "--rm", "--network", "none", "computedomains-scheduler:dev", "--version"
+    ).stdout
+    assert version.strip() == f"Kubernetes {release.group(1)}"
+    [config] = json.loads(engine.run("image", "inspect", "computedomains-scheduler:dev").stdout)
+    assert config["Config"]["User"] == "65532:65532"
+    manifest = yaml.safe_load_all(
+        (REPO / "manifests/components/scheduler-plugin/cd-scheduler.yaml").read_text()
+    )
+    [deployment] = [o for o in manifest if o and o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["containers"][0]["command"] == ["cd-scheduler"]

@@ -7,6 +7,7 @@ import subprocess
 from tools.containers.engine import Engine, EngineError
 
 BUILT_IMAGE = "localhost/computedomains:dev"  # tools/image/build.sh's default name
+SCHEDULER_IMAGE = "localhost/computedomains-scheduler:dev"  # tools/image/scheduler.sh's
 PUSH_TIMEOUT_S = 600.0
 
 
