@@ -10,7 +10,9 @@ import pytest
 
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tests.manifests.helm import helm_binary
 from tests.skips import unexpected
+from tools.cachedtool import BuildError
 from tools.etcd.server import EtcdServer, etcd_binary
 
 
@@ -26,6 +28,15 @@ def etcd(etcd_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E
     server.start()
     yield server
     server.destroy()
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The helm binary tools/helm/build.sh built (`make setup`)."""
+    try:
+        return helm_binary()
+    except BuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture

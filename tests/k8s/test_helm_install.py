@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manifests.helm import CHART, HELM_TIMEOUT_S, helm_binary
+from tests.manifests.helm import CHART, HELM_TIMEOUT_S
 from tools.cachedtool import BuildError
 from tools.controlplane.binaries import ensure_binaries, supported_minors
 from tools.controlplane.cluster import ControlPlane
@@ -55,14 +55,6 @@ def cluster(
         yield cp
     finally:
         cp.stop()
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def run_helm(helm: Path, cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:

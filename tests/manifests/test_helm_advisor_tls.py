@@ -14,20 +14,11 @@ import pytest
 import yaml
 from cryptography import x509
 
-from tests.manifests.helm import helm_binary, render
+from tests.manifests.helm import render
 from tests.manifests.objects import NAMESPACE, Obj, container, find, flags, mounts, of_kind, pod_spec
-from tools.cachedtool import BuildError
 
 ADVISOR_SECRETS = ("cd-placement-advisor-ca", "cd-placement-advisor-tls", "cd-scheduler-advisor-client-tls")
 SCHEDULER_NAME = "computedomain-scheduler"
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")

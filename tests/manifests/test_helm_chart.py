@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 
 from libs.state import roles
-from tests.manifests.helm import CHART, HelmError, helm_binary, render
+from tests.manifests.helm import CHART, HelmError, render
 from tests.manifests.kustomize import object_id
 from tests.manifests.objects import (
     IMAGE,
@@ -26,17 +26,8 @@ from tests.manifests.objects import (
     pod_spec,
 )
 from tests.manifests.test_workloads import HA_ETCD_MEMBERS, WORKLOADS
-from tools.cachedtool import BuildError
 
 NODE_DAEMONSETS = ("cd-node-agent", "cd-imex-agent")
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.manifests.helm import CHART, HelmError, helm_binary, render
+from tests.manifests.helm import CHART, HelmError, render
 from tests.manifests.objects import NAMESPACE, Obj, container, env_values, find, flags, pod_spec
 from tests.manifests.test_workloads import WORKLOADS
-from tools.cachedtool import BuildError
 
 NODE_DAEMONSETS = ("cd-node-agent", "cd-imex-agent")
 # The node labels NVIDIA's kubelet plugin is placed by (its chart's kubeletPlugin.affinity): node
@@ -118,14 +117,6 @@ NVIDIA_DEFAULTS: dict[str, Any] = {
         "networkPolicy": {"enabled": False},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def node_affinity_labels(workload: Obj) -> list[tuple[str, str]]:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.manifests.helm import HelmError, helm_binary, render
+from tests.manifests.helm import HelmError, render
 from tests.manifests.kustomize import build_kubectl, find_kubectl, object_id
 from tests.manifests.objects import NAMESPACE, REPO_ROOT, Obj
-from tools.cachedtool import BuildError
 
 COMPONENT = REPO_ROOT / "manifests" / "components" / "resource-v1beta1"
 BASE = REPO_ROOT / "manifests" / "base"
@@ -57,14 +56,6 @@ def test_the_component_writes_the_device_class_as_v1beta1_and_changes_nothing_el
     }
     assert sorted(map(object_id, old_rest)) == sorted(map(object_id, new_rest))
     assert old_rest == new_rest
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def without_secrets(objects: list[Obj]) -> list[Obj]:

@@ -8,23 +8,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from tests.manifests.helm import helm_binary, render
+from tests.manifests.helm import render
 from tests.manifests.objects import NAMESPACE, REPO_ROOT, Obj
-from tools.cachedtool import BuildError
 
 COMPONENT = REPO_ROOT / "manifests" / "components" / "scheduler-plugin" / "cd-scheduler.yaml"
 CHART_IMAGE = "ghcr.io/example/computedomains-scheduler:dev"
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary()
-    except BuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 def component() -> list[Obj]:
