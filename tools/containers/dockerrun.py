@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from tools.image.container import ContainerError
+from tools.image.program import ContainerProgram
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +40,7 @@ def docker(*args: str, timeout_s: float = DOCKER_TIMEOUT_S) -> str:
     return proc.stdout.strip()
 
 
-class DockerContainer:
+class DockerContainer(ContainerProgram):
     """A container of `image` named `name`, running `argv` with `binds` mounted."""
 
     def __init__(
@@ -52,37 +53,19 @@ class DockerContainer:
         sys_admin: bool = False,
         helpers: tuple[str, ...] = (),
     ) -> None:
-        self.name = name
-        self.image = image
-        self.argv = argv
-        self.binds = binds
-        self.log_file = log_file
+        super().__init__(name, image, argv, binds, log_file)
         self.sys_admin = sys_admin
         # Substrings of the command lines of helpers the program keeps for its whole life (they
         # end with it): not reported by others().
         self.helpers = helpers
-        self.process: subprocess.Popen[bytes] | None = None
         self.left_behind: list[str] = []
 
     def start(self) -> None:
-        volumes = [arg for path in self.binds for arg in ("--volume", f"{path}:{path}")]
-        command = ["docker", "run", "--name", self.name, "--network", "host", "--init", *volumes]
+        command = ["docker", "run", "--name", self.name, "--network", "host", "--init", *self.volume_args()]
         if self.sys_admin:
             # What docker-compose.yml grants an IMEX agent (mount namespaces), not --privileged.
             command += ["--cap-add", "SYS_ADMIN", "--security-opt", "apparmor=unconfined"]
-        command += [self.image, *self.argv]
-        with open(self.log_file, "ab") as out:
-            self.process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log.info("container_started", container=self.name, program=self.argv[0], pid=self.process.pid)
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        self.spawn([*command, self.image, *self.argv])
 
     def others(self) -> list[str]:
         """What the program started that still runs in the container (pid and command): its

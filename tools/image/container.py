@@ -19,6 +19,8 @@ from pathlib import Path
 
 import structlog
 
+from tools.image.program import ContainerProgram
+
 log = structlog.get_logger(__name__)
 
 BUILDAH_TIMEOUT_S = 60.0
@@ -68,7 +70,7 @@ def _root(pid: int) -> str:
         return ""
 
 
-class Container:
+class Container(ContainerProgram):
     """A working container of `image` named `name`, running `argv` with `binds` mounted."""
 
     def __init__(
@@ -80,34 +82,27 @@ class Container:
         log_file: Path,
         cap_add: tuple[str, ...] = (),
     ) -> None:
-        self.name = name
+        super().__init__(name, image, argv, binds, log_file)
         self.cap_add = cap_add
-        self.image = image
-        self.argv = argv
-        self.binds = binds
-        self.log_file = log_file
-        self.process: subprocess.Popen[bytes] | None = None
         self.created = False
 
     def start(self) -> None:
         buildah("from", "--quiet", "--name", self.name, self.image)
         self.created = True
-        volumes = [arg for path in self.binds for arg in ("--volume", f"{path}:{path}")]
         caps = [f"--cap-add={cap}" for cap in self.cap_add]
-        command = ["buildah", "run", "--isolation", "chroot", *caps, *volumes, self.name, "--", *self.argv]
-        with open(self.log_file, "ab") as out:
-            # Its own session: a Ctrl-C of the smoke run reaches the programs only through stop().
-            self.process = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log.info("container_started", container=self.name, program=self.argv[0], pid=self.process.pid)
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        self.spawn(
+            [
+                "buildah",
+                "run",
+                "--isolation",
+                "chroot",
+                *caps,
+                *self.volume_args(),
+                self.name,
+                "--",
+                *self.argv,
+            ]
+        )
 
     def program_pid(self) -> int | None:
         """The program's pid: the first descendant of our `buildah run` that is not buildah's."""
