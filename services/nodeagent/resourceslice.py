@@ -49,7 +49,6 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 FIELD_MANAGER = "compute-domain-node-agent"
 _MAX_NAME = 253  # a ResourceSlice name is a DNS subdomain
 # Server-side end of each watch of our slice; the next watch starts with a fresh check.
-_WATCH_TIMEOUT_S = 300
 _WATCH_ERRORS = (ApiException, aiohttp.ClientError, OSError, TimeoutError, ResourceApiUnavailable)
 
 
@@ -65,6 +64,8 @@ class ResourceSliceSettings:
     retry_cap_s: float = 10.0
     # resource.k8s.io version to write ("" = discover the API server's preferred one).
     resource_api_version: str = ""
+    # How long one watch of the slice lasts before the server ends it and it is resumed.
+    watch_timeout_s: int = 300
 
 
 def resource_slice_name(node_name: str) -> str:
@@ -216,20 +217,29 @@ class ResourceSlicePublisher:
                     log.warning("deleting ResourceSlice failed", node=self.node_name, error=_describe(exc))
 
     async def watch(self, republish: Callable[[], None]) -> None:
-        """Watch our slice; call `republish` when a watch starts (the slice may have gone while
-        none ran) and whenever the slice is deleted, or changed away from what we published."""
+        """Watch our slice; call `republish` whenever the slice is deleted or changed away from
+        what we published, and when a watch starts without knowing what happened since the last
+        one: the first, one after an error, or one the server refused because it no longer has
+        our resourceVersion (410 Gone). A watch the server ended at its timeout resumes at the
+        last resourceVersion seen (bookmarks keep it recent), as client-go's reflector does, so
+        the periodic reopen costs no read of the slice."""
         backoff = Backoff(initial=self.settings.retry_initial_s, cap=self.settings.retry_cap_s)
+        resume: str | None = None
         while True:
             try:
                 _, resource = await self._resource()
                 async with k8s_watch.Watch() as w:
+                    since = {"resource_version": resume} if resume else {}
                     stream = w.stream(
                         resource.list_resource_slice,
                         field_selector=f"metadata.name={self.name}",
-                        timeout_seconds=_WATCH_TIMEOUT_S,
-                        _request_timeout=_WATCH_TIMEOUT_S + 30,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=self.settings.watch_timeout_s,
+                        _request_timeout=self.settings.watch_timeout_s + 30,
+                        **since,
                     )
-                    republish()
+                    if resume is None:
+                        republish()
                     async for event in stream:
                         backoff.reset()
                         if self._lost_by(event["type"], event.get("raw_object") or {}):
@@ -239,15 +249,26 @@ class ResourceSlicePublisher:
                                 change=event["type"],
                             )
                             republish()
+                    resume = w.resource_version
+            except ApiException as exc:
+                resume = None
+                if exc.status == 410:  # our resourceVersion is compacted away: start over
+                    log.info("ResourceSlice watch expired; watching afresh", node=self.node_name)
+                    continue
+                await self._watch_failed(backoff, exc)
             except _WATCH_ERRORS as exc:
-                delay = backoff.next_delay()
-                log.warning(
-                    "watching ResourceSlice failed; retrying",
-                    node=self.node_name,
-                    error=_describe(exc),
-                    retry_in_s=round(delay, 3),
-                )
-                await asyncio.sleep(delay)
+                resume = None
+                await self._watch_failed(backoff, exc)
+
+    async def _watch_failed(self, backoff: Backoff, exc: BaseException) -> None:
+        delay = backoff.next_delay()
+        log.warning(
+            "watching ResourceSlice failed; retrying",
+            node=self.node_name,
+            error=_describe(exc),
+            retry_in_s=round(delay, 3),
+        )
+        await asyncio.sleep(delay)
 
     def _lost_by(self, change: str, obj: dict[str, Any]) -> bool:
         """Whether a watch event shows our published slice gone or not ours any more."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -113,6 +113,10 @@ class RecordingApiServer:
         self.version = 0
         self.conflict_next_replace = False
         self.watchers: list[asyncio.Queue[dict[str, Any]]] = []
+        # The resourceVersion each watch started from ("" = now, with the current state first).
+        self.watch_starts: list[str] = []
+        # A watch from a resourceVersion below this is refused as too old (410 Gone).
+        self.oldest_version = 0
 
     def app(self) -> web.Application:
         base = "/apis/resource.k8s.io/v1/resourceslices"
@@ -146,21 +150,36 @@ class RecordingApiServer:
         selector = request.query.get("fieldSelector", "")
         name = selector.removeprefix("metadata.name=") if selector.startswith("metadata.name=") else None
         self.calls.append(("WATCH", name or ""))
+        since = request.query.get("resourceVersion", "")
+        self.watch_starts.append(since)
         response = web.StreamResponse()
         await response.prepare(request)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        for obj in self.slices.values():
-            queue.put_nowait({"type": "ADDED", "object": obj})
+        if since and int(since) < self.oldest_version:
+            gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+            await response.write((json.dumps({"type": "ERROR", "object": gone}) + "\n").encode())
+            return response
+        if not since:  # from now: the current state first, as ADDED events
+            for obj in self.slices.values():
+                queue.put_nowait({"type": "ADDED", "object": obj})
         self.watchers.append(queue)
         try:
             while True:
                 event = await queue.get()
                 if not event:
                     break  # the server stops
-                if name is None or event["object"]["metadata"]["name"] == name:
+                if name is None or event["type"] == "BOOKMARK" or event["object"]["metadata"]["name"] == name:
                     await response.write((json.dumps(event) + "\n").encode())
         finally:
             self.watchers.remove(queue)
+        await response.write_eof()
+        return response
+
+    def bookmark(self) -> None:
+        """What the apiserver sends a watch that asked for bookmarks: the current resourceVersion."""
+        mark = {"kind": "ResourceSlice", "metadata": {"name": "", "resourceVersion": str(self.version)}}
+        for queue in self.watchers:
+            queue.put_nowait({"type": "BOOKMARK", "object": mark})
 
     def close_watches(self) -> None:
         for queue in self.watchers:
@@ -371,6 +390,62 @@ async def test_a_slice_deleted_or_changed_by_someone_else_is_published_again(
         writes = len([c for c in server.calls if c[0] in ("POST", "PUT")])
         await asyncio.sleep(0.3)
         assert len([c for c in server.calls if c[0] in ("POST", "PUT")]) == writes
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_watch_the_server_ends_resumes_without_reading_the_slice(
+    apiserver: tuple[RecordingApiServer, ApiClient],
+) -> None:
+    """The apiserver ends every watch at its timeout (300 s): the publisher resumes at the last
+    resourceVersion it saw (a bookmark's) and reads nothing, so a rack of idle agents costs the
+    apiserver no GETs. A deletion seen on the resumed watch is still published again; a watch
+    the server refuses as too old (410) starts afresh with one read."""
+    server, api = apiserver
+    records: asyncio.Queue[pb.Node] = asyncio.Queue()
+
+    async def nodes() -> AsyncIterator[pb.Node]:
+        while True:
+            yield await records.get()
+
+    def count(verb: str) -> int:
+        return len([c for c in server.calls if c[0] == verb])
+
+    async def until(check: Callable[[], bool], what: str) -> None:
+        for _ in range(250):
+            if check():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{what}: {server.calls} {server.watch_starts}")
+
+    name = "rack0-tray3-compute-domain.nvidia.com"
+    task = asyncio.create_task(
+        ResourceSlicePublisher(api, "rack0-tray3", ResourceSliceSettings()).run(nodes())
+    )
+    try:
+        await records.put(_node(CLIQUE))
+        await until(lambda: name in server.slices and len(server.watchers) == 1, "not published")
+        reads = count("GET")
+        server.bookmark()
+        await asyncio.sleep(0.1)
+        for _ in range(3):  # the server's timeout, three times
+            watches = count("WATCH")
+            server.close_watches()
+            await until(lambda: count("WATCH") == watches + 1 and len(server.watchers) == 1, "no new watch")
+        assert server.watch_starts[-3:] == [str(server.version)] * 3
+        assert count("GET") == reads, "a resumed watch read the slice"
+        # Kubelet deletes the slice: the resumed watch sees it.
+        server.wipe()
+        await until(lambda: name in server.slices, "not published again after the deletion")
+        # The server has compacted past the agent's resourceVersion: one fresh start.
+        server.oldest_version = server.version + 1
+        reads, watches = count("GET"), count("WATCH")
+        server.close_watches()
+        await until(lambda: count("WATCH") >= watches + 2 and len(server.watchers) == 1, "no fresh watch")
+        assert server.watch_starts[-1] == ""
+        await until(lambda: count("GET") == reads + 1, "the fresh watch did not check the slice")
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
