@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-stamp
 PYTEST_ARGS ?=
 PLACEMENT_API := computedomain/placement/v1
 
-.PHONY: setup setup-demo setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-scheduler image-smoke clean help
+.PHONY: setup setup-demo etcd setup-k8s setup-browser setup-containers test lint protos api-release demo e2e bench chaos chaos-k8s image image-scheduler image-smoke clean help
 
 help:
 	@echo "make demo   - set up, then run the simulated NVL72 demo (the main job)"
@@ -36,8 +36,12 @@ $(STAMP): $(RUNTIME_STAMP)
 	touch $(STAMP)
 
 # Only what `make demo` runs: the services' Python dependencies and etcd (no buf, helm, Go
-# placement client or CDI checker, which only the tests and lint use).
-setup-demo: $(RUNTIME_STAMP)
+# placement client or CDI checker, which only the tests and lint use). On a fresh machine etcd
+# compiles (about 110 s of CPU) while pip installs (mostly downloads), so neither waits for the
+# other under `make -j2` (as `make demo` runs it).
+setup-demo: $(RUNTIME_STAMP) etcd
+
+etcd:
 	@bash tools/etcd/build.sh >/dev/null
 
 setup: $(STAMP) setup-demo
@@ -91,7 +95,8 @@ protos: setup
 test: setup setup-k8s setup-browser setup-containers lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
-demo: setup-demo
+demo:
+	@$(MAKE) --no-print-directory -j2 setup-demo
 	PYTHON=$(PY) bash tools/demo.sh
 
 # The Kubernetes end-to-end scenarios alone (also part of `make test`).
