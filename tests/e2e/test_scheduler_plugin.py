@@ -9,7 +9,9 @@ manifests/components/scheduler-plugin. A Job of three pods whose pods name its s
 - with the advisor unreachable, stays whole and pending with a reason that names the advisor:
   no pod bound, no claim allocated, nothing reserved; when the advisor answers again, it lands;
 - joined to a PodGroup (kube-scheduler's own gang scheduling, `GenericWorkload`), lands the same
-  way: the two work together.
+  way: the two work together;
+- with cd-scheduler restarted after the gang's first pod bound, the rest lands beside it, in its
+  clique, and the earlier run's reservation does not stay held.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CustomObjectsApi
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
@@ -44,6 +46,7 @@ WITH_ADVISOR = "computedomain-scheduler"
 ADVISOR_DOWN = "computedomain-scheduler-advisor-down"
 RESERVED = "ComputeDomain gang reserved by the placement advisor"
 RELEASED = "ComputeDomain gang bound; reservation released"
+ADOPTED = "ComputeDomain gang adopted: pods of it were bound before this scheduler started"
 # How long a gang must stay wholly pending while the advisor is down.
 DOWN_HOLD_S = 15.0
 GANG = 3
@@ -275,6 +278,47 @@ async def test_advisor_down_leaves_the_gang_whole_and_pending_with_a_reason_then
 
     await proxy.open()  # the advisor answers again
     formed = await wait_job_running(plugin_env, api, namespace, job, GANG, template)
+    await wait_cd_ready(plugin_env, api, namespace, cd_name, formed.nodes)
+    await delete_job_and_wait_released(plugin_env, api, store, namespace, job, formed, cd_name)
+    await delete_cd_and_wait_gone(plugin_env, api, store, namespace, cd_name, template, formed)
+
+
+async def test_a_restart_in_the_middle_of_a_gang_finishes_it_beside_its_bound_pods(
+    plugin_env: E2EEnvironment, cd_scheduler: SecondScheduler, api: ApiClient, store: Store, namespace: str
+) -> None:
+    """The gang's first pod binds on the whole gang's reservation; cd-scheduler restarts (its
+    table of gangs is gone); then the rest of the gang arrives. It lands beside the first pod,
+    in its clique, on other nodes; the earlier run's reservation is released rather than left
+    to make the reserved nodes look taken; nothing stays reserved once the gang is bound."""
+    cd_name, template, job = "restarted", "restarted-channel", "restarted-job"
+    await apply_example_cd(api, namespace, "imex-compute-domain.yaml", cd_name, template)
+    uid = await domain_uid_of(api, namespace, template)
+    manifest = job_for(WITH_ADVISOR, job, namespace, template, pods=GANG)
+    manifest["spec"]["parallelism"] = 1  # the first pod now, the rest after the restart
+    await kube.create_job(api, manifest)
+
+    async def first_bound() -> dict[str, Any] | None:
+        bound = [
+            p for p in await kube.list_pods(api, namespace, f"e2e-job={job}") if p["spec"].get("nodeName")
+        ]
+        return bound[0] if bound else None
+
+    first = await kube.eventually(first_bound, "the gang's first pod bound")
+    assert [r for r in cd_scheduler.log_records(RESERVED) if r.get("cd_uid") == uid], "no reservation"
+    cd_scheduler.stop()
+    cd_scheduler.start()
+    await BatchV1Api(api).patch_namespaced_job(job, namespace, {"spec": {"parallelism": GANG}})
+
+    formed = await wait_job_running(plugin_env, api, namespace, job, GANG, template)  # one clique
+    assert first["spec"]["nodeName"] in formed.nodes
+
+    async def nothing_reserved() -> bool | None:
+        return True if not await reservations_of(store, uid) else None
+
+    # A reservation of nodes the gang did not take would hold them until its TTL (600 s here).
+    await kube.eventually(nothing_reserved, f"no reservation left for ComputeDomain {uid}", timeout_s=60)
+    adopted = [r for r in cd_scheduler.log_records(ADOPTED) if r.get("cd_uid") == uid]
+    assert [r["boundNodes"] for r in adopted] == [[first["spec"]["nodeName"]]], adopted
     await wait_cd_ready(plugin_env, api, namespace, cd_name, formed.nodes)
     await delete_job_and_wait_released(plugin_env, api, store, namespace, job, formed, cd_name)
     await delete_cd_and_wait_gone(plugin_env, api, store, namespace, cd_name, template, formed)

@@ -51,6 +51,12 @@ func NewTable(holder string, now func() time.Time) *Table {
 	return &Table{byUID: map[string]*Gang{}, Holder: holder, Now: now, idle: 30 * time.Minute}
 }
 
+// Has says whether the table knows the domain's gang (a restarted scheduler knows none).
+func (t *Table) Has(domainUID string) bool {
+	_, found := t.byUID[domainUID]
+	return found
+}
+
 // Get returns the gang of a domain, made on first use; size > 0 sets its size.
 func (t *Table) Get(domainUID string, size int32) *Gang {
 	found := t.byUID[domainUID]
@@ -98,6 +104,12 @@ func (x *Gang) Wanted() int32 {
 		return 1
 	}
 	return rest
+}
+
+// FirstID is the id of the gang's first reservation (NextID's first answer): what an earlier
+// run of this holder reserved for the gang.
+func (x *Gang) FirstID(holder string) string {
+	return fmt.Sprintf("%s.%s.%d", holder, x.DomainUID, 1)
 }
 
 // NextID is the id of the gang's next reservation: fixed per holder, domain and sequence, so a

@@ -109,3 +109,17 @@ func TestAPodThatDidNotBindGivesItsNodeBackABoundOneKeepsIt(t *testing.T) {
 		t.Fatalf("free = %s, want a", got)
 	}
 }
+
+func TestARestartedTableKnowsNoGangAndNamesTheEarlierRunsFirstReservation(t *testing.T) {
+	table := NewTable("sched", func() time.Time { return t0 })
+	if table.Has("uid-1") {
+		t.Fatal("a new table knows a gang")
+	}
+	g := table.Get("uid-1", 3)
+	if !table.Has("uid-1") {
+		t.Fatal("the table forgot the gang it made")
+	}
+	if first, next := g.FirstID("sched"), g.NextID("sched"); first != next {
+		t.Fatalf("FirstID %q is not NextID's first answer %q", first, next)
+	}
+}

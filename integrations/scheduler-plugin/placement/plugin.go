@@ -14,10 +14,12 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -32,10 +34,14 @@ const Name = "ComputeDomainPlacement"
 
 const stateKey fwk.StateKey = Name + "/gang"
 
+// The Node label the node agent keeps at its node's NVLink clique (the advisor's clique id).
+const cliqueLabel = "nvidia.com/gpu.clique"
+
 // Plugin is the framework plugin.
 type Plugin struct {
 	advisor   *advisorClient
 	templates resourcelisters.ResourceClaimTemplateLister
+	pods      corelisters.PodLister
 	domains   cache.Indexer // ComputeDomains by uid (for spec.numNodes); nil without a kubeconfig
 	gangs     *gang.Table
 }
@@ -75,6 +81,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 	p := &Plugin{
 		advisor:   client,
 		templates: handle.SharedInformerFactory().Resource().V1().ResourceClaimTemplates().Lister(),
+		pods:      handle.SharedInformerFactory().Core().V1().Pods().Lister(),
 		gangs:     gang.NewTable(s.holder, time.Now),
 	}
 	_, _ = handle.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -130,7 +137,11 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	p.gangs.Lock()
 	defer p.gangs.Unlock()
 	p.gangs.ForgetIdle()
+	adopting := !p.gangs.Has(domainUID)
 	g := p.gangs.Get(domainUID, size)
+	if adopting {
+		p.adopt(ctx, logger, g, pod, nodes)
+	}
 	now := p.gangs.Now()
 	allowed := g.Free(now)
 	if allowed.Len() == 0 {
@@ -166,6 +177,43 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	}
 	state.Write(stateKey, &cycleState{domainUID: domainUID, reservationID: g.Held.ID, allowed: allowed})
 	return &fwk.PreFilterResult{NodeNames: allowed.Clone()}, nil
+}
+
+// adopt gives a gang the table has just made the pods of it that are bound already. A gang this
+// scheduler's earlier run began and did not finish (it restarted) is thereby finished where it
+// began: its earlier reservation is released first (Place would count its nodes as taken, and
+// the reservation id is the one NextID gives again), and the rest of the gang is asked for
+// beside the bound pods, in their clique, without their nodes.
+func (p *Plugin) adopt(ctx context.Context, logger klog.Logger, g *gang.Gang, pod *v1.Pod, nodes []fwk.NodeInfo) {
+	others, err := p.pods.Pods(pod.Namespace).List(labels.Everything())
+	if err != nil {
+		logger.Error(err, "listing the namespace's pods to find the gang's bound ones")
+		return
+	}
+	for _, other := range others {
+		done := other.Status.Phase == v1.PodSucceeded || other.Status.Phase == v1.PodFailed
+		if other.UID == pod.UID || other.Spec.NodeName == "" || other.DeletionTimestamp != nil || done {
+			continue
+		}
+		if uid, err := domainOf(other, p.templates); err == nil && uid == g.DomainUID {
+			g.Bind(other.UID, other.Spec.NodeName)
+		}
+	}
+	bound := g.NodesInUse()
+	if bound.Len() == 0 {
+		return
+	}
+	for _, n := range nodes {
+		if clique := n.Node().Labels[cliqueLabel]; bound.Has(n.Node().Name) && clique != "" {
+			g.Clique = clique
+			break
+		}
+	}
+	if _, err := p.advisor.release(ctx, g.FirstID(p.gangs.Holder)); err != nil {
+		logger.Error(err, "releasing the earlier run's reservation failed (its TTL frees it)")
+	}
+	logger.Info("ComputeDomain gang adopted: pods of it were bound before this scheduler started",
+		"boundNodes", sets.List(bound), "clique", g.Clique)
 }
 
 // refusal turns an advisor failure into the pod's status: unreachable = an error (the pod is
