@@ -10,16 +10,17 @@ Kueue's cold build takes minutes, so it runs right after collection, outside any
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-import yaml
 
-from tests.e2e.harness import REPO_ROOT, E2EEnvironment
+from tests.e2e.harness import E2EEnvironment
 from tests.e2e.kueue.manager import KueueManager, kueue_build
+from tests.e2e.kueue.queued_job import cluster_queue_objects
 from tools.cachedtool import BuildError
 
-QUEUES = REPO_ROOT / "integrations" / "kueue" / "queues.yaml"
+# What NVIDIA's GPU Feature Discovery puts on a GPU node, and queues.yaml's flavor selects; the
+# simulated nodes do not carry it, so the fixture sets it for the module.
+GPU_PRESENT = "nvidia.com/gpu.present"
 _build_error: str | None = None
 
 
@@ -32,21 +33,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _build_error = str(exc)
 
 
-def queue_objects() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(QUEUES.read_text()) if d]
-
-
-def cluster_queue_objects() -> list[dict[str, Any]]:
-    """Topology, ResourceFlavor and ClusterQueue (the LocalQueue is per namespace)."""
-    return [o for o in queue_objects() if o["kind"] != "LocalQueue"]
-
-
-def local_queue(namespace: str) -> dict[str, Any]:
-    queue = next(o for o in queue_objects() if o["kind"] == "LocalQueue")
-    queue["metadata"]["namespace"] = namespace
-    return queue
-
-
 @pytest.fixture(scope="module")
 def kueue(e2e_env: E2EEnvironment) -> Iterator[KueueManager]:
     """Kueue running against the environment's API server, its queues in place, kube-scheduler
@@ -56,8 +42,9 @@ def kueue(e2e_env: E2EEnvironment) -> Iterator[KueueManager]:
     manager = KueueManager(e2e_env.cp, e2e_env.root / "kueue", e2e_env.log("kueue"))
     e2e_env.cp.restart_scheduler(None)
     try:
+        e2e_env.cp.kubectl("label", "nodes", "--all", "--overwrite", f"{GPU_PRESENT}=true")
         manager.start()
-        e2e_env.kubectl_apply(cluster_queue_objects())
+        manager.apply(cluster_queue_objects())
         yield manager
     finally:
         for obj in reversed(cluster_queue_objects()):
@@ -67,4 +54,5 @@ def kueue(e2e_env: E2EEnvironment) -> Iterator[KueueManager]:
                 check=False,
             )  # fmt: skip
         manager.stop()
+        e2e_env.cp.kubectl("label", "nodes", "--all", f"{GPU_PRESENT}-", check=False)
         e2e_env.configure_scheduler()

@@ -22,7 +22,6 @@ import base64
 import copy
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -173,6 +172,15 @@ class KueueManager:
             self.stop()
             raise
 
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        """Server-side apply as admin; an error names what kubectl said."""
+        out = self.cp.kubectl(
+            "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects), check=False
+        )
+        if out.returncode != 0:
+            kinds = sorted({o["kind"] for o in objects})
+            raise RuntimeError(f"kubectl apply of {kinds} failed: {out.stderr.strip()}")
+
     def apply_crds(self, crd_dir: Path) -> None:
         crds = sorted(crd_dir.glob("*.yaml"))
         if not crds:
@@ -200,7 +208,7 @@ class KueueManager:
         )
         if not any(h["name"] == "mjob.kb.io" for c in configs for h in c["webhooks"]):
             raise RuntimeError(f"{manifests_path} has no Job webhook (mjob.kb.io)")
-        self.cp.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(configs))
+        self.apply(configs)
         self.webhook_names = [(c["kind"], c["metadata"]["name"]) for c in configs]
         wait_until(
             self._job_webhook_suspends,
@@ -242,13 +250,3 @@ class KueueManager:
             terminate(self.process.pid)
             self.process.wait(10)
             self.process = None
-
-
-def wait_gone(cp: ControlPlane, kind: str, name: str, namespace: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = cp.kubectl("get", kind, name, "-n", namespace, "--ignore-not-found", "-o", "name", check=False)
-        if out.returncode == 0 and not out.stdout.strip():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"{kind} {namespace}/{name} still there after {timeout_s:.0f} s")

@@ -1,5 +1,5 @@
-"""The ComputeDomain and Job of integrations/kueue/computedomain-job.yaml as a test submits them, and
-what Kueue made of the Job (its Workload)."""
+"""What the Kueue tests submit: the queues of integrations/kueue/queues.yaml, the ComputeDomain and
+Job of integrations/kueue/computedomain-job.yaml; and what Kueue made of the Job (its Workload)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,24 @@ from kubernetes_asyncio.client import ApiClient
 from tests.e2e import kube
 from tests.e2e.harness import REPO_ROOT
 
+QUEUES = REPO_ROOT / "integrations" / "kueue" / "queues.yaml"
 EXAMPLE = REPO_ROOT / "integrations" / "kueue" / "computedomain-job.yaml"
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads"
+
+
+def queue_objects() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(QUEUES.read_text()) if d]
+
+
+def cluster_queue_objects() -> list[dict[str, Any]]:
+    """Topology, ResourceFlavor and ClusterQueue (the LocalQueue is per namespace)."""
+    return [o for o in queue_objects() if o["kind"] != "LocalQueue"]
+
+
+def local_queue(namespace: str) -> dict[str, Any]:
+    queue = next(o for o in queue_objects() if o["kind"] == "LocalQueue")
+    queue["metadata"]["namespace"] = namespace
+    return queue
 
 
 def queued_job(namespace: str, pods: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -58,3 +74,35 @@ async def job_workload(api: ApiClient, namespace: str, job: str) -> dict[str, An
 async def admitted_workload(api: ApiClient, namespace: str, job: str) -> dict[str, Any] | None:
     workload = await job_workload(api, namespace, job)
     return workload if condition(workload, "Admitted").get("status") == "True" else None
+
+
+def assigned_pods(topology_assignment: dict[str, Any]) -> dict[tuple[str, ...], int]:
+    """Kueue v1beta2's compressed TopologyAssignment as {domain (one value per level): pod count}.
+
+    Each slice lists `domainCount` domains; per level its values are either one `universal` value
+    or `individual` ones (`prefix` + root + `suffix`); its pod counts are one `universal` count or
+    `individual` ones. Pure."""
+    levels = topology_assignment.get("levels") or []
+    result: dict[tuple[str, ...], int] = {}
+    for piece in topology_assignment.get("slices") or []:
+        count = int(piece["domainCount"])
+        columns = []
+        for values in piece["valuesPerLevel"]:
+            if "universal" in values:
+                columns.append([values["universal"]] * count)
+            else:
+                each = values["individual"]
+                prefix, suffix = each.get("prefix", ""), each.get("suffix", "")
+                columns.append([f"{prefix}{root}{suffix}" for root in each["roots"]])
+        counts = piece["podCounts"]
+        pods = (
+            [int(counts["universal"])] * count
+            if "universal" in counts
+            else [int(c) for c in counts["individual"]]
+        )
+        if len(columns) != len(levels) or any(len(c) != count for c in [*columns, pods]):
+            raise ValueError(f"malformed topology assignment slice {piece} for levels {levels}")
+        for i in range(count):
+            domain = tuple(column[i] for column in columns)
+            result[domain] = result.get(domain, 0) + pods[i]
+    return result

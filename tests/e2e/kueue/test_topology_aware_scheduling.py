@@ -27,25 +27,34 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, E2EEnvironment
-from tests.e2e.kueue.conftest import local_queue
 from tests.e2e.kueue.manager import KueueManager
-from tests.e2e.kueue.queued_job import admitted_workload, condition, queued_job, submit
+from tests.e2e.kueue.queued_job import (
+    admitted_workload,
+    assigned_pods,
+    condition,
+    local_queue,
+    queued_job,
+    submit,
+)
 from tests.e2e.scenario import (
     delete_cd_and_wait_gone,
     delete_job_and_wait_released,
     wait_cd_ready,
     wait_job_running,
 )
+from tools.cdsim import workload
+from tools.chaos import continuity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+IMPORT_TIMEOUT_S = 30.0
 
 
 @pytest.fixture
-async def queue_namespace(e2e_env: E2EEnvironment, kueue: KueueManager, namespace: str) -> AsyncIterator[str]:
+async def queue_namespace(kueue: KueueManager, namespace: str) -> AsyncIterator[str]:
     """The test's namespace with the LocalQueue of integrations/kueue/queues.yaml in it."""
-    e2e_env.kubectl_apply([local_queue(namespace)])
+    kueue.apply([local_queue(namespace)])
     yield namespace
 
 
@@ -73,21 +82,31 @@ async def test_a_job_with_the_clique_as_required_topology_lands_in_one_clique_an
     template = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
     await submit(api, cd, job)
 
-    workload = await kube.eventually(
+    admitted = await kube.eventually(
         lambda: admitted_workload(api, namespace, job_name),
         f"Kueue to admit the Workload of Job {job_name}",
         explain=lambda: explain_kueue(env, kueue, namespace),
     )
-    assignment = workload["status"]["admission"]["podSetAssignments"]
+    assignment = admitted["status"]["admission"]["podSetAssignments"]
     assert len(assignment) == 1 and assignment[0]["count"] == pods, assignment
-    assert assignment[0].get("topologyAssignment"), assignment
+    # Kueue assigns nodes (its lowest level), one pod each: 4 GPUs a pod, 4 a node.
+    topology = assignment[0]["topologyAssignment"]
+    assert topology["levels"] == [HOSTNAME_LABEL], topology
+    assigned = assigned_pods(topology)
+    assert sorted(assigned.values()) == [1] * pods, assigned
 
     formed = await wait_job_running(env, api, namespace, job_name, pods, template)
-    # Kueue, not the scheduler, chose the nodes: each pod carries the node it was assigned.
+    # Kueue, not the scheduler, chose the nodes: the pods run on the assigned ones, each carrying
+    # its node as a node selector.
+    assert sorted(formed.nodes) == sorted(node for (node,) in assigned), (formed.nodes, assigned)
     assert sorted(pinned_node(p) or "" for p in formed.pods) == sorted(formed.nodes), [
         p["spec"].get("nodeSelector") for p in formed.pods
     ]
     await wait_cd_ready(env, api, namespace, cd_name, formed.nodes)
+    # The domain works: every member imports every other member's memory, and all imports are valid.
+    importers = await workload.import_all(e2e_store, formed.cd_uid, job_name, IMPORT_TIMEOUT_S)
+    assert len(importers) == pods, importers
+    assert continuity.verdict(await workload.check(job_name, importers)) == continuity.INTACT
     assert await check_store_invariants(e2e_store) == []
 
     await delete_job_and_wait_released(env, api, e2e_store, namespace, job_name, formed, cd_name)
@@ -144,12 +163,14 @@ async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of
     cd, job = queued_job(namespace, pods)
     cd_name, job_name = cd["metadata"]["name"], job["metadata"]["name"]
     await submit(api, cd, job)
-    workload = await kube.eventually(
+    admitted = await kube.eventually(
         lambda: admitted_workload(api, namespace, job_name),
         f"Kueue to admit the Workload of Job {job_name}",
         explain=lambda: explain_kueue(env, kueue, namespace),
     )
-    assert workload["status"]["admission"]["podSetAssignments"][0]["count"] == pods
+    assignment = admitted["status"]["admission"]["podSetAssignments"][0]
+    assert assignment["count"] == pods
+    admitted_on = sorted(node for (node,) in assigned_pods(assignment["topologyAssignment"]))
 
     async def pinned() -> list[dict[str, Any]] | None:
         items = await kube.list_pods(api, namespace, f"e2e-job={job_name}")
@@ -157,6 +178,7 @@ async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of
 
     job_pods = await kube.eventually(pinned, f"{pods} pods of {job_name} with Kueue's node selector")
     assigned = sorted(pinned_node(p) or "" for p in job_pods)
+    assert assigned == admitted_on, (assigned, admitted_on)
     # One clique's nodes, all of them (a pod per node for 4 GPUs each), half with no free channel.
     assert len({labels[n][CLIQUE_LABEL] for n in assigned}) == 1 and len(set(assigned)) == pods, assigned
     blocked = sorted(set(assigned) & set(taken))
@@ -181,11 +203,16 @@ async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of
     ]
     still = await admitted_workload(api, namespace, job_name)
     assert still is not None, "Kueue withdrew the admission"
-    # The domain waits for the nodes that cannot come.
-    domain = await kube.get_cd(api, namespace, cd_name)
-    status = (domain or {}).get("status") or {}
-    assert status.get("status") == "NotReady", status
-    assert sorted(m["name"] for m in status.get("nodes") or []) == bound, status
+
+    # The domain holds the nodes that came and waits for the ones that cannot.
+    async def joined() -> dict[str, Any] | None:
+        status = ((await kube.get_cd(api, namespace, cd_name)) or {}).get("status") or {}
+        return status if sorted(m["name"] for m in status.get("nodes") or []) == bound else None
+
+    status = await kube.eventually(joined, f"nodes {bound} in ComputeDomain {cd_name}", explain=env.explain)
+    assert status["status"] == "NotReady", status
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["message"] == f"{len(bound)} of {pods} node(s) joined", ready
     assert await check_store_invariants(e2e_store) == []
 
     await kube.delete_job(api, namespace, job_name)
