@@ -21,12 +21,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient
 
 from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, E2EEnvironment
+from tests.e2e.kueue.channel_holders import (
+    HOLDER,
+    HOSTNAME_LABEL,
+    nodes_by_clique,
+    release_channels,
+    take_channels,
+)
 from tests.e2e.kueue.manager import KueueManager
 from tests.e2e.kueue.queued_job import (
     admitted_workload,
@@ -47,7 +54,6 @@ from tools.chaos import continuity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 IMPORT_TIMEOUT_S = 30.0
 
 
@@ -113,51 +119,15 @@ async def test_a_job_with_the_clique_as_required_topology_lands_in_one_clique_an
     await delete_cd_and_wait_gone(env, api, e2e_store, namespace, cd_name, template, formed)
 
 
-def holder_pod(name: str, namespace: str, node: str, template: str) -> dict[str, Any]:
-    """A pod pinned to `node` holding a channel of another domain and asking for no GPU."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"e2e-holder": "true"}},
-        "spec": {
-            "nodeSelector": {HOSTNAME_LABEL: node},
-            "containers": [
-                {"name": "main", "image": "ubuntu:22.04", "resources": {"claims": [{"name": "imex-channel"}]}}
-            ],
-            "resourceClaims": [{"name": "imex-channel", "resourceClaimTemplateName": template}],
-        },
-    }
-
-
 async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of_it_binds(
     e2e_env: E2EEnvironment, kueue: KueueManager, api: ApiClient, e2e_store: Store, queue_namespace: str
 ) -> None:
     env, namespace = e2e_env, queue_namespace
+    cliques = await nodes_by_clique(env, api)
     labels = await kube.node_labels(api)
-    cliques: dict[str, list[str]] = {}
-    for node in sorted(env.node_names):
-        cliques.setdefault(labels[node][CLIQUE_LABEL], []).append(node)
-    assert len(cliques) == env.racks and all(len(n) == env.trays for n in cliques.values()), cliques
-    taken = [n for nodes in cliques.values() for n in nodes[: env.trays // 2]]
-
     # Another domain's pods take the channel of half of each clique's nodes.
-    holder_cd, _ = queued_job(namespace, len(taken))
-    holder_cd["metadata"]["name"] = "holder"
-    holder_cd["spec"]["channel"]["resourceClaimTemplate"]["name"] = "holder-channel"
-    await kube.create_cd(api, holder_cd)
-    await kube.eventually(
-        lambda: kube.get_template(api, namespace, "holder-channel"), "template holder-channel"
-    )
-    for i, node in enumerate(taken):
-        await CoreV1Api(api).create_namespaced_pod(
-            namespace, holder_pod(f"holder-{i}", namespace, node, "holder-channel")
-        )
-
-    async def holders_running() -> bool | None:
-        pods = await kube.list_pods(api, namespace, "e2e-holder=true")
-        return True if len(pods) == len(taken) and all(kube.is_running(p) for p in pods) else None
-
-    await kube.eventually(holders_running, f"{len(taken)} holder pods running", explain=env.explain_kubelets)
+    taken = [n for nodes in cliques.values() for n in nodes[: env.trays // 2]]
+    await take_channels(env, api, namespace, taken)
 
     pods = env.trays
     cd, job = queued_job(namespace, pods)
@@ -216,13 +186,12 @@ async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of
     assert await check_store_invariants(e2e_store) == []
 
     await kube.delete_job(api, namespace, job_name)
-    for i in range(len(taken)):
-        await kube.delete_pod(api, namespace, f"holder-{i}")
-    for name in (cd_name, "holder"):
+    await release_channels(api, namespace, taken)
+    for name in (cd_name, HOLDER):
         await kube.delete_cd(api, namespace, name)
 
     async def domains_gone() -> bool | None:
-        found = [await kube.get_cd(api, namespace, n) for n in (cd_name, "holder")]
+        found = [await kube.get_cd(api, namespace, n) for n in (cd_name, HOLDER)]
         return True if found == [None, None] else None
 
     await kube.eventually(domains_gone, "both ComputeDomains deleted", explain=env.explain)
