@@ -94,8 +94,8 @@ test: setup setup-k8s setup-browser setup-containers lint
 demo: setup-demo
 	PYTHON=$(PY) bash tools/demo.sh
 
-# Kueue v0.17's topology-aware scheduling with ComputeDomains (docs/kueue.md): Kueue's manager built
-# once from its Go module into the cache (integrations/kueue/build.sh; cold: 16 min on the loaded 2-core machine), then
+# Kueue v0.17 with ComputeDomains (docs/kueue.md): Kueue's manager built once from its Go module into
+# the cache (integrations/kueue/build.sh; cold: 16 min on the loaded 2-core machine), then
 # tests/e2e/kueue on the real-kubelet environment (not part of `make test`, see pyproject.toml).
 .PHONY: kueue
 kueue: setup setup-k8s
