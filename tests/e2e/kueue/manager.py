@@ -42,6 +42,7 @@ NAMESPACE = "kueue-system"
 # webhooks are registered: Job's, and Kueue's own objects'.
 FRAMEWORKS = ("batch/job",)
 WEBHOOK_GROUPS = frozenset({"batch", "kueue.x-k8s.io"})
+WEBHOOK_PREFIX = "e2e-kueue"  # of the registered configurations' names
 METRICS_CERT_DIR = Path("kueue/metrics/certs")  # under /etc, fixed in Kueue's main.go
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
@@ -98,10 +99,6 @@ class KueueManager:
     webhook_port: int = 0
     health_port: int = 0
     webhook_names: list[tuple[str, str]] = field(default_factory=list)  # (kind, name)
-
-    @property
-    def prefix(self) -> str:
-        return "e2e-kueue"
 
     def configuration(self, cert_dir: Path) -> dict[str, Any]:
         return {
@@ -204,7 +201,7 @@ class KueueManager:
     def register_webhooks(self, manifests_path: Path, ca: CertKeyPair) -> None:
         manifests = [d for d in yaml.safe_load_all(manifests_path.read_text()) if d]
         configs = loopback_webhooks(
-            manifests, f"https://{self.address}:{self.webhook_port}", ca.cert_pem(), self.prefix
+            manifests, f"https://{self.address}:{self.webhook_port}", ca.cert_pem(), WEBHOOK_PREFIX
         )
         if not any(h["name"] == "mjob.kb.io" for c in configs for h in c["webhooks"]):
             raise RuntimeError(f"{manifests_path} has no Job webhook (mjob.kb.io)")
