@@ -19,6 +19,7 @@ help:
 	@echo "make bench  - every benchmark against its target: build/bench/results.json, docs/benchmarks.json and docs/benchmarks.md (BENCH_ARGS=--quick: CI smoke)"
 	@echo "make chaos  - the 30-minute chaos soak (SEED=n to replay one)"
 	@echo "make chaos-k8s - the 10-minute chaos soak in Kubernetes mode, real kubelets (SEED=n to replay one)"
+	@echo "make kueue  - Kueue v0.17 places a ComputeDomain Job in one NVLink clique (builds Kueue once; docs/kueue.md)"
 	@echo "make lint   - ruff (check, format) + mypy + generated-code check + buf lint/breaking"
 	@echo "make protos - regenerate libs/gen from protos/"
 	@echo "make image  - the OCI image with buildah, no registry needed (base from Debian packages; needs root)"
@@ -98,6 +99,14 @@ test: setup setup-k8s setup-browser setup-containers lint
 demo:
 	@$(MAKE) --no-print-directory -j2 setup-demo
 	PYTHON=$(PY) bash tools/demo.sh
+
+# Kueue v0.17 with ComputeDomains (docs/kueue.md): Kueue's manager built once from its Go module into
+# the cache (integrations/kueue/build.sh; cold: 16 min on the loaded 2-core machine), then
+# tests/e2e/kueue on the real-kubelet environment (not part of `make test`, see pyproject.toml).
+.PHONY: kueue
+kueue: setup setup-k8s
+	@bash integrations/kueue/build.sh >/dev/null
+	$(PY) -m pytest -q --durations=5 tests/e2e/kueue $(PYTEST_ARGS)
 
 # The Kubernetes end-to-end scenarios alone (also part of `make test`).
 e2e: setup setup-k8s
