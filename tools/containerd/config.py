@@ -120,7 +120,7 @@ imports = []
   # runc cannot set a score lower than containerd's own here.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  enable_cdi = true
+  # CDI is always on in containerd 2.x: the kubelet plugin's specs are read from here.
   cdi_spec_dirs = [{s(cdi_dir)}]
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd]

@@ -84,10 +84,18 @@ class ContainerdKubeletNode(KubeletNode):
 
     def kubelet_config(self) -> dict[str, Any]:
         config = super().kubelet_config()
-        # Still no QoS cgroups (this machine's cgroups are v1, without systemd), but the containers
-        # are real: their cgroups go under this node's parent.
+        # The containers are real: kubelet makes the pods' cgroups (QoS classes, one per pod) under
+        # this node's parent. Without QoS cgroups kubelet gives the runtime no parent at all, and
+        # containerd puts every container of every node under a shared /k8s.io.
+        config["cgroupsPerQOS"] = True
         config["cgroupRoot"] = f"/{self.cgroup_parent}"
         return config
+
+    def _make_cgroup_parent(self) -> None:
+        """Kubelet requires its cgroupRoot to exist in every hierarchy."""
+        for hierarchy in CGROUP_ROOT.iterdir():
+            if (hierarchy / "cgroup.procs").exists():
+                (hierarchy / self.cgroup_parent).mkdir(exist_ok=True)
 
     def start_runtime(self) -> None:
         if not (self.containerd_bin / "containerd").is_file():
@@ -97,6 +105,7 @@ class ContainerdKubeletNode(KubeletNode):
         if self.network is None:
             raise RuntimeError_("a containerd node needs the environment's pod network namespace")
         self.make_host_dirs()
+        self._make_cgroup_parent()
         write_node_config(
             self.paths, self.ordinal, self.cdi_root or self.state_dir / "cdi", self.sandbox_image
         )
