@@ -25,6 +25,7 @@ from tests.e2e.harness import E2EEnvironment
 from tests.e2e.scenario import apply_example_cd, wait_cd_ready
 from tools.containerd.node import ContainerdKubeletNode
 from tools.containers.engine import CGROUP_ROOT
+from tools.kubelet.addresses import addresses_in_range
 from tools.kubelet.hoststate import host_state
 
 pytestmark = pytest.mark.e2e
@@ -37,8 +38,14 @@ WORKLOAD_SECONDS = 30
 JOB_DONE_S = 240.0
 
 
+# Where a leaked mount of the nodes would show on the host (besides the environment's own root).
+NODE_MOUNT_PREFIXES = ("/run/", "/var/run/", "/var/lib/kubelet", "/var/log", "/sys/fs/cgroup/")
+
+
 @pytest.fixture(scope="module")
 def containerd_env() -> Iterator[E2EEnvironment]:
+    # Other sessions on this machine add their own node IPs and mounts meanwhile: compare only
+    # what this environment could have left.
     before = host_state()
     shared_cgroups = sorted(CGROUP_ROOT.glob("*/k8s.io"))  # containerd's parent when kubelet gives none
     env = E2EEnvironment(newest_binaries(), racks=1, trays=2, kubelets="containerd")
@@ -51,7 +58,12 @@ def containerd_env() -> Iterator[E2EEnvironment]:
     assert not left, f"the containerd nodes left things behind: {left}"
     forced = {n.name: n.stop_problems for n in nodes if n.stop_problems}
     assert not forced, f"stopping the containerd nodes needed force: {forced}"
-    assert host_state() == before, "the containerd nodes left the host changed"
+    after = host_state()
+    assert after["sysctl"] == before["sysctl"] and after["paths"] == before["paths"]
+    assert not {n.ip for n in nodes} & set(addresses_in_range()), "node IPs left on the host"
+    new_mounts = set(after["mounts"]) - set(before["mounts"])  # type: ignore[call-overload]
+    leaked = [m for m in new_mounts if m.startswith((str(env.root), *NODE_MOUNT_PREFIXES))]
+    assert not leaked, f"mounts left on the host: {leaked}"
     assert sorted(CGROUP_ROOT.glob("*/k8s.io")) == shared_cgroups, (
         "containers were not under their node's cgroup"
     )
