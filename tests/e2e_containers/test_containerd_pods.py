@@ -10,8 +10,10 @@ and afterwards nothing of the runtime is left on the host (processes, mounts, cg
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, newest_binaries, running
 from tests.e2e.harness import E2EEnvironment
 from tests.e2e.scenario import apply_example_cd, wait_cd_ready
+from tools.containerd.config import BRIDGE_NAME, pod_range
 from tools.containerd.node import ContainerdKubeletNode
 from tools.containers.engine import CGROUP_ROOT
 from tools.kubelet.addresses import addresses_in_range
@@ -93,6 +96,18 @@ async def _finished(
     )
 
 
+def _assert_bridge_only_in_pod_network(env: E2EEnvironment) -> None:
+    """The pods' bridge is in the environment's own network namespace, which has no route at all
+    (the bridge has no address: no gateway), so nothing leaves it; the host has no such interface."""
+    assert env.pod_network is not None
+    bridge = env.pod_network.run(["ip", "-o", "link", "show", BRIDGE_NAME])
+    assert bridge.returncode == 0, bridge.stderr
+    routes = env.pod_network.run(["ip", "-4", "route", "show"])
+    assert routes.returncode == 0 and routes.stdout.split() == [], routes
+    on_host = subprocess.run(["ip", "link", "show", BRIDGE_NAME], capture_output=True, text=True, check=False)
+    assert on_host.returncode != 0, on_host.stdout
+
+
 def _workload(job: dict[str, Any], image: str, script: str) -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["image"] = image
@@ -115,6 +130,7 @@ async def test_a_job_lists_its_channel_completes_and_its_domain_turns_ready(
         # The domain forms while the pods run (their claims wait for its daemons).
         cd = await wait_cd_ready(env, api, ns, CD_NAME, env.node_names)
         assert cd["status"]["status"] == "Ready"
+        _assert_bridge_only_in_pod_network(env)
 
         async def complete() -> dict[str, Any] | None:
             found = await kube.raw_get(api, f"/apis/batch/v1/namespaces/{ns}/jobs/lister")
@@ -130,6 +146,10 @@ async def test_a_job_lists_its_channel_completes_and_its_domain_turns_ready(
         for pod in pods:
             assert pod["status"]["phase"] == "Succeeded", pod["status"]
             assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+            node = env.kubelet_nodes[pod["spec"]["nodeName"]]
+            assert isinstance(node, ContainerdKubeletNode)
+            first, last = (ipaddress.ip_address(a) for a in pod_range(node.ordinal))
+            assert first <= ipaddress.ip_address(pod["status"]["podIP"]) <= last, (node.name, pod["status"])
             lines = _pod_log(env, pod)
             # `ls -l` of the directory: its one entry is channel 0, a character device with the
             # major of the simulated /proc/devices and minor 0, as the CDI spec names it.

@@ -57,6 +57,7 @@ class ContainerdKubeletNode(KubeletNode):
     stop_problems: list[str] = field(default_factory=list)
     _holder: _Running | None = None
     _mnt_ns: str = ""
+    _ended_ticks: int = 0  # when the holder ended, in clock ticks since boot
 
     @property
     def paths(self) -> ContainerdPaths:
@@ -187,11 +188,13 @@ class ContainerdKubeletNode(KubeletNode):
         be forced goes to `stop_problems`."""
         self.stop_kubelet()
         if self._runtime is not None and self._runtime.popen.poll() is None:
-            tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
-            if tasks:
-                deleted = self.ctr("tasks", "delete", "--force", *tasks, check=False)
-                if deleted.returncode != 0:
-                    self.stop_problems.append(f"ctr tasks delete failed: {deleted.stderr.strip()}")
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
+                deleted = self.ctr("tasks", "delete", "--force", task, check=False)
+                # "not found": containerd removed it meanwhile (its process had exited).
+                if deleted.returncode != 0 and "not found" not in deleted.stderr:
+                    self.stop_problems.append(
+                        f"ctr tasks delete {task} failed: {deleted.stderr.strip()[-300:]}"
+                    )
         if self._runtime is not None:
             if end_process(self._runtime.popen):
                 self.stop_problems.append("containerd did not exit on SIGTERM and was killed")
@@ -201,17 +204,20 @@ class ContainerdKubeletNode(KubeletNode):
         deadline = time.monotonic() + _SHIM_EXIT_WAIT_S
         while [p for p in self.runtime_pids() if p != holder] and time.monotonic() < deadline:
             time.sleep(0.2)
-        self._kill("shims that outlived containerd", [p for p in self.runtime_pids() if p != holder])
+        self._kill(
+            "shims that outlived containerd", _described([p for p in self.runtime_pids() if p != holder])
+        )
         self._kill("container processes left after their tasks were deleted", self.container_pids())
         if self._holder is not None:
             end_process(self._holder.popen)
             self._holder.log_file.close()
             self._holder = None
+            self._ended_ticks = _uptime_ticks()
         self.stop_problems += remove_cgroup_tree(self.cgroup_parent)
         if self.stop_problems:
             log.warning("node_stop_forced", node=self.name, problems=self.stop_problems)
 
-    def _kill(self, what: str, pids: list[int]) -> None:
+    def _kill(self, what: str, pids: dict[int, str] | list[int]) -> None:
         if not pids:
             return
         self.stop_problems.append(f"{what} were killed: {pids}")
@@ -223,8 +229,11 @@ class ContainerdKubeletNode(KubeletNode):
     def leftovers(self) -> list[str]:
         """What of this node is still there after stop(): processes, cgroups, mounts on the host."""
         found = []
-        if self.runtime_pids():
-            found.append(f"processes in the node's mount namespace: {self.runtime_pids()}")
+        # Once the namespace is gone the kernel may give its number to a new one (another
+        # session's): only a process started before the holder ended can be in ours.
+        left = [p for p in self.runtime_pids() if _start_ticks(p) <= self._ended_ticks]
+        if left:
+            found.append(f"processes in the node's mount namespace: {_described(left)}")
         cgroups = sorted(str(p) for p in CGROUP_ROOT.glob(f"*/{self.cgroup_parent}"))
         if cgroups:
             found.append(f"cgroups: {cgroups}")
@@ -232,3 +241,27 @@ class ContainerdKubeletNode(KubeletNode):
         if mounts:
             found.append(f"mounts under the node's state dir: {mounts}")
         return found
+
+
+def _described(pids: list[int]) -> dict[int, str]:
+    """pid -> its command line (for a message)."""
+    described = {}
+    for pid in pids:
+        try:
+            described[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            described[pid] = "(gone)"
+    return described
+
+
+def _uptime_ticks() -> int:
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def _start_ticks(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 1 << 62  # gone: not a leftover
+    return int(stat.rsplit(")", 1)[1].split()[19])
