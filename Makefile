@@ -26,6 +26,7 @@ help:
 	@echo "make image-scheduler - cd-scheduler's image (the chart's schedulerPlugin.image), from the binary setup-k8s builds"
 	@echo "make image-smoke - the built image runs a 2-node simulated job (docker run on a private engine, then buildah run)"
 	@echo "make setup-containers - Debian's docker.io, the docker compose plugin (built once into the cache) and the image"
+	@echo "make e2e-containers - kubelets on containerd v2.4.2 and runc run real pods of a ComputeDomain Job (not in make test)"
 
 $(RUNTIME_STAMP): pyproject.toml constraints.txt tools/setup.sh
 	bash tools/setup.sh --runtime
@@ -77,6 +78,18 @@ setup-browser:
 setup-containers: image image-scheduler
 	@bash tools/containers/install.sh
 	@bash tools/containers/compose.sh >/dev/null
+
+# Real containers (tests/e2e_containers): each node's kubelet on containerd v2.4.2 (built once from
+# its module into the cache, tools/containerd/build.sh) with Debian's runc and CNI plugins, and the
+# image's Debian base as the pods' image. Not part of `make test`: the cold containerd build alone
+# takes about 9 minutes here (docs/containerd.md). Needs root.
+.PHONY: e2e-containers
+e2e-containers: setup setup-k8s
+	@bash tools/containerd/install.sh
+	@bash tools/containerd/build.sh >/dev/null
+	@bash tools/image/deps.sh
+	@bash tools/image/base.sh >/dev/null
+	CD_CONTAINERS_E2E=1 $(PY) -m pytest -q --durations=5 tests/e2e_containers $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -39,6 +39,7 @@ CLUSTER_FILE_VERSION = 1
 _UUID_NAMESPACE = uuid.UUID("6f1c2a3e-9d4b-5e7f-8a1b-2c3d4e5f6a7b")
 _NODE_NAME = re.compile(r"rack(0|[1-9][0-9]*)-tray(0|[1-9][0-9]*)")
 _MAX_TRAYS_PER_RACK = 254  # last address octet is tray + 1, must stay in 1..254
+_BOOL_FIELDS = ("imex_channel_device_nodes",)
 _CLIQUE_ID_SPAN = 30000
 
 
@@ -93,6 +94,10 @@ class ClusterDescription:
     """What NVML's nvmlSystemGetDriverVersion reports on every node not in the next field."""
     imex_channel_major: int = 234
     """Major the simulated ``/proc/devices`` gives ``nvidia-caps-imex-channels``."""
+    imex_channel_device_nodes: bool = False
+    """Whether a node's channels are real character devices (major:channel, made with mknod, for a
+    real container runtime to inject; needs CAP_MKNOD and that major unused on the host) rather
+    than regular files standing in for them."""
     node_driver_versions: tuple[tuple[str, str], ...] = ()
     """(node name, driver version) of nodes that run another driver (a JSON object in the file)."""
 
@@ -327,7 +332,7 @@ class ClusterDescription:
                 "cluster description field 'node_driver_versions' must map node names to versions"
             )
         for name, value in data.items():
-            wanted = str if name in ("seed", "driver_version") else int
+            wanted = str if name in ("seed", "driver_version") else bool if name in _BOOL_FIELDS else int
             if type(value) is not wanted:
                 raise ValueError(
                     f"cluster description field {name!r} must be {wanted.__name__}, got {value!r}"

@@ -4,7 +4,9 @@ A node's simulated host lives in its *state directory*::
 
     <state base>/<node name>/
         proc/devices                          driver majors, incl. nvidia-caps-imex-channels
-        dev/nvidia-caps-imex-channels/        dev root = the state directory itself
+        dev/nvidia-caps-imex-channels/        dev root = the state directory itself; channel<N> is a
+                                              regular file, or with the cluster's
+                                              imex_channel_device_nodes a real char device
         hardware-faults.json                  injected faults (see libs.hardware.faults)
 
 The backend derives the GPUs from the cluster description and overlays the fault file on every
@@ -20,11 +22,14 @@ from pathlib import Path
 from libs.fsio.atomic import write_atomic
 from libs.hardware.clique import CliqueResult
 from libs.hardware.cluster import ClusterDescription, SimulatedNode
+from libs.hardware.errors import HardwareError
 from libs.hardware.faults import FaultFile, NodeFaults, apply_faults
 from libs.hardware.health import poll_health_events
 from libs.hardware.imex_channels import (
+    DEFAULT_PROC_DEVICES,
     IMEX_CHANNELS_DEVICE_NAME,
     IMEX_CHANNELS_DIR,
+    create_imex_channel_node,
     imex_channel_host_path,
     read_imex_channel_major,
 )
@@ -84,6 +89,20 @@ def render_proc_devices(imex_channel_major: int) -> str:
     lines += ["", "Block devices:"]
     lines += [f"{major:3d} {name}" for major, name in _BLOCK_DEVICES]
     return "\n".join(lines) + "\n"
+
+
+def host_character_driver(major: int, proc_devices: Path = DEFAULT_PROC_DEVICES) -> str | None:
+    """The driver of this host that owns character major `major` (its real /proc/devices), or None."""
+    in_character_section = True
+    for raw in proc_devices.read_text().splitlines():
+        line = raw.strip()
+        if line.endswith(":"):
+            in_character_section = line.lower() == "character devices:"
+            continue
+        fields = line.split()
+        if in_character_section and len(fields) == 2 and fields[0] == str(major):
+            return fields[1]
+    return None
 
 
 def prepare_node_dirs(cluster: ClusterDescription, node_name: str, state_base: Path) -> SimulatedNodePaths:
@@ -193,12 +212,31 @@ class SimulatedNodeHardware:
         return imex_channel_host_path(self.dev_root, channel)
 
     def ensure_imex_channel_device(self, channel: int) -> Path:
-        """A regular file stands in for the device node (mknod needs privileges we lack here)."""
+        """The channel's device node, as the real driver's would be (when the cluster asks for real
+        nodes), else a regular file standing in for it (mknod needs CAP_MKNOD)."""
+        if self.cluster.imex_channel_device_nodes:
+            return self._make_channel_node(channel)
         path = self.imex_channel_path(channel)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, f"c {self.imex_channel_major()}:{channel}\n".encode(), mode=0o666)
         return path
+
+    def _make_channel_node(self, channel: int) -> Path:
+        """A real character device major:channel, which a container runtime can inject. Harmless
+        only while no driver of this host owns that major (opening it then fails with ENXIO), so
+        that is checked first: the simulated major must not be a real one here."""
+        major = self.imex_channel_major()
+        owner = host_character_driver(major)
+        if owner is not None:
+            raise HardwareError(
+                f"cannot make simulated IMEX channel {channel} as a real device node: major {major} "
+                f"is {owner!r} on this host (choose another imex_channel_major for the simulated cluster)"
+            )
+        try:
+            return create_imex_channel_node(self.dev_root, channel, major)
+        except OSError as exc:
+            raise HardwareError(f"cannot create simulated IMEX channel {channel}: {exc}") from exc
 
     def health_events(
         self,

@@ -8,7 +8,8 @@
 2. our etcd (tools.etcd);
 3. the nodes' kubelets: per node the upstream kubelet on crisim, the simulated container runtime
    (tools.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
-   kubelets="shim", the kubelet shim (tools.kubeletshim, one process for every node: Node objects,
+   kubelets="containerd", the upstream kubelet on containerd and runc, running real containers
+   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim (tools.kubeletshim, one process for every node: Node objects,
    leases), kept for the differential test and the 256-node benchmark, where kubelets do not fit;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
@@ -23,6 +24,7 @@ every process logs into `<root>/logs/`. `stop()` ends everything it started.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -48,7 +50,11 @@ from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
+from tools.cachedtool import cached_tool
 from tools.cdsim.layout import StateLayout
+from tools.containerd.images import NodeImages, prepare_images
+from tools.containerd.network import PodNetworkNamespace
+from tools.containerd.node import ContainerdKubeletNode
 from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
@@ -251,9 +257,12 @@ class E2EEnvironment:
     cluster: ClusterDescription = field(init=False)
     layout: StateLayout = field(init=False)
     forks: ForkServer | None = None
-    # "real": one upstream kubelet per node (tools.kubelet); "shim": tools.kubeletshim plays them.
+    # "real": one upstream kubelet per node (tools.kubelet) on crisim; "containerd": the same on
+    # containerd (tools.containerd); "shim": tools.kubeletshim plays them.
     kubelets: str = "real"
     kubelet_nodes: dict[str, KubeletNode] = field(default_factory=dict)
+    pod_network: PodNetworkNamespace | None = None
+    node_images: NodeImages | None = None
     node_addresses: NodeAddresses | None = None
     agents: dict[str, int] = field(default_factory=dict)  # node -> kubelet plugin pid
     imex_agents: dict[str, int] = field(default_factory=dict)  # node -> IMEX agent pid
@@ -275,11 +284,11 @@ class E2EEnvironment:
     def __post_init__(self) -> None:
         self.layout = StateLayout.at(self.root)
         self.layout.logs_dir.mkdir(parents=True, exist_ok=True)
-        if self.kubelets not in ("real", "shim"):
-            raise ValueError(f"kubelets must be 'real' or 'shim', not {self.kubelets!r}")
+        if self.kubelets not in ("real", "containerd", "shim"):
+            raise ValueError(f"kubelets must be 'real', 'containerd' or 'shim', not {self.kubelets!r}")
         # Real kubelets renew their leases, so the node lifecycle controller runs as in a cluster.
         controllers, kcm_args, apiserver_args = DEFAULT_CONTROLLERS, [], []
-        if self.kubelets == "real":
+        if self.kubelets != "shim":
             controllers = "*"
             kcm_args = ["--node-monitor-period=2s", f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s"]
             # Pods tolerate an unreachable or not-ready node this long before they are evicted
@@ -298,6 +307,10 @@ class E2EEnvironment:
         )
         self.etcd = EtcdServer(data_dir=self.root / "etcd", log_path=self.layout.log_file("etcd"))
         self.cluster = pick_cluster(self.racks, self.trays)
+        if self.kubelets == "containerd":
+            # containerd's CDI injection makes the channels' device nodes in the containers: the
+            # simulated hardware makes real (harmless) ones on the nodes.
+            self.cluster = dataclasses.replace(self.cluster, imex_channel_device_nodes=True)
 
     # ---- paths -------------------------------------------------------------------------------
 
@@ -336,7 +349,7 @@ class E2EEnvironment:
             self._timed("crd", self.apply_base_manifests)
             self._timed("etcd", self.etcd.start)
             self.forks = ForkServer(self.log("forkserver"), self.root)
-            if self.kubelets == "real":
+            if self.kubelets != "shim":
                 self._timed("kubelets", self.start_kubelets)
             else:
                 self._timed("shim", self.start_shim)
@@ -433,12 +446,13 @@ class E2EEnvironment:
         nodes = nodes_of_cluster(self.cluster, self.layout.nodes_dir)
         current_budget().require(len(nodes), headroom=0)
         ips = {n.name: node_ip(self.cluster.address_block, i) for i, n in enumerate(nodes)}
+        containerd_bin = self._prepare_containerd()
         self.node_addresses = NodeAddresses(ips.values())
         self.node_addresses.add()
-        for n in nodes:
+        for ordinal, n in enumerate(nodes):
             dirs = self.layout.node(n.name)
             state_dir = dirs.root / "host"
-            kubelet = KubeletNode(
+            kubelet = self._node_class()(
                 name=n.name,
                 ip=ips[n.name],
                 kubelet_dir=dirs.kubelet_dir,
@@ -450,9 +464,15 @@ class E2EEnvironment:
                 labels=n.labels,
                 cdi_root=dirs.cdi_root,
                 gpus=self.cluster.gpus_per_tray,
+                **self._containerd_fields(ordinal, containerd_bin),
             )
             self.kubelet_nodes[n.name] = kubelet
-            kubelet.start()
+            kubelet.start_runtime()
+            if isinstance(kubelet, ContainerdKubeletNode):
+                assert self.node_images is not None
+                for archive in self.node_images.archives:
+                    kubelet.import_image(archive)
+            kubelet.start_kubelet()
         wait_until(
             lambda: self._ready_node_count() >= len(nodes),
             120.0,
@@ -463,9 +483,35 @@ class E2EEnvironment:
             ),
         )
 
+    def _node_class(self) -> type[KubeletNode]:
+        return ContainerdKubeletNode if self.kubelets == "containerd" else KubeletNode
+
+    def _prepare_containerd(self) -> Path | None:
+        """With kubelets="containerd": containerd (built once), the images, the pod network."""
+        if self.kubelets != "containerd":
+            return None
+        containerd_bin = cached_tool("tools/containerd/build.sh")
+        self.node_images = prepare_images(self.root / "images")
+        self.pod_network = PodNetworkNamespace(self.log("pod-network"))
+        self.pod_network.start()
+        return containerd_bin
+
+    def _containerd_fields(self, ordinal: int, containerd_bin: Path | None) -> dict[str, Any]:
+        if containerd_bin is None:
+            return {}
+        assert self.node_images is not None
+        return {
+            "ordinal": ordinal,
+            "containerd_bin": containerd_bin,
+            "network": self.pod_network,
+            "sandbox_image": self.node_images.sandbox,
+        }
+
     def stop_kubelets(self) -> None:
         for kubelet in self.kubelet_nodes.values():
             kubelet.stop()
+        if self.pod_network is not None:
+            self.pod_network.stop()
         if self.node_addresses is not None:
             self.node_addresses.remove()
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from libs.hardware.clique import CliqueStatus
 from libs.hardware.cluster import ClusterDescription
-from libs.hardware.errors import ImexChannelsUnavailableError, UnknownNodeError
+from libs.hardware.errors import HardwareError, ImexChannelsUnavailableError, UnknownNodeError
 from libs.hardware.factory import open_node_hardware
 from libs.hardware.faults import NodeFaults
 from libs.hardware.imex_channels import imex_channel_container_path
@@ -24,6 +26,7 @@ from libs.hardware.simulated import (
     FaultInjector,
     SimulatedNodeHardware,
     default_state_base,
+    host_character_driver,
     prepare_node_dirs,
 )
 
@@ -83,6 +86,51 @@ def test_channel_device_stand_in_is_created_once(cluster: ClusterDescription, st
     assert path.read_text() == "c 241:0\n"
     assert path.stat().st_mode & 0o777 == 0o666
     assert hw.ensure_imex_channel_device(0) == path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs CAP_MKNOD (root)")
+def test_channel_is_a_real_device_node_when_the_cluster_asks_for_one(tmp_path: Path) -> None:
+    """For a real container runtime: channel N is character device major:N, as the driver's would
+    be, and the CDI spec's numbers; made once."""
+    cluster = dataclasses.replace(
+        ClusterDescription(racks=2, partitions_per_rack=2), imex_channel_device_nodes=True
+    )
+    assert host_character_driver(cluster.imex_channel_major) is None, (
+        "the simulated major is a real driver's here"
+    )
+    prepare_node_dirs(cluster, NODE, tmp_path)
+    hw = SimulatedNodeHardware.from_cluster_file(_saved(cluster, tmp_path), NODE, tmp_path)
+    path = hw.ensure_imex_channel_device(3)
+    st = path.stat()
+    assert stat.S_ISCHR(st.st_mode)
+    assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (cluster.imex_channel_major, 3)
+    assert st.st_mode & 0o777 == 0o666
+    assert hw.ensure_imex_channel_device(3) == path
+
+
+def test_a_real_device_node_is_refused_for_a_major_a_host_driver_owns(tmp_path: Path) -> None:
+    """Major 1 is the kernel's memory devices (1:1 is /dev/mem): never a simulated channel's node."""
+    cluster = ClusterDescription(racks=1, imex_channel_major=1, imex_channel_device_nodes=True)
+    prepare_node_dirs(cluster, "rack0-tray1", tmp_path)
+    hw = SimulatedNodeHardware(cluster, "rack0-tray1", tmp_path / "rack0-tray1")
+    with pytest.raises(HardwareError, match="major 1 is 'mem' on this host"):
+        hw.ensure_imex_channel_device(1)
+    assert not hw.imex_channel_path(1).exists()
+
+
+def test_the_device_node_choice_round_trips_and_is_a_boolean(tmp_path: Path) -> None:
+    cluster = ClusterDescription(racks=1, imex_channel_device_nodes=True)
+    assert ClusterDescription.from_json(cluster.to_json()) == cluster
+    data = json.loads(cluster.to_json())
+    data["imex_channel_device_nodes"] = 1
+    with pytest.raises(ValueError, match="'imex_channel_device_nodes' must be bool"):
+        ClusterDescription.from_json(json.dumps(data))
+
+
+def _saved(cluster: ClusterDescription, directory: Path) -> Path:
+    path = directory / "cluster.json"
+    cluster.save(path)
+    return path
 
 
 def test_fault_set_by_one_instance_is_seen_by_another(cluster: ClusterDescription, state_base: Path) -> None:

@@ -56,7 +56,7 @@ def missing_tools() -> list[str]:
     ]
 
 
-def _mount_points_under(root: Path) -> list[str]:
+def mount_points_under(root: Path) -> list[str]:
     """Mount points at or below `root` in this process's mount namespace."""
     prefix = str(root)
     points = []
@@ -67,7 +67,7 @@ def _mount_points_under(root: Path) -> list[str]:
     return points
 
 
-def _namespace_members(mnt_ns: str) -> list[int]:
+def namespace_members(mnt_ns: str) -> list[int]:
     """Pids whose mount namespace is `mnt_ns` (as /proc/<pid>/ns/mnt reads)."""
     pids = []
     for entry in Path("/proc").iterdir():
@@ -231,7 +231,7 @@ class Engine:
     def daemon_rss_bytes(self) -> int:
         """RSS of the engine's own processes: dockerd, containerd and the containers' shims."""
         total = 0
-        for pid in _namespace_members(self.mnt_ns) if self.mnt_ns else []:
+        for pid in namespace_members(self.mnt_ns) if self.mnt_ns else []:
             with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -255,16 +255,16 @@ class Engine:
                 self.process.wait(timeout=10.0)
         if self.mnt_ns:
             deadline = time.monotonic() + 10.0
-            while _namespace_members(self.mnt_ns) and time.monotonic() < deadline:
+            while namespace_members(self.mnt_ns) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            left = _namespace_members(self.mnt_ns)
+            left = namespace_members(self.mnt_ns)
             if left:
                 problems.append(f"processes outlived dockerd and were killed: {left}")
                 for pid in left:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
         problems += self._remove_cgroups()
-        mounts = _mount_points_under(self.root)
+        mounts = mount_points_under(self.root)
         if mounts:
             problems.append(f"mounts left under the engine's root (unmounted now): {mounts}")
             for point in sorted(mounts, key=len, reverse=True):
@@ -274,15 +274,19 @@ class Engine:
         return problems
 
     def _remove_cgroups(self) -> list[str]:
-        problems = []
-        for parent in CGROUP_ROOT.glob(f"*/{self.cgroup_parent}"):
-            for directory in sorted(
-                (p for p in parent.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
-            ):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
-            try:
-                parent.rmdir()
-            except OSError as exc:
-                problems.append(f"cgroup {parent} could not be removed: {exc}")
-        return problems
+        return remove_cgroup_tree(self.cgroup_parent)
+
+
+def remove_cgroup_tree(parent_name: str) -> list[str]:
+    """Remove the (empty) cgroup `parent_name` below the root of every hierarchy, with its
+    children; returns the ones that could not be removed, as problems."""
+    problems = []
+    for parent in CGROUP_ROOT.glob(f"*/{parent_name}"):
+        for directory in sorted((p for p in parent.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        try:
+            parent.rmdir()
+        except OSError as exc:
+            problems.append(f"cgroup {parent} could not be removed: {exc}")
+    return problems

@@ -59,6 +59,7 @@ for tunable in $CD_KERNEL_TUNABLES; do
 done
 exec "$@"
 """
+NAMESPACE_SETUP_ENV = {"CD_KERNEL_TUNABLES": " ".join(KERNEL_TUNABLES)}
 # Kubelet fails at start when the user has no inotify instance left (tools.kubelet.inotify).
 INOTIFY_EXHAUSTED = "inotify_init: too many open files"
 _STOP_GRACE_S = 10.0
@@ -190,10 +191,13 @@ class KubeletNode:
             ],
         )
 
-    def kubelet_command(self) -> list[str]:
+    def kubelet_config(self) -> dict[str, Any]:
+        return kubelet_configuration(self.ip, self.runtime_socket, self.state_dir, self.minor)
+
+    def kubelet_argv(self) -> list[str]:
+        """Kubelet's own command line (its config file written)."""
         config_path = self.state_dir / "kubelet-config.yaml"
-        config = kubelet_configuration(self.ip, self.runtime_socket, self.state_dir, self.minor)
-        config_path.write_text(yaml.safe_dump(config))
+        config_path.write_text(yaml.safe_dump(self.kubelet_config()))
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
         kubelet = [
             str(self.bin_dir / "kubelet"),
@@ -207,18 +211,26 @@ class KubeletNode:
         ]
         if labels:
             kubelet.append(f"--node-labels={labels}")
+        return kubelet
+
+    def namespace_setup_argv(self, command: list[str]) -> list[str]:
+        """`command` run in a new private mount namespace set up as the node's host (see above)."""
         return [
             "unshare", "--mount", "--propagation", "private", "--",
             "sh", "-ec", _NAMESPACE_SETUP, "kubelet-namespace", str(self.state_dir), str(self.kubelet_dir),
-            *kubelet,
+            *command,
         ]  # fmt: skip
 
-    def start_kubelet(self) -> None:
+    def kubelet_command(self) -> list[str]:
+        return self.namespace_setup_argv(self.kubelet_argv())
+
+    def make_host_dirs(self) -> None:
         for d in (self.kubelet_dir, self.state_dir / "var-log", self.state_dir / "proc-sys", self._cwd):
             d.mkdir(parents=True, exist_ok=True)
-        self._kubelet = self._spawn(
-            self.kubelet_log, self.kubelet_command(), env={"CD_KERNEL_TUNABLES": " ".join(KERNEL_TUNABLES)}
-        )
+
+    def start_kubelet(self) -> None:
+        self.make_host_dirs()
+        self._kubelet = self._spawn(self.kubelet_log, self.kubelet_command(), env=NAMESPACE_SETUP_ENV)
 
     def startup_problem(self) -> str:
         """A known reason why kubelet did not start, from its log ("" if none is recognised)."""
