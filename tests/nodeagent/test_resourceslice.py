@@ -433,7 +433,10 @@ async def test_a_watch_the_server_ends_resumes_without_reading_the_slice(
         for _ in range(3):  # the server's timeout, three times
             watches = count("WATCH")
             server.close_watches()
-            await until(lambda: count("WATCH") == watches + 1 and len(server.watchers) == 1, "no new watch")
+            await until(
+                lambda watches=watches: count("WATCH") == watches + 1 and len(server.watchers) == 1,
+                "no new watch",
+            )
         assert server.watch_starts[-3:] == [str(server.version)] * 3
         assert count("GET") == reads, "a resumed watch read the slice"
         # Kubelet deletes the slice: the resumed watch sees it.
