@@ -34,11 +34,11 @@ from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
-from libs.state.watch import watch_prefix
+from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.lifecycle import READY
 from services.imexagent.settings import ImexAgentSettings, ImexSettings
-from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
+from services.imexagent.supervisor import ImexSupervisor
 
 log = structlog.get_logger(__name__)
 

@@ -18,10 +18,9 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
@@ -32,21 +31,12 @@ from libs.imex.config import MeshTlsFiles
 from libs.runtime.backoff import Backoff
 from libs.state.domaingate import DomainGate
 from libs.state.store import TRANSIENT_ERRORS, Store
-from libs.state.watch import M, Resync, WatchEvent, watch_prefix
+from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 from services.imexagent.slotmap import Identity
 
 log = structlog.get_logger(__name__)
 
 _PENDING_KEY = meshpki.MESH_KEY_FILE + ".next"
-
-
-class PrefixWatcher(Protocol):
-    """``libs.state.watch.watch_prefix`` or a stand-in with the same stream semantics (a host of
-    many simulated agents shares one watch per prefix)."""
-
-    def __call__(
-        self, store: Store, prefix: str, cls: type[M]
-    ) -> AsyncIterable[WatchEvent[M] | Resync[M]]: ...
 
 
 def mesh_files(directory: Path) -> MeshTlsFiles:
