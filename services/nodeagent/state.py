@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import aetcd.exceptions
 import structlog
@@ -58,6 +58,8 @@ from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.storebatch import StoreBatch
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 # A file operation that takes longer (a hung disk) fails the call as retryable.
 FILE_IO_TIMEOUT_S = 10.0
@@ -242,8 +244,9 @@ class DeviceState:
             # drop it while this entry exists (both decide under the domain lock): no join, so
             # nothing in the store or on disk needs the started state recorded first.
             membership_held = self._holds_completed(config.domain_id, besides=ref.uid)
-            try:
-                self.checkpoint.mark_prepare_started(
+
+            def start(checkpoint: Checkpoint) -> ClaimEntry:
+                return checkpoint.mark_prepare_started(
                     ref.uid,
                     namespace=ref.namespace,
                     name=ref.name,
@@ -251,11 +254,18 @@ class DeviceState:
                     node=node.name,
                     claim_version=claim.version,
                 )
+
+            try:
+                if membership_held:
+                    # Written with the completion below (or any save before it): the started
+                    # state must only be visible under the lock, to unprepares of this domain.
+                    self.checkpoint.apply(start)
+                else:
+                    await self._update_checkpoint(start)
             except StalePrepareError as exc:
                 raise PermanentError(str(exc)) from None
             joined_now, index = False, None
             if not membership_held:
-                await self._save_checkpoint()
                 put = asyncio.ensure_future(self.store.put(record_key, started_record()))
                 try:
                     joined_now, index = await self._join(config.domain_id, ref.namespace, node)
@@ -290,13 +300,14 @@ class DeviceState:
             # On the loop, as the checkpoint below: a small write and a rename, no fsync; a hop to
             # the shared thread pool waited behind every other blocking call of the process.
             self.cdi.write(ref.uid, channels=channels, major=major)
-            entry = self.checkpoint.mark_prepare_completed(
-                ref.uid,
-                [cdi_id],
-                request_names=tuple(dict.fromkeys(r.request for r in results)),
-                claim_version=claim.version,
+            entry = await self._update_checkpoint(
+                lambda checkpoint: checkpoint.mark_prepare_completed(
+                    ref.uid,
+                    [cdi_id],
+                    request_names=tuple(dict.fromkeys(r.request for r in results)),
+                    claim_version=claim.version,
+                )
             )
-            await self._save_checkpoint()
         except BaseException as exc:
             await self._revert_completed_record(put, record_key, started_record())
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
@@ -435,11 +446,16 @@ class DeviceState:
             )
         ]
 
-    async def _save_checkpoint(self) -> None:
-        """Persist the checkpoint as it is now: returns once a write holding every change made
-        so far landed (concurrent saves share writes; see ``checkpointwriter``)."""
+    def _update_checkpoint(self, mutate: Callable[[Checkpoint], T]) -> Coroutine[Any, Any, T]:
+        """Change the checkpoint now (``mutate``) and return what to await for its save: it gives
+        ``mutate``'s result once the change is in the file, or raises :class:`RetryableError`
+        with the change undone (concurrent changes share writes; see ``checkpointwriter``)."""
+        return self._checkpoint_written(self.checkpoint_writer.update(mutate))
+
+    @staticmethod
+    async def _checkpoint_written(written: Awaitable[T]) -> T:
         try:
-            await self.checkpoint_writer.save()
+            return await written
         except (OSError, TimeoutError) as exc:
             raise RetryableError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
 
@@ -471,13 +487,11 @@ class DeviceState:
                 await self.store.delete(self.store.keys.preparation(self.identity.node.name, claim_uid))
             else:
                 # Unknown claim: success, and a tombstone in case its prepare is still on the way.
-                self.checkpoint.remove(claim_uid)
-                await self._save_checkpoint()
+                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             return
         if not entry.domain_uid:
             # Taken over from NVIDIA's checkpoint without a domain: no record, no membership.
-            self.checkpoint.remove(claim_uid)
-            await self._save_checkpoint()
+            await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             log.info(
                 "claim unprepared",
                 claim_uid=claim_uid,
@@ -486,6 +500,7 @@ class DeviceState:
             )
             return
         record_key = self.store.keys.preparation(entry.node or self.identity.node.name, claim_uid)
+        removed: Coroutine[Any, Any, ClaimEntry | None] | None = None
         async with self._domain_locks.hold(entry.domain_uid):
             last = not any(
                 e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
@@ -496,20 +511,20 @@ class DeviceState:
                 left = await leave_domain(self.store, entry.domain_uid, entry.node or self.identity.node.name)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
-                self.checkpoint.remove(claim_uid)
-                await self._save_checkpoint()
+                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             else:
                 # Another claim keeps the membership: decided and recorded here, under the lock
                 # (a concurrent unprepare of that claim then sees this one gone and leaves); the
                 # writes below need no lock, so unprepares of a domain do not queue behind each
                 # other's round trips.
-                self.checkpoint.remove(claim_uid)
-        if not last:
-            # The store delete travels while the checkpoint is written (if it fails, the
-            # retry finds the tombstone and deletes).
+                removed = self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
+        if removed is not None:
+            # The store delete travels while the checkpoint is written (if the delete fails,
+            # the retry finds the tombstone and deletes; if the write fails, the retry finds
+            # the entry and unprepares again).
             delete = asyncio.ensure_future(self.batch.delete(record_key))
             try:
-                await self._save_checkpoint()
+                await removed
             finally:
                 await delete
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
@@ -658,27 +673,30 @@ class DeviceState:
         return ""
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
-        self.checkpoint.mark_prepare_started(
-            prep.claim_uid,
-            namespace=prep.namespace,
-            name=prep.name,
-            domain_uid=prep.domain_uid,
-            node=prep.node_name,
-        )
+        completed: tuple[str, ...] | None = None  # the request names, when it is completed
         if prep.state == pb.PreparedState.PREPARE_COMPLETED and has_cdi_spec and prep.cdi_device_ids:
             # Finished before the checkpoint was lost, and the spec is still there: the claim's
             # own request names make the repeat answer exact.
-            request_names: tuple[str, ...] = ()
             try:
                 claim = await self.claims.resolve(ClaimRef(prep.namespace, prep.name, prep.claim_uid))
-                request_names = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
+                completed = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
             except ClaimError:
                 pass  # gone or unreachable: stays PrepareStarted, handled below or by kubelet
-            else:
-                self.checkpoint.mark_prepare_completed(
-                    prep.claim_uid, prep.cdi_device_ids, request_names=request_names
+
+        def rebuild(checkpoint: Checkpoint) -> None:
+            checkpoint.mark_prepare_started(
+                prep.claim_uid,
+                namespace=prep.namespace,
+                name=prep.name,
+                domain_uid=prep.domain_uid,
+                node=prep.node_name,
+            )
+            if completed is not None:
+                checkpoint.mark_prepare_completed(
+                    prep.claim_uid, prep.cdi_device_ids, request_names=completed
                 )
-        await self._save_checkpoint()
+
+        await self._update_checkpoint(rebuild)
 
 
 def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:
