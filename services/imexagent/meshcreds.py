@@ -29,7 +29,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.imex import meshpki, slots
 from libs.imex.config import MeshTlsFiles
 from libs.runtime.backoff import Backoff
-from libs.state.domaingate import DomainGate
+from libs.state.domainrecord import DomainRecord
 from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 from services.imexagent.slotmap import Identity
@@ -154,11 +154,11 @@ class MeshCredentials:
 
     async def _learn_mode(self) -> None:
         key = self.keys.domain(self.uid)
-        current = await self.store.get(key, DomainGate)
+        current = await self.store.get(key, DomainRecord)
         if current is not None and current.value.mesh_mode != pb.MeshMode.UNDECIDED:
             self.mode = pb.MeshMode(current.value.mesh_mode)  # the common case: decided long ago
             return
-        async for event in self._watch(self.store, key, DomainGate):
+        async for event in self._watch(self.store, key, DomainRecord):
             items = event.items if isinstance(event, Resync) else [event]
             for item in items:
                 value = item.value
