@@ -24,6 +24,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
+from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import encode_payload
 from libs.state.domainrecord import DomainRecord
 from libs.state.protowire import varint_field
@@ -49,7 +50,7 @@ MAX_NODES_PER_IMEX_DOMAIN = 18
 NON_FABRIC_INDEX = -1
 
 
-class NodeBusy(RuntimeError):
+class NodeBusy(RetryableError, RuntimeError):
     """The node is a member of another domain (retryable: it may leave soon)."""
 
     def __init__(self, node: str, other_domain: str) -> None:
@@ -58,15 +59,15 @@ class NodeBusy(RuntimeError):
         self.other_domain = other_domain
 
 
-class DomainUnavailable(RuntimeError):
+class DomainUnavailable(RetryableError, RuntimeError):
     """The domain does not exist (yet, or any more) or is being deleted: no node may join it."""
 
 
-class CliqueFull(RuntimeError):
+class CliqueFull(RetryableError, RuntimeError):
     """Every index of the node's clique in this domain is taken."""
 
 
-class IndexConflict(RuntimeError):
+class IndexConflict(PermanentError, RuntimeError):
     """A member's own index claim names another node: the store broke invariant 2.
 
     Raised instead of moving the member to another index: its slot is what peers'

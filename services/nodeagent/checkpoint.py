@@ -54,6 +54,7 @@ import structlog
 
 from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
+from libs.runtime.errors import PermanentError
 from services.nodeagent.jsonmembers import JsonMembers
 from services.nodeagent.nvidiacheckpoint import (
     NvidiaCheckpointError,
@@ -106,7 +107,7 @@ class Tombstone:
     claim_version: str | None
 
 
-class StalePrepareError(Exception):
+class StalePrepareError(PermanentError):
     """A prepare for a claim that was unprepared moments ago (refuse it; do not resurrect)."""
 
     def __init__(self, claim_uid: str, detail: str) -> None:
@@ -114,7 +115,7 @@ class StalePrepareError(Exception):
         self.claim_uid = claim_uid
 
 
-class _CorruptCheckpoint(Exception):
+class _CorruptCheckpoint(PermanentError):
     pass
 
 

@@ -16,7 +16,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, checkpoint_path
 from services.nodeagent.checkpointwriter import CheckpointWriter
-from services.nodeagent.errors import RetryableError
+from services.nodeagent.errors import RetryableClaimError
 from tests.nodeagent.agent_fakes import fabric_node, make_device_state, new_uid, put_claim, put_domain
 
 
@@ -179,7 +179,7 @@ async def test_device_state_reports_a_failed_checkpoint_write_as_retryable(
     plugin_dir = checkpoint_path(n.kubelet_dir).parent
     plugin_dir.parent.mkdir(parents=True, exist_ok=True)
     plugin_dir.write_text("not a directory")
-    with pytest.raises(RetryableError, match="cannot write the checkpoint"):
+    with pytest.raises(RetryableClaimError, match="cannot write the checkpoint"):
         await n.state.prepare(ref)
     plugin_dir.unlink()
     await n.state.prepare(ref)  # kubelet's retry
@@ -194,7 +194,7 @@ async def test_a_prepare_whose_completion_was_not_written_is_completed_by_the_re
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
     _fail_writes_holding(n.state.checkpoint_writer, ClaimState.PREPARE_COMPLETED.value, monkeypatch)
-    with pytest.raises(RetryableError, match="cannot write the checkpoint"):
+    with pytest.raises(RetryableClaimError, match="cannot write the checkpoint"):
         await n.state.prepare(ref)
     entry = n.state.checkpoint.get(ref.uid)
     assert entry is not None and entry.state is ClaimState.PREPARE_STARTED, "memory ran ahead of the file"
