@@ -15,8 +15,6 @@ Shutdown on SIGTERM/SIGINT (or `stop`): the tasks end (daemons left running unle
 from __future__ import annotations
 
 import asyncio
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +28,7 @@ from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware
 from libs.hardware.interface import NodeHardware
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
 from libs.state.watch import PrefixWatcher, watch_prefix
@@ -138,11 +135,7 @@ async def run_imex_agent(
     """Run until `stop` is set (or SIGTERM/SIGINT when `handle_signals`).
 
     `imex` replaces the daemon tuning derived from `settings` (tests and tools shorten timings)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    if handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals(stop) if handle_signals else stop or asyncio.Event()
     node_name = settings.node_name
     health = Health()
     health.set_ready("registered", False)
@@ -192,18 +185,15 @@ async def run_imex_agent(
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = load_settings_or_exit(
+    run_service(
         ImexAgentSettings,
         argv,
         prog="cd-imex-agent",
         description="ComputeDomain IMEX agent (node record on its lease, IMEX daemons).",
+        name="IMEX agent",
+        run=run_imex_agent,
+        fatal=(HardwareError, ValueError, OSError),
     )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
-    try:
-        asyncio.run(run_imex_agent(settings))
-    except (HardwareError, ValueError, OSError) as exc:
-        log.error("IMEX agent cannot run", error=str(exc))
-        sys.exit(1)
 
 
 if __name__ == "__main__":
