@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from libs.hardware.errors import HardwareError
-from libs.hardware.factory import open_node_hardware
+from libs.hardware.factory import open_node_hardware_from
 from libs.hardware.interface import NodeHardware
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.service import run_service, stop_on_signals
@@ -115,17 +115,6 @@ async def _warn_until_registered(inventory: NodeInventory, warn_after_s: float =
         return
 
 
-def open_hardware(settings: ImexAgentSettings) -> NodeHardware:
-    return open_node_hardware(
-        settings.hardware,
-        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
-        node=settings.node_name,
-        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
-        proc_devices=Path(settings.proc_devices),
-        dev_root=Path(settings.driver_root),
-    )
-
-
 async def run_imex_agent(
     settings: ImexAgentSettings,
     stop: asyncio.Event | None = None,
@@ -140,7 +129,7 @@ async def run_imex_agent(
     health = Health()
     health.set_ready("registered", False)
     registry = CollectorRegistry()
-    hardware = open_hardware(settings)
+    hardware = open_node_hardware_from(settings)
     store = Store(settings.etcd_config())
     health_runner = None
     agent_task: asyncio.Task[None] | None = None

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from libs.hardware.errors import HardwareError
-from libs.hardware.factory import open_node_hardware
-from libs.hardware.interface import NodeHardware
+from libs.hardware.factory import open_node_hardware_from
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
@@ -39,17 +37,6 @@ from services.nodeagent.storebatch import BatchedReads, StoreBatch
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
-
-
-def _open_hardware(settings: AgentSettings) -> NodeHardware:
-    return open_node_hardware(
-        settings.hardware,
-        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
-        node=settings.node_name,
-        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
-        proc_devices=Path(settings.proc_devices),
-        dev_root=Path(settings.driver_root),
-    )
 
 
 async def _kube_api_client(settings: AgentSettings) -> Any:
@@ -72,7 +59,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
     health = Health()
     metrics = AgentMetrics()
     health.set_ready("serving", False)
-    hardware = _open_hardware(settings)
+    hardware = open_node_hardware_from(settings)
     health_runner, health_port = await start_health_server(
         health, settings.health_host, settings.health_port, metrics.registry
     )
