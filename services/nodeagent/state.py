@@ -453,14 +453,7 @@ class DeviceState:
         """Change the checkpoint now (``mutate``) and return what to await for its save: it gives
         ``mutate``'s result once the change is in the file, or raises :class:`RetryableClaimError`
         with the change undone (concurrent changes share writes; see ``checkpointwriter``)."""
-        return self._checkpoint_written(self.checkpoint_writer.update(mutate))
-
-    @staticmethod
-    async def _checkpoint_written(written: Awaitable[T]) -> T:
-        try:
-            return await written
-        except (OSError, TimeoutError) as exc:
-            raise RetryableClaimError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
+        return _checkpoint_written(self.checkpoint_writer.update(mutate))
 
     def _saved(self) -> None:
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
@@ -700,6 +693,14 @@ class DeviceState:
                 )
 
         await self._update_checkpoint(rebuild)
+
+
+async def _checkpoint_written(written: Awaitable[T]) -> T:
+    """The result of a checkpoint update once written; a failed write is retryable for the claim."""
+    try:
+        return await written
+    except (OSError, TimeoutError) as exc:
+        raise RetryableClaimError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
 
 
 def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:
