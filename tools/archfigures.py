@@ -7,7 +7,8 @@ the largest class in services, libs and tools (without libs/gen) by lines; the p
 helpers defined in tests (functions named `eventually`, `wait_for` or `wait_until`) and the
 inline deadline loops outside them (a loop whose condition, or an `if` or `assert` directly
 in its body, reads a deadline or a clock);
-and every import of one service by another (services/<a> importing services.<b>).
+every import of one service by another (services/<a> importing services.<b>), and every import of
+a service from libs/.
 """
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ def cross_service_imports(root: Path) -> list[CrossImport]:
     return sorted(found, key=lambda c: (c.path, c.line, c.imported))
 
 
+def library_service_imports(root: Path) -> list[CrossImport]:
+    """Every import of a service from libs/ (a library serves the services, never the reverse)."""
+    found: set[CrossImport] = set()
+    for path in python_files(root, "libs", skip=("libs/gen",)):
+        rel = path.relative_to(root)
+        for line, target in imported_modules(parse(path), module_name(root, path)):
+            parts = target.split(".")
+            if len(parts) >= 2 and parts[0] == "services":
+                found.add(CrossImport(rel.as_posix(), line, "libs", parts[1]))
+    return sorted(found, key=lambda c: (c.path, c.line, c.imported))
+
+
 def largest_classes(root: Path, count: int = 5) -> list[tuple[int, str]]:
     sizes: list[tuple[int, str]] = []
     for top in ("services", "libs", "tools"):
@@ -145,6 +158,10 @@ def main(argv: list[str]) -> int:
         print(
             f"  {crossing.path}:{crossing.line} services.{crossing.importer} -> services.{crossing.imported}"
         )
+    upward = library_service_imports(root)
+    print(f"imports of a service from libs/: {len(upward)}")
+    for crossing in upward:
+        print(f"  {crossing.path}:{crossing.line} libs -> services.{crossing.imported}")
     return 0
 
 

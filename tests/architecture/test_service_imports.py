@@ -1,4 +1,5 @@
-"""No service imports another: what two services share lives in libs/ (issue 30).
+"""No service imports another: what two services share lives in libs/, and libs/ imports no
+service (issue 30).
 
 Every module under services/ is parsed with `ast`; an import of services.<b> from
 services/<a>/ (absolute, relative, or `from services import <b>`) is a crossing.
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.archfigures import cross_service_imports
+from tools.archfigures import cross_service_imports, library_service_imports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,6 +21,22 @@ def test_no_service_imports_another() -> None:
     assert not crossings, "services import each other; move what they share into libs/:\n" + "\n".join(
         f"  {c.path}:{c.line} services.{c.importer} imports services.{c.imported}" for c in crossings
     )
+
+
+def test_no_library_imports_a_service() -> None:
+    upward = library_service_imports(REPO)
+    assert not upward, (
+        "libs/ imports services; a library serves the services, never the reverse:\n"
+        + "\n".join(f"  {c.path}:{c.line} imports services.{c.imported}" for c in upward)
+    )
+
+
+def test_a_library_importing_a_service_is_found(tmp_path: Path) -> None:
+    (tmp_path / "libs" / "state").mkdir(parents=True)
+    (tmp_path / "libs" / "state" / "watch.py").write_text("from services.beta.watch import Watcher\n")
+    assert [(c.path, c.imported) for c in library_service_imports(tmp_path)] == [
+        ("libs/state/watch.py", "beta")
+    ]
 
 
 @pytest.mark.parametrize(
