@@ -4,7 +4,7 @@
     python -m tools.gen_settings_docs --check    exit 1 (saying so) if the doc is not current
 
 Each program's settings class and environment prefix are read from its entry point's own
-`load_settings_or_exit(...)` call, and its metrics from its metrics class, so the doc cannot
+`load_settings_or_exit(...)` or `run_service(...)` call (libs/runtime/service.py), and its metrics from its metrics class, so the doc cannot
 drift from what the programs accept and export. The generated text sits between
 `<!-- BEGIN GENERATED: <name> -->` and `<!-- END GENERATED: <name> -->` markers; everything
 else in the doc is written by hand.
@@ -81,14 +81,15 @@ def _load(reference: str) -> Any:
 
 
 def settings_of_entry_point(target: str) -> tuple[type, str]:
-    """(settings class, environment prefix) of an entry point, from its `load_settings_or_exit` call."""
+    """(settings class, environment prefix) of an entry point, from its `load_settings_or_exit` or
+    `run_service` call (both take the settings class first)."""
     module = importlib.import_module(target.partition(":")[0])
     tree = ast.parse(Path(module.__file__ or "").read_text())
     for node in ast.walk(tree):
         if not (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
-            and node.func.id == "load_settings_or_exit"
+            and node.func.id in ("load_settings_or_exit", "run_service")
             and node.args
             and isinstance(node.args[0], ast.Name)
         ):
@@ -104,7 +105,7 @@ def settings_of_entry_point(target: str) -> tuple[type, str]:
             else:
                 raise ValueError(f"{target}: env_prefix is neither a constant nor a name")
         return getattr(module, node.args[0].id), prefix
-    raise ValueError(f"{target} does not load its settings with load_settings_or_exit")
+    raise ValueError(f"{target} does not load its settings with load_settings_or_exit or run_service")
 
 
 def _cell(text: str) -> str:

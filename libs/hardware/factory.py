@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from libs.hardware.imex_channels import DEFAULT_PROC_DEVICES
 from libs.hardware.interface import NodeHardware
@@ -38,3 +38,32 @@ def open_node_hardware(
 
         return SimulatedNodeHardware.from_cluster_file(sim_cluster, node, sim_state_base)
     raise ValueError(f"unknown hardware backend {kind!r} (one of {', '.join(HARDWARE_KINDS)})")
+
+
+class NodeHardwareSettings(Protocol):
+    """The hardware settings both node programs take (``--hardware``, ``--sim-cluster``, ...)."""
+
+    @property
+    def hardware(self) -> str: ...
+    @property
+    def sim_cluster(self) -> str: ...
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def sim_state_dir(self) -> str: ...
+    @property
+    def proc_devices(self) -> str: ...
+    @property
+    def driver_root(self) -> str: ...
+
+
+def open_node_hardware_from(settings: NodeHardwareSettings) -> NodeHardware:
+    """`open_node_hardware` for a node program's settings (empty paths: not given)."""
+    return open_node_hardware(
+        settings.hardware,
+        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
+        node=settings.node_name,
+        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
+        proc_devices=Path(settings.proc_devices),
+        dev_root=Path(settings.driver_root),
+    )

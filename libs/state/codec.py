@@ -12,6 +12,7 @@ from typing import TypeVar
 import betterproto
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.errors import PermanentError
 from libs.state.protowire import varint
 
 SCHEMA_VERSION = 1
@@ -20,7 +21,7 @@ _PACKAGE = "computedomain.state.v1"
 M = TypeVar("M", bound=betterproto.Message)
 
 
-class UndecodableValue(ValueError):
+class UndecodableValue(PermanentError, ValueError):
     """A stored value that cannot be read as the expected message."""
 
     def __init__(self, key: str, reason: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from libs.runtime.settings import positive, setting
 
@@ -121,6 +121,18 @@ class EtcdSettings:
     etcd_username: str = setting("", "etcd user (RBAC auth, with --etcd-password)")
     etcd_password: str = setting("", "etcd password", secret=True)
     etcd_timeout_s: float = setting(5.0, "deadline of each etcd call, seconds", validate=positive)
+
+    def __repr__(self) -> str:
+        """Every field, the secret ones (the etcd password) redacted; a settings class that
+        extends this one keeps it with ``@dataclass(frozen=True, repr=False)``."""
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            shown.append(f"{f.name}={'<redacted>' if f.metadata.get('secret') and value else repr(value)}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def etcd_config(self) -> EtcdConfig:
+        return EtcdConfig.from_settings(self)
 
     def endpoint_list(self) -> str:
         """The members to use, "host:port,...": --etcd-endpoints when given, else --etcd-endpoint.

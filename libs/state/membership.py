@@ -24,8 +24,9 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
+from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import encode_payload
-from libs.state.domaingate import DomainGate
+from libs.state.domainrecord import DomainRecord
 from libs.state.protowire import varint_field
 from libs.state.store import (
     Absent,
@@ -49,7 +50,7 @@ MAX_NODES_PER_IMEX_DOMAIN = 18
 NON_FABRIC_INDEX = -1
 
 
-class NodeBusy(RuntimeError):
+class NodeBusy(RetryableError, RuntimeError):
     """The node is a member of another domain (retryable: it may leave soon)."""
 
     def __init__(self, node: str, other_domain: str) -> None:
@@ -58,15 +59,15 @@ class NodeBusy(RuntimeError):
         self.other_domain = other_domain
 
 
-class DomainUnavailable(RuntimeError):
+class DomainUnavailable(RetryableError, RuntimeError):
     """The domain does not exist (yet, or any more) or is being deleted: no node may join it."""
 
 
-class CliqueFull(RuntimeError):
+class CliqueFull(RetryableError, RuntimeError):
     """Every index of the node's clique in this domain is taken."""
 
 
-class IndexConflict(RuntimeError):
+class IndexConflict(PermanentError, RuntimeError):
     """A member's own index claim names another node: the store broke invariant 2.
 
     Raised instead of moving the member to another index: its slot is what peers'
@@ -163,11 +164,11 @@ class _IndexedRecords:
         return encode_payload(pb.IndexClaim, self._claim_head + varint_field(3, index) + self._claim_tail)
 
 
-async def _joinable_domain(store: Store, domain_uid: str, node: str) -> Versioned[DomainGate]:
-    return _joinable(await store.get(store.keys.domain(domain_uid), DomainGate), domain_uid, node)
+async def _joinable_domain(store: Store, domain_uid: str, node: str) -> Versioned[DomainRecord]:
+    return _joinable(await store.get(store.keys.domain(domain_uid), DomainRecord), domain_uid, node)
 
 
-def _joinable(domain: Versioned[DomainGate] | None, domain_uid: str, node: str) -> Versioned[DomainGate]:
+def _joinable(domain: Versioned[DomainRecord] | None, domain_uid: str, node: str) -> Versioned[DomainRecord]:
     if domain is None:
         raise DomainUnavailable(f"node {node} cannot join domain {domain_uid}: it does not exist")
     if domain.value.deleting:
@@ -202,7 +203,7 @@ async def join_domain(
     first = (await store.txn([], [*reads, Read(keys.domain(domain_uid))])).reads
     view = _join_view(store, first[:-1])
     domain = _joinable(
-        store.decode_kv(first[-1][0], DomainGate, strict=True) if first[-1] else None, domain_uid, node.name
+        store.decode_kv(first[-1][0], DomainRecord, strict=True) if first[-1] else None, domain_uid, node.name
     )
     backoff = Backoff(initial=0.001, cap=0.05, jitter=0.5)
     new_member = pb.Member(

@@ -21,6 +21,7 @@ import structlog
 from aetcd import rpc
 
 from libs.runtime.backoff import Backoff
+from libs.runtime.errors import RetryableError
 from libs.state.client import TlsCapableClient
 from libs.state.codec import UndecodableValue, decode, encode
 from libs.state.config import EtcdConfig
@@ -44,11 +45,15 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class StoreUnavailable(RuntimeError):
+class StoreFailure(RetryableError):
+    """The store did not do what was asked, and the same call may succeed later."""
+
+
+class StoreUnavailable(StoreFailure, RuntimeError):
     """etcd could not be reached within the retry budget."""
 
 
-class ConflictError(RuntimeError):
+class ConflictError(StoreFailure, RuntimeError):
     """A compare-and-swap kept losing to concurrent writers beyond its attempt cap."""
 
 

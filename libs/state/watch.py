@@ -11,9 +11,9 @@ level-triggered.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 import aetcd.exceptions
 import aetcd.rtypes
@@ -207,3 +207,12 @@ def watch_prefix(
     store: Store, prefix: str, cls: type[M], known: Callable[[str, int, bytes], bool] | None = None
 ) -> PrefixWatch[M]:
     return PrefixWatch(store, prefix, cls, known=known)
+
+
+class PrefixWatcher(Protocol):
+    """``watch_prefix`` or a stand-in with the same stream semantics (a host of many simulated
+    agents shares one watch per prefix)."""
+
+    def __call__(
+        self, store: Store, prefix: str, cls: type[M]
+    ) -> AsyncIterable[WatchEvent[M] | Resync[M]]: ...

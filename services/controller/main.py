@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Sequence
 
 import structlog
@@ -18,6 +17,7 @@ import structlog
 from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
+from libs.runtime.service import stop_on_signals
 from libs.runtime.settings import load_settings_or_exit
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store, with_retries
@@ -123,11 +123,7 @@ class ControllerService:
 
 
 async def _amain(settings: ControllerSettings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await ControllerService(settings).run(stop)
+    await ControllerService(settings).run(stop_on_signals())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

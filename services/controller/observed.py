@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from libs.gen.computedomain.state import v1 as pb
-from services.controller.domainrecord import DomainRecord
+from libs.state.domainrecord import DomainRecord
 from services.controller.meshview import MeshRequestRecord
 from services.controller.statusmodel import StatusValue
 

@@ -26,6 +26,7 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import run_all
 from libs.state.codec import UndecodableValue, decode
+from libs.state.domainrecord import DomainRecord
 from libs.state.election import Leadership
 from libs.state.membership import activate_member, mark_member_lost
 from libs.state.store import Absent, Compare, Delete, Op, Put, Read, Store, Unchanged
@@ -42,7 +43,6 @@ from services.controller.actions import (
     SecureMesh,
     SignMeshCertificate,
 )
-from services.controller.domainrecord import DomainRecord
 from services.controller.meshsigner import MeshSigner
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain

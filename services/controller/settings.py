@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from libs.runtime.settings import fraction, non_negative, positive, setting
-from libs.state.config import EtcdConfig, EtcdSettings
+from libs.state.config import EtcdSettings
 
 
 def _default_identity() -> str:
@@ -53,6 +53,3 @@ class ControllerSettings(EtcdSettings):
     @property
     def holder(self) -> str:
         return self.identity or _default_identity()
-
-    def etcd_config(self) -> EtcdConfig:
-        return EtcdConfig.from_settings(self)

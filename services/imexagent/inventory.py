@@ -35,9 +35,9 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.codec import UndecodableValue
 from libs.state.lease import KeptLease
+from libs.state.noderecord import clique_settled
 from libs.state.store import Store, with_retries
-from libs.state.watch import Resync, watch_prefix
-from services.imexagent.meshcreds import PrefixWatcher
+from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -151,11 +151,6 @@ def build_node_record(
         messages.append(f"hardware query failed: {hardware_error}")
     node.fabric_message = "; ".join(messages)
     return node
-
-
-def clique_settled(node: pb.Node) -> bool:
-    """True when the record's clique is final: a fabric clique, or a genuinely non-fabric node."""
-    return not node.fabric_message
 
 
 def _without_timestamp(node: pb.Node) -> bytes:

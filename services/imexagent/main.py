@@ -15,8 +15,6 @@ Shutdown on SIGTERM/SIGINT (or `stop`): the tasks end (daemons left running unle
 from __future__ import annotations
 
 import asyncio
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,18 +25,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from libs.hardware.errors import HardwareError
-from libs.hardware.factory import open_node_hardware
+from libs.hardware.factory import open_node_hardware_from
 from libs.hardware.interface import NodeHardware
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
-from libs.state.watch import watch_prefix
+from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.lifecycle import READY
 from services.imexagent.settings import ImexAgentSettings, ImexSettings
-from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
+from services.imexagent.supervisor import ImexSupervisor
 
 log = structlog.get_logger(__name__)
 
@@ -118,17 +115,6 @@ async def _warn_until_registered(inventory: NodeInventory, warn_after_s: float =
         return
 
 
-def open_hardware(settings: ImexAgentSettings) -> NodeHardware:
-    return open_node_hardware(
-        settings.hardware,
-        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
-        node=settings.node_name,
-        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
-        proc_devices=Path(settings.proc_devices),
-        dev_root=Path(settings.driver_root),
-    )
-
-
 async def run_imex_agent(
     settings: ImexAgentSettings,
     stop: asyncio.Event | None = None,
@@ -138,16 +124,12 @@ async def run_imex_agent(
     """Run until `stop` is set (or SIGTERM/SIGINT when `handle_signals`).
 
     `imex` replaces the daemon tuning derived from `settings` (tests and tools shorten timings)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    if handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals(stop) if handle_signals else stop or asyncio.Event()
     node_name = settings.node_name
     health = Health()
     health.set_ready("registered", False)
     registry = CollectorRegistry()
-    hardware = open_hardware(settings)
+    hardware = open_node_hardware_from(settings)
     store = Store(settings.etcd_config())
     health_runner = None
     agent_task: asyncio.Task[None] | None = None
@@ -192,18 +174,15 @@ async def run_imex_agent(
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = load_settings_or_exit(
+    run_service(
         ImexAgentSettings,
         argv,
         prog="cd-imex-agent",
         description="ComputeDomain IMEX agent (node record on its lease, IMEX daemons).",
+        name="IMEX agent",
+        run=run_imex_agent,
+        fatal=(HardwareError, ValueError, OSError),
     )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
-    try:
-        asyncio.run(run_imex_agent(settings))
-    except (HardwareError, ValueError, OSError) as exc:
-        log.error("IMEX agent cannot run", error=str(exc))
-        sys.exit(1)
 
 
 if __name__ == "__main__":

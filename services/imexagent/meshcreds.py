@@ -18,10 +18,9 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
@@ -30,23 +29,14 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.imex import meshpki, slots
 from libs.imex.config import MeshTlsFiles
 from libs.runtime.backoff import Backoff
-from libs.state.domaingate import DomainGate
+from libs.state.domainrecord import DomainRecord
 from libs.state.store import TRANSIENT_ERRORS, Store
-from libs.state.watch import M, Resync, WatchEvent, watch_prefix
+from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 from services.imexagent.slotmap import Identity
 
 log = structlog.get_logger(__name__)
 
 _PENDING_KEY = meshpki.MESH_KEY_FILE + ".next"
-
-
-class PrefixWatcher(Protocol):
-    """``libs.state.watch.watch_prefix`` or a stand-in with the same stream semantics (a host of
-    many simulated agents shares one watch per prefix)."""
-
-    def __call__(
-        self, store: Store, prefix: str, cls: type[M]
-    ) -> AsyncIterable[WatchEvent[M] | Resync[M]]: ...
 
 
 def mesh_files(directory: Path) -> MeshTlsFiles:
@@ -164,11 +154,11 @@ class MeshCredentials:
 
     async def _learn_mode(self) -> None:
         key = self.keys.domain(self.uid)
-        current = await self.store.get(key, DomainGate)
+        current = await self.store.get(key, DomainRecord)
         if current is not None and current.value.mesh_mode != pb.MeshMode.UNDECIDED:
             self.mode = pb.MeshMode(current.value.mesh_mode)  # the common case: decided long ago
             return
-        async for event in self._watch(self.store, key, DomainGate):
+        async for event in self._watch(self.store, key, DomainRecord):
             items = event.items if isinstance(event, Resync) else [event]
             for item in items:
                 value = item.value

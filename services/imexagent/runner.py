@@ -46,11 +46,11 @@ from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
 from libs.imex.simulator.protocol import STATE_WAITING_FOR_RECOVERY
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
-from libs.state.watch import watch_prefix
+from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir
 from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
-from services.imexagent.meshcreds import MeshCredentials, PrefixWatcher
+from services.imexagent.meshcreds import MeshCredentials
 from services.imexagent.probe import CONNECTED, CtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.probepace import ProbePace
 from services.imexagent.settings import ImexSettings

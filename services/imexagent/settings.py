@@ -3,7 +3,7 @@ the tuning of daemon supervision that tools and tests set in code (`ImexSettings
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from libs.hardware import ImexBackendName
@@ -11,7 +11,7 @@ from libs.hardware.factory import HARDWARE_KINDS
 from libs.imex import config as imexcfg
 from libs.imex import slots
 from libs.runtime.settings import positive, setting
-from libs.state.config import EtcdConfig, EtcdSettings
+from libs.state.config import EtcdSettings
 from services.imexagent.lifecycle import LifecyclePolicy
 
 BackendChoice = Literal["auto", "nvidia", "simulated"]
@@ -143,7 +143,7 @@ def _address(value: Any) -> str | None:
     return None if value and not any(ch.isspace() or ch == "#" for ch in value) else "must be one address"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ImexAgentSettings(EtcdSettings):
     node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
     node_ip: str = setting(
@@ -193,15 +193,6 @@ class ImexAgentSettings(EtcdSettings):
     health_port: int = setting(8083, "Port of the health server (0 = any free port).", validate=_port)
     log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-
-    def __repr__(self) -> str:
-        shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        if shown["etcd_password"]:
-            shown["etcd_password"] = "<redacted>"
-        return f"ImexAgentSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
-
-    def etcd_config(self) -> EtcdConfig:
-        return EtcdConfig.from_settings(self)
 
     def imex_settings(self) -> ImexSettings:
         backend: ImexBackendName | None = None

@@ -32,10 +32,9 @@ from libs.hardware import ImexBackendName, NodeHardware
 from libs.runtime.backoff import Backoff
 from libs.state.keys import Keys
 from libs.state.store import TRANSIENT_ERRORS, Store
-from libs.state.watch import M, Resync, WatchEvent, watch_prefix
+from libs.state.watch import M, PrefixWatcher, Resync, WatchEvent, watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, domain_dirs
-from services.imexagent.meshcreds import PrefixWatcher
 from services.imexagent.probe import CtlProbe, CtlRunner, ExecCtl, ReadinessProbe, SimulatorCtl
 from services.imexagent.runner import DomainDaemon
 from services.imexagent.settings import ImexSettings

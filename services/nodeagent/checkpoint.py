@@ -25,8 +25,15 @@ tombstone may carry the claim's version (Kubernetes resourceVersion, or the stor
 simulation) seen at prepare time: a later prepare of the same claim at another version (a shared
 claim reused by a new pod) is then not refused.
 
-Concurrency: the class is plain synchronous state. Use it from one asyncio task at a time (the
-caller serializes access, e.g. with a lock around mark + save); it does no locking itself.
+Every change goes through one call that applies it and saves: :meth:`Checkpoint.update` (a
+blocking save), or ``CheckpointWriter.update`` (services/nodeagent/checkpointwriter.py: saves
+coalesced with concurrent changes, off the event loop). A change whose save fails is undone in
+memory, so memory never holds a change that the file lacks because its write failed: the
+caller's retry finds the state as it was and repeats the whole step (a failed completion must
+not leave the claim looking prepared to the next prepare call).
+
+Concurrency: the class is plain synchronous state. Use it from one asyncio task at a time; it
+does no locking itself.
 """
 
 from __future__ import annotations
@@ -41,12 +48,13 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
+from libs.runtime.errors import PermanentError
 from services.nodeagent.jsonmembers import JsonMembers
 from services.nodeagent.nvidiacheckpoint import (
     NvidiaCheckpointError,
@@ -61,6 +69,8 @@ CHECKPOINT_VERSION = 1
 CHECKPOINT_FILENAME = "checkpoint.json"
 DEFAULT_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 DEFAULT_TOMBSTONE_TTL_S = 300.0
+
+T = TypeVar("T")
 
 
 def checkpoint_path(kubelet_dir: Path) -> Path:
@@ -97,7 +107,7 @@ class Tombstone:
     claim_version: str | None
 
 
-class StalePrepareError(Exception):
+class StalePrepareError(PermanentError):
     """A prepare for a claim that was unprepared moments ago (refuse it; do not resurrect)."""
 
     def __init__(self, claim_uid: str, detail: str) -> None:
@@ -105,8 +115,17 @@ class StalePrepareError(Exception):
         self.claim_uid = claim_uid
 
 
-class _CorruptCheckpoint(Exception):
+class _CorruptCheckpoint(PermanentError):
     pass
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one update did, claim by claim: each touched claim's entry and tombstone before it
+    and after it (None: none). Enough to undo it while nothing else changed those claims."""
+
+    before: Mapping[str, tuple[ClaimEntry | None, Tombstone | None]]
+    after: Mapping[str, tuple[ClaimEntry | None, Tombstone | None]]
 
 
 class Checkpoint:
@@ -136,6 +155,8 @@ class Checkpoint:
         for tomb in self._tombstones.values():
             self._tombstone_text.set(tomb.claim_uid, _tombstone_member(tomb))
         self._earliest_expiry: float | None = None
+        # The claims' states before the change being applied (see `apply`), while one is.
+        self._before: dict[str, tuple[ClaimEntry | None, Tombstone | None]] | None = None
 
     # ---- loading -------------------------------------------------------------------------
 
@@ -311,7 +332,67 @@ class Checkpoint:
             return False
         return tomb.claim_version is None or claim_version is None or tomb.claim_version == claim_version
 
-    # ---- changes (in memory; call save() to persist) --------------------------------------
+    # ---- changes ------------------------------------------------------------------------------
+
+    def update(self, mutate: Callable[[Checkpoint], T]) -> T:
+        """Apply ``mutate`` (calls of the ``mark_*`` and ``remove`` methods below) and save,
+        blocking. Returns what ``mutate`` returned. If ``mutate`` or the save raises, the change
+        is undone in memory and the exception propagates: nothing is half-done."""
+        result, change = self.apply(mutate)
+        try:
+            self.save()
+        except BaseException:
+            self.revert(change)
+            raise
+        return result
+
+    def apply(self, mutate: Callable[[Checkpoint], T]) -> tuple[T, Change]:
+        """Apply ``mutate`` in memory only, returning its result and the :class:`Change` that
+        undoes it; for a saver that persists it (``update``, ``CheckpointWriter.update``). A
+        ``mutate`` that raises has its partial change undone."""
+        if self._before is not None:
+            raise RuntimeError("checkpoint changes do not nest: one update at a time")
+        self._before = {}
+        try:
+            result = mutate(self)
+            before = self._before
+        except BaseException:
+            self.revert(Change(before=self._before, after=self._states(self._before)))
+            raise
+        finally:
+            self._before = None
+        return result, Change(before=before, after=self._states(before))
+
+    def revert(self, change: Change) -> None:
+        """Undo ``change`` for each claim that no later change touched (its state is still what
+        the change left); a later change built on it stands or falls with its own save."""
+        for uid, (entry, tomb) in change.before.items():
+            now_entry, now_tomb = self._state(uid)
+            after_entry, after_tomb = change.after[uid]
+            if now_entry is not after_entry or now_tomb is not after_tomb:
+                continue
+            if entry is None:
+                self._entries.pop(uid, None)
+            else:
+                self._entries[uid] = entry
+            if tomb is None:
+                if self._tombstones.pop(uid, None) is not None:
+                    self._tombstone_text.discard(uid)
+            else:
+                self._tombstones[uid] = tomb
+                self._tombstone_text.set(uid, _tombstone_member(tomb))
+            self._earliest_expiry = None  # recomputed at the next prune
+
+    def _state(self, uid: str) -> tuple[ClaimEntry | None, Tombstone | None]:
+        return self._entries.get(uid), self._tombstones.get(uid)
+
+    def _states(self, uids: Iterable[str]) -> dict[str, tuple[ClaimEntry | None, Tombstone | None]]:
+        return {uid: self._state(uid) for uid in uids}
+
+    def _touch(self, uid: str) -> None:
+        """Note the claim's state before a change to it (first touch per update only)."""
+        if self._before is not None and uid not in self._before:
+            self._before[uid] = self._state(uid)
 
     def mark_prepare_started(
         self,
@@ -333,6 +414,7 @@ class Checkpoint:
             return existing
         if self.is_tombstoned(claim_uid, claim_version=claim_version):
             raise StalePrepareError(claim_uid, "unprepared recently; refusing a stale prepare")
+        self._touch(claim_uid)
         if self._tombstones.pop(claim_uid, None) is not None:
             self._tombstone_text.discard(claim_uid)
             self._earliest_expiry = None
@@ -375,6 +457,7 @@ class Checkpoint:
             raise StalePrepareError(
                 claim_uid, f"prepare of version {claim_version} superseded by version {entry.claim_version}"
             )
+        self._touch(claim_uid)
         completed = replace(
             entry,
             state=ClaimState.PREPARE_COMPLETED,
@@ -391,6 +474,7 @@ class Checkpoint:
         The tombstone takes the entry's claim version, else ``claim_version``. Returns the
         removed entry, or None if there was none (still tombstoned: a prepare may be in flight).
         """
+        self._touch(claim_uid)
         entry = self._entries.pop(claim_uid, None)
         version = entry.claim_version if entry is not None and entry.claim_version else claim_version
         tomb = Tombstone(
@@ -420,7 +504,8 @@ class Checkpoint:
     # ---- persistence ---------------------------------------------------------------------
 
     def save(self) -> None:
-        """Persist atomically (temp file, fsync, rename, fsync dir)."""
+        """Persist atomically (temp file, fsync, rename, fsync dir). Changes go through
+        :meth:`update`; this alone writes a checkpoint as loaded or migrated."""
         self.prune_tombstones()
         self.write(self.encode())
 

@@ -24,7 +24,7 @@ from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion, resource_path
 from libs.state.store import TRANSIENT_ERRORS, Store
-from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
+from services.nodeagent.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 
 log = structlog.get_logger(__name__)
 
@@ -90,8 +90,8 @@ class ResolvedClaim:
 class ClaimSource(Protocol):
     async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
         """The claim's allocation. Raises :class:`ClaimGone` when the claim does not exist (or
-        the name belongs to another UID), :class:`RetryableError` when the source is unreachable,
-        :class:`PermanentError` when the claim is unusable."""
+        the name belongs to another UID), :class:`RetryableClaimError` when the source is unreachable,
+        :class:`PermanentClaimError` when the claim is unusable."""
         ...
 
 
@@ -102,7 +102,7 @@ def _check_identity(ref: ClaimRef, namespace: str, name: str, uid: str, where: s
             "(deleted and re-created?)"
         )
     if (namespace, name) != (ref.namespace, ref.name):
-        raise PermanentError(
+        raise PermanentClaimError(
             f"claim {ref.uid} is {namespace}/{name} in {where}, but kubelet named it {ref.namespace}/{ref.name}"
         )
 
@@ -120,9 +120,9 @@ class StoreClaimSource:
         try:
             got = await self.store.get(self.store.keys.claim(ref.uid), pb.Claim)
         except ValueError as exc:  # a UID that cannot be a key segment
-            raise PermanentError(f"claim UID {ref.uid!r} is invalid: {exc}") from None
+            raise PermanentClaimError(f"claim UID {ref.uid!r} is invalid: {exc}") from None
         except TRANSIENT_ERRORS as exc:
-            raise RetryableError(f"store unavailable while reading claim {ref.uid}: {exc}") from exc
+            raise RetryableClaimError(f"store unavailable while reading claim {ref.uid}: {exc}") from exc
         if got is None:
             raise ClaimGone(f"claim {ref.namespace}/{ref.name} ({ref.uid}) does not exist")
         claim = got.value
@@ -130,7 +130,7 @@ class StoreClaimSource:
         try:
             return _resolved_from_store(ref, got.mod_revision, claim)
         except ConfigError as exc:
-            raise PermanentError(str(exc)) from None
+            raise PermanentClaimError(str(exc)) from None
 
 
 def _resolved_from_store(ref: ClaimRef, revision: int, claim: pb.Claim) -> ResolvedClaim:
@@ -173,7 +173,9 @@ def _strings(value: Any) -> tuple[str, ...]:
 def parse_resource_claim(obj: Any, ref: ClaimRef) -> ResolvedClaim:
     """A ``resource.k8s.io`` ResourceClaim (decoded JSON, any version) as a :class:`ResolvedClaim`."""
     if not isinstance(obj, Mapping) or obj.get("kind", "ResourceClaim") != "ResourceClaim":
-        raise PermanentError(f"claim {ref.namespace}/{ref.name}: the API server returned no ResourceClaim")
+        raise PermanentClaimError(
+            f"claim {ref.namespace}/{ref.name}: the API server returned no ResourceClaim"
+        )
     meta = _field(obj, "metadata") or {}
     _check_identity(
         ref,
@@ -184,7 +186,7 @@ def parse_resource_claim(obj: Any, ref: ClaimRef) -> ResolvedClaim:
     )
     allocation = _field(obj, "status", "allocation")
     if not isinstance(allocation, Mapping):
-        raise RetryableError(f"claim {ref.namespace}/{ref.name} is not allocated")
+        raise RetryableClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
     results = []
     for r in _field(allocation, "devices", "results") or ():
         if isinstance(r, Mapping):
@@ -250,16 +252,16 @@ class KubeClaimSource:
         except ApiException as exc:
             status, body = int(exc.status or 0), b""
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise RetryableError(f"{what}: API server unreachable: {exc or type(exc).__name__}") from exc
+            raise RetryableClaimError(f"{what}: API server unreachable: {exc or type(exc).__name__}") from exc
         except ResourceApiUnavailable as exc:
-            raise RetryableError(f"{what}: {exc}") from exc
+            raise RetryableClaimError(f"{what}: {exc}") from exc
         if status == 404:
             raise ClaimGone(f"{what} ({ref.uid}) does not exist")
         if not 200 <= status <= 299:
             # 403 is a deployment problem (RBAC), but fixing it needs no new claim: retryable.
-            raise RetryableError(f"{what}: API server answered HTTP {status}")
+            raise RetryableClaimError(f"{what}: API server answered HTTP {status}")
         try:
             obj = json.loads(body)
         except ValueError as exc:
-            raise RetryableError(f"{what}: undecodable API response: {exc}") from exc
+            raise RetryableClaimError(f"{what}: undecodable API response: {exc}") from exc
         return parse_resource_claim(obj, ref)

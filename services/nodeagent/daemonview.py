@@ -25,8 +25,7 @@ import structlog
 from libs.contract.names import REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from libs.state.watch import Resync, WatchEvent, watch_prefix
-from services.imexagent.supervisor import PrefixWatcher
+from libs.state.watch import PrefixWatcher, Resync, WatchEvent, watch_prefix
 from services.nodeagent.metrics import AgentMetrics
 
 log = structlog.get_logger(__name__)

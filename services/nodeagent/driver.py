@@ -23,7 +23,7 @@ from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.textlimits import clip, too_long
 from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.errors import ClaimError, PermanentError
+from services.nodeagent.errors import ClaimError, PermanentClaimError
 from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.state import PreparedDevice
@@ -67,10 +67,10 @@ class ClaimDispatcher:
         self._claim_locks = KeyedLocks()
 
     def _check(self, ref: ClaimRef) -> None:
-        """The claim's fields fit Kubernetes' limits; PermanentError naming the field otherwise
+        """The claim's fields fit Kubernetes' limits; PermanentClaimError naming the field otherwise
         (before anything is looked up or written)."""
         if not ref.uid:
-            raise PermanentError(f"claim {clip(ref.namespace)}/{clip(ref.name)}: uid is empty")
+            raise PermanentClaimError(f"claim {clip(ref.namespace)}/{clip(ref.name)}: uid is empty")
         for field_name, value, limit, setting in (
             ("uid", ref.uid, self.max_uid_bytes, " (--max-claim-uid-bytes)"),
             ("namespace", ref.namespace, MAX_NAMESPACE_BYTES, ""),
@@ -78,7 +78,7 @@ class ClaimDispatcher:
         ):
             problem = too_long(value, limit)
             if problem:
-                raise PermanentError(f"claim {field_name}: {problem}{setting}")
+                raise PermanentClaimError(f"claim {field_name}: {problem}{setting}")
 
     async def prepare_claims(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
         unique = list({c.uid: c for c in claims}.values())

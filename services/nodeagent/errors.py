@@ -3,10 +3,13 @@
 Kubelet retries every failed claim; the distinction is ours: a permanent error cannot succeed
 on retry as things stand (bad configuration, a namespace violation), so it is logged at error
 level and counted apart from retryable ones (the node is busy, the IMEX daemon is not ready
-yet, the store is unreachable). Either message goes into the claim's ``error`` string.
+yet, the store is unreachable). Either message goes into the claim's ``error`` string. The two
+derive from the project's roots (libs/runtime/errors.py).
 """
 
 from __future__ import annotations
+
+from libs.runtime import errors
 
 
 class ClaimError(Exception):
@@ -15,17 +18,17 @@ class ClaimError(Exception):
     kind = "error"
 
 
-class PermanentError(ClaimError):
+class PermanentClaimError(ClaimError, errors.PermanentError):
     """Retrying the same claim will fail the same way until something outside changes."""
 
     kind = "permanent"
 
 
-class RetryableError(ClaimError):
+class RetryableClaimError(ClaimError, errors.RetryableError):
     """The same call may succeed later."""
 
     kind = "retryable"
 
 
-class ClaimGone(PermanentError):
+class ClaimGone(PermanentClaimError):
     """The claim does not exist (any more), or the name now belongs to another UID."""

@@ -18,20 +18,15 @@ backoff; the problem clears once it has run for a while again.
 from __future__ import annotations
 
 import asyncio
-import signal
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from libs.hardware.errors import HardwareError
-from libs.hardware.factory import open_node_hardware
-from libs.hardware.interface import NodeHardware
+from libs.hardware.factory import open_node_hardware_from
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
@@ -42,17 +37,6 @@ from services.nodeagent.storebatch import BatchedReads, StoreBatch
 from services.nodeagent.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
-
-
-def _open_hardware(settings: AgentSettings) -> NodeHardware:
-    return open_node_hardware(
-        settings.hardware,
-        sim_cluster=Path(settings.sim_cluster) if settings.sim_cluster else None,
-        node=settings.node_name,
-        sim_state_base=Path(settings.sim_state_dir) if settings.sim_state_dir else None,
-        proc_devices=Path(settings.proc_devices),
-        dev_root=Path(settings.driver_root),
-    )
 
 
 async def _kube_api_client(settings: AgentSettings) -> Any:
@@ -70,15 +54,12 @@ async def _kube_api_client(settings: AgentSettings) -> Any:
 
 async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals(stop)
     node_name = settings.node_name
     health = Health()
     metrics = AgentMetrics()
     health.set_ready("serving", False)
-    hardware = _open_hardware(settings)
+    hardware = open_node_hardware_from(settings)
     health_runner, health_port = await start_health_server(
         health, settings.health_host, settings.health_port, metrics.registry
     )
@@ -151,18 +132,15 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    settings = load_settings_or_exit(
+    run_service(
         AgentSettings,
         argv,
         prog="cd-node-agent",
         description="ComputeDomain node agent (kubelet DRA plugin).",
+        name="node agent",
+        run=run_agent,
+        fatal=(HardwareError, SocketInUse, ValueError, OSError),
     )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
-    try:
-        asyncio.run(run_agent(settings))
-    except (HardwareError, SocketInUse, ValueError, OSError) as exc:
-        log.error("node agent cannot run", error=str(exc))
-        sys.exit(1)
 
 
 if __name__ == "__main__":

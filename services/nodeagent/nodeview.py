@@ -23,8 +23,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from libs.state.watch import Resync, WatchEvent, watch_prefix
-from services.imexagent.supervisor import PrefixWatcher
+from libs.state.watch import PrefixWatcher, Resync, WatchEvent, watch_prefix
 
 log = structlog.get_logger(__name__)
 

@@ -48,6 +48,7 @@ from enum import StrEnum
 from typing import Any
 
 from libs.contract.names import CHANNEL_CONFIG_KIND, DRIVER_NAME
+from libs.runtime.errors import PermanentError
 
 SUPPORTED_VERSIONS = ("v1", "v2")
 _TOP_LEVEL_KEYS = frozenset({"checksum", *SUPPORTED_VERSIONS})
@@ -65,7 +66,7 @@ class DeviceKind(StrEnum):
     DAEMON = "daemon"
 
 
-class NvidiaCheckpointError(Exception):
+class NvidiaCheckpointError(PermanentError):
     """NVIDIA's checkpoint cannot be read: the message names the problem."""
 
 

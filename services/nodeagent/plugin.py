@@ -26,8 +26,7 @@ from libs.hardware.interface import NodeHardware
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.store import Store
-from libs.state.watch import watch_prefix
-from services.imexagent.supervisor import PrefixWatcher
+from libs.state.watch import PrefixWatcher, watch_prefix
 from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.claimsource import ClaimSource
 from services.nodeagent.daemonview import DaemonView

@@ -23,8 +23,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.keys import Keys
-from libs.state.watch import Resync, watch_prefix
-from services.imexagent.meshcreds import PrefixWatcher
+from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 from services.nodeagent.nodeview import NodeView
 from services.nodeagent.state import STORE_FAILURES, DeviceState
 

@@ -41,7 +41,7 @@ from libs.kube.resourceapi import (
     typed_api,
 )
 from libs.runtime.backoff import Backoff
-from services.imexagent.inventory import clique_settled
+from libs.state.noderecord import clique_settled
 
 log = structlog.get_logger(__name__)
 

@@ -7,13 +7,13 @@ device nodes it creates and the host ``/dev`` root its CDI specs name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from libs.hardware.factory import HARDWARE_KINDS
 from libs.runtime.settings import non_negative, positive, setting
-from libs.state.config import EtcdConfig, EtcdSettings
+from libs.state.config import EtcdSettings
 
 
 def _required(value: Any) -> str | None:
@@ -24,7 +24,7 @@ def _port(value: Any) -> str | None:
     return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AgentSettings(EtcdSettings):
     node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
     kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (plugin and registration sockets).")
@@ -84,15 +84,6 @@ class AgentSettings(EtcdSettings):
     health_port: int = setting(8082, "Port of the health server (0 = any free port).", validate=_port)
     log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-
-    def __repr__(self) -> str:
-        shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        if shown["etcd_password"]:
-            shown["etcd_password"] = "<redacted>"
-        return f"AgentSettings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
-
-    def etcd_config(self) -> EtcdConfig:
-        return EtcdConfig.from_settings(self)
 
     @property
     def kubelet_path(self) -> Path:

@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import aetcd.exceptions
 import structlog
@@ -38,26 +38,26 @@ from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_chann
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME, REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
+from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import UndecodableValue
 from libs.state.membership import (
-    CliqueFull,
-    DomainUnavailable,
-    IndexConflict,
     NodeBusy,
     join_domain,
     leave_domain,
 )
-from libs.state.store import TRANSIENT_ERRORS, ConflictError, Read, Store, StoreUnavailable
+from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
 from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
 from services.nodeagent.checkpointwriter import CheckpointWriter
 from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
 from services.nodeagent.domainheader import DomainHeader, decode_domain_header
-from services.nodeagent.errors import ClaimError, ClaimGone, PermanentError, RetryableError
+from services.nodeagent.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
 from services.nodeagent.keyedlocks import KeyedLocks
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.storebatch import StoreBatch
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 # A file operation that takes longer (a hung disk) fails the call as retryable.
 FILE_IO_TIMEOUT_S = 10.0
@@ -66,12 +66,12 @@ DEFAULT_PREPARE_BUDGET_S = 45.0
 # More missing channel devices than this are created off the event loop.
 _INLINE_CHANNEL_CREATES = 8
 
-# Store failures after which the same call may succeed: kubelet should retry.
+# Store failures after which the same call may succeed: kubelet should retry. Ours derive from
+# StoreFailure (a RetryableError); aetcd's and asyncio's cannot.
 STORE_FAILURES: tuple[type[BaseException], ...] = (
     *TRANSIENT_ERRORS,
     aetcd.exceptions.ClientError,
-    StoreUnavailable,
-    ConflictError,
+    StoreFailure,
 )
 
 
@@ -172,7 +172,7 @@ class DeviceState:
     # ---- prepare ---------------------------------------------------------------------------
 
     async def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
-        """Prepare one claim; raises :class:`PermanentError` or :class:`RetryableError`."""
+        """Prepare one claim; raises :class:`PermanentClaimError` or :class:`RetryableClaimError`."""
         entry = self.checkpoint.get(ref.uid)
         if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
             return self._devices_of(entry)  # repeat of a finished prepare: no side effects
@@ -182,7 +182,7 @@ class DeviceState:
         except ClaimError:
             raise
         except STORE_FAILURES as exc:
-            raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
+            raise RetryableClaimError(f"state store unavailable: {exc or type(exc).__name__}") from exc
 
     async def _prepare(self, ref: ClaimRef, deadline: float) -> list[PreparedDevice]:
         node = self.identity.node
@@ -195,18 +195,18 @@ class DeviceState:
             claim, domain = await self.claims.resolve(ref), None
         results = claim.results_for(DRIVER_NAME, node.name)
         if not results:
-            raise PermanentError(
+            raise PermanentClaimError(
                 f"claim {ref.namespace}/{ref.name} has no device of driver {DRIVER_NAME} allocated on node {node.name}"
             )
         for result in results:
             if result.device != CHANNEL_DEVICE:
-                raise PermanentError(
+                raise PermanentClaimError(
                     f"claim {ref.namespace}/{ref.name} was allocated unknown device {result.device!r} "
                     f"of driver {DRIVER_NAME} (this node offers {CHANNEL_DEVICE})"
                 )
         config = self._channel_config(claim, [r.request for r in results])
         if self.checkpoint.is_tombstoned(ref.uid, claim_version=claim.version):
-            raise PermanentError(
+            raise PermanentClaimError(
                 f"claim {ref.namespace}/{ref.name} ({ref.uid}) was unprepared recently; "
                 "refusing a stale prepare"
             )
@@ -215,7 +215,7 @@ class DeviceState:
         _check_domain(ref, config, domain)  # the security boundary: nothing was written so far
         fabric = bool(node.clique_id)
         if not fabric and node.fabric_message:
-            raise RetryableError(f"node {node.name}: NVLink clique not known yet: {node.fabric_message}")
+            raise RetryableClaimError(f"node {node.name}: NVLink clique not known yet: {node.fabric_message}")
         channels = channels_for(config.allocation_mode, fabric=fabric)
         major = self._major() if fabric else None
         record_key = self.store.keys.preparation(node.name, ref.uid)
@@ -235,15 +235,16 @@ class DeviceState:
             existing = self.checkpoint.get(ref.uid)
             # A claim taken over from NVIDIA's checkpoint without a known domain takes the claim's.
             if existing is not None and existing.domain_uid and existing.domain_uid != config.domain_id:
-                raise PermanentError(
+                raise PermanentClaimError(
                     f"claim {ref.uid} was started for domain {existing.domain_uid}, now names {config.domain_id}"
                 )
             # Another completed claim of this domain holds the membership, and no unprepare can
             # drop it while this entry exists (both decide under the domain lock): no join, so
             # nothing in the store or on disk needs the started state recorded first.
             membership_held = self._holds_completed(config.domain_id, besides=ref.uid)
-            try:
-                self.checkpoint.mark_prepare_started(
+
+            def start(checkpoint: Checkpoint) -> ClaimEntry:
+                return checkpoint.mark_prepare_started(
                     ref.uid,
                     namespace=ref.namespace,
                     name=ref.name,
@@ -251,11 +252,18 @@ class DeviceState:
                     node=node.name,
                     claim_version=claim.version,
                 )
+
+            try:
+                if membership_held:
+                    # Written with the completion below (or any save before it): the started
+                    # state must only be visible under the lock, to unprepares of this domain.
+                    self.checkpoint.apply(start)
+                else:
+                    await self._update_checkpoint(start)
             except StalePrepareError as exc:
-                raise PermanentError(str(exc)) from None
+                raise PermanentClaimError(str(exc)) from None
             joined_now, index = False, None
             if not membership_held:
-                await self._save_checkpoint()
                 put = asyncio.ensure_future(self.store.put(record_key, started_record()))
                 try:
                     joined_now, index = await self._join(config.domain_id, ref.namespace, node)
@@ -268,7 +276,7 @@ class DeviceState:
         if fabric:
             remaining = max(deadline - self._clock(), 0.0)
             if not await self.daemons.wait_ready(config.domain_id, remaining, node_id=index):
-                raise RetryableError(await self._not_ready_message(config.domain_id, node.name))
+                raise RetryableClaimError(await self._not_ready_message(config.domain_id, node.name))
             await self._ensure_channels(channels)
 
         cdi_id = claim_cdi_device_id(ref.uid)
@@ -290,20 +298,21 @@ class DeviceState:
             # On the loop, as the checkpoint below: a small write and a rename, no fsync; a hop to
             # the shared thread pool waited behind every other blocking call of the process.
             self.cdi.write(ref.uid, channels=channels, major=major)
-            entry = self.checkpoint.mark_prepare_completed(
-                ref.uid,
-                [cdi_id],
-                request_names=tuple(dict.fromkeys(r.request for r in results)),
-                claim_version=claim.version,
+            entry = await self._update_checkpoint(
+                lambda checkpoint: checkpoint.mark_prepare_completed(
+                    ref.uid,
+                    [cdi_id],
+                    request_names=tuple(dict.fromkeys(r.request for r in results)),
+                    claim_version=claim.version,
+                )
             )
-            await self._save_checkpoint()
         except BaseException as exc:
             await self._revert_completed_record(put, record_key, started_record())
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
                 self.cdi.remove(ref.uid)
-                raise PermanentError(str(exc)) from None
+                raise PermanentClaimError(str(exc)) from None
             if isinstance(exc, OSError):
-                raise RetryableError(
+                raise RetryableClaimError(
                     f"cannot write CDI spec or checkpoint for claim {ref.uid}: {exc}"
                 ) from exc
             raise
@@ -356,7 +365,7 @@ class DeviceState:
         return header
 
     def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
-        """The claim's one channel config; `PermanentError` naming what is wrong with it."""
+        """The claim's one channel config; `PermanentClaimError` naming what is wrong with it."""
         decoded: ChannelConfig | None = None
         try:
             for request in requests:
@@ -368,7 +377,7 @@ class DeviceState:
                     raise ConfigError("the claim's requests name different ComputeDomain channel configs")
                 decoded = config
         except ConfigError as exc:
-            raise PermanentError(str(exc)) from None
+            raise PermanentClaimError(str(exc)) from None
         assert decoded is not None
         return decoded
 
@@ -378,9 +387,14 @@ class DeviceState:
         try:
             result = await join_domain(self.store, domain_uid, namespace, node)
         except NodeBusy as exc:
-            raise RetryableError(f"node busy: {exc}") from None
-        except (CliqueFull, IndexConflict, DomainUnavailable, UndecodableValue) as exc:
-            raise RetryableError(str(exc)) from None
+            raise RetryableClaimError(f"node busy: {exc}") from None
+        except StoreFailure:
+            raise  # the caller's "state store unavailable"
+        except (RetryableError, PermanentError) as exc:
+            # A refused join (the clique is full, the domain is going) may succeed later; an
+            # index conflict or an unreadable record waits for the controller or a rewrite,
+            # and kubelet retries every failure: all retryable for the claim.
+            raise RetryableClaimError(str(exc)) from None
         return result.joined_now, result.member.index
 
     async def _not_ready_message(self, domain_uid: str, node_name: str) -> str:
@@ -403,7 +417,7 @@ class DeviceState:
             try:
                 self._channel_major = self.hardware.imex_channel_major()
             except HardwareError as exc:
-                raise RetryableError(f"IMEX channels unavailable on this node: {exc}") from exc
+                raise RetryableClaimError(f"IMEX channels unavailable on this node: {exc}") from exc
         return self._channel_major
 
     async def _ensure_channels(self, channels: Sequence[int]) -> None:
@@ -418,7 +432,7 @@ class DeviceState:
             else:
                 self._create_channels(missing)
         except (OSError, HardwareError) as exc:
-            raise RetryableError(f"cannot create IMEX channel device: {exc}") from exc
+            raise RetryableClaimError(f"cannot create IMEX channel device: {exc}") from exc
 
     def _create_channels(self, channels: Sequence[int]) -> None:
         for channel in channels:
@@ -435,13 +449,11 @@ class DeviceState:
             )
         ]
 
-    async def _save_checkpoint(self) -> None:
-        """Persist the checkpoint as it is now: returns once a write holding every change made
-        so far landed (concurrent saves share writes; see ``checkpointwriter``)."""
-        try:
-            await self.checkpoint_writer.save()
-        except (OSError, TimeoutError) as exc:
-            raise RetryableError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
+    def _update_checkpoint(self, mutate: Callable[[Checkpoint], T]) -> Coroutine[Any, Any, T]:
+        """Change the checkpoint now (``mutate``) and return what to await for its save: it gives
+        ``mutate``'s result once the change is in the file, or raises :class:`RetryableClaimError`
+        with the change undone (concurrent changes share writes; see ``checkpointwriter``)."""
+        return _checkpoint_written(self.checkpoint_writer.update(mutate))
 
     def _saved(self) -> None:
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
@@ -449,15 +461,15 @@ class DeviceState:
     # ---- unprepare -------------------------------------------------------------------------
 
     async def unprepare(self, ref: ClaimRef) -> None:
-        """Release one claim; unknown claims succeed. Raises :class:`RetryableError`."""
+        """Release one claim; unknown claims succeed. Raises :class:`RetryableClaimError`."""
         try:
             await self._unprepare(ref.uid, ref.namespace)
         except ClaimError:
             raise
         except STORE_FAILURES as exc:
-            raise RetryableError(f"state store unavailable: {exc or type(exc).__name__}") from exc
+            raise RetryableClaimError(f"state store unavailable: {exc or type(exc).__name__}") from exc
         except OSError as exc:
-            raise RetryableError(f"cannot remove CDI spec of claim {ref.uid}: {exc}") from exc
+            raise RetryableClaimError(f"cannot remove CDI spec of claim {ref.uid}: {exc}") from exc
 
     async def _unprepare(self, claim_uid: str, namespace: str) -> None:
         try:
@@ -471,13 +483,11 @@ class DeviceState:
                 await self.store.delete(self.store.keys.preparation(self.identity.node.name, claim_uid))
             else:
                 # Unknown claim: success, and a tombstone in case its prepare is still on the way.
-                self.checkpoint.remove(claim_uid)
-                await self._save_checkpoint()
+                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             return
         if not entry.domain_uid:
             # Taken over from NVIDIA's checkpoint without a domain: no record, no membership.
-            self.checkpoint.remove(claim_uid)
-            await self._save_checkpoint()
+            await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             log.info(
                 "claim unprepared",
                 claim_uid=claim_uid,
@@ -486,6 +496,7 @@ class DeviceState:
             )
             return
         record_key = self.store.keys.preparation(entry.node or self.identity.node.name, claim_uid)
+        removed: Coroutine[Any, Any, ClaimEntry | None] | None = None
         async with self._domain_locks.hold(entry.domain_uid):
             last = not any(
                 e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
@@ -496,20 +507,20 @@ class DeviceState:
                 left = await leave_domain(self.store, entry.domain_uid, entry.node or self.identity.node.name)
                 if left:
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
-                self.checkpoint.remove(claim_uid)
-                await self._save_checkpoint()
+                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
             else:
                 # Another claim keeps the membership: decided and recorded here, under the lock
                 # (a concurrent unprepare of that claim then sees this one gone and leaves); the
                 # writes below need no lock, so unprepares of a domain do not queue behind each
                 # other's round trips.
-                self.checkpoint.remove(claim_uid)
-        if not last:
-            # The store delete travels while the checkpoint is written (if it fails, the
-            # retry finds the tombstone and deletes).
+                removed = self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
+        if removed is not None:
+            # The store delete travels while the checkpoint is written (if the delete fails,
+            # the retry finds the tombstone and deletes; if the write fails, the retry finds
+            # the entry and unprepares again).
             delete = asyncio.ensure_future(self.batch.delete(record_key))
             try:
-                await self._save_checkpoint()
+                await removed
             finally:
                 await delete
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
@@ -658,40 +669,51 @@ class DeviceState:
         return ""
 
     async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
-        self.checkpoint.mark_prepare_started(
-            prep.claim_uid,
-            namespace=prep.namespace,
-            name=prep.name,
-            domain_uid=prep.domain_uid,
-            node=prep.node_name,
-        )
+        completed: tuple[str, ...] | None = None  # the request names, when it is completed
         if prep.state == pb.PreparedState.PREPARE_COMPLETED and has_cdi_spec and prep.cdi_device_ids:
             # Finished before the checkpoint was lost, and the spec is still there: the claim's
             # own request names make the repeat answer exact.
-            request_names: tuple[str, ...] = ()
             try:
                 claim = await self.claims.resolve(ClaimRef(prep.namespace, prep.name, prep.claim_uid))
-                request_names = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
+                completed = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
             except ClaimError:
                 pass  # gone or unreachable: stays PrepareStarted, handled below or by kubelet
-            else:
-                self.checkpoint.mark_prepare_completed(
-                    prep.claim_uid, prep.cdi_device_ids, request_names=request_names
+
+        def rebuild(checkpoint: Checkpoint) -> None:
+            checkpoint.mark_prepare_started(
+                prep.claim_uid,
+                namespace=prep.namespace,
+                name=prep.name,
+                domain_uid=prep.domain_uid,
+                node=prep.node_name,
+            )
+            if completed is not None:
+                checkpoint.mark_prepare_completed(
+                    prep.claim_uid, prep.cdi_device_ids, request_names=completed
                 )
-        await self._save_checkpoint()
+
+        await self._update_checkpoint(rebuild)
+
+
+async def _checkpoint_written(written: Awaitable[T]) -> T:
+    """The result of a checkpoint update once written; a failed write is retryable for the claim."""
+    try:
+        return await written
+    except (OSError, TimeoutError) as exc:
+        raise RetryableClaimError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
 
 
 def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:
     """The claim may use the domain: it exists, is in the claim's namespace, is not going away."""
     if domain is None:
-        raise PermanentError(
+        raise PermanentClaimError(
             f"ComputeDomain {config.domain_id} named by claim {ref.namespace}/{ref.name} does not exist"
         )
     if domain.namespace != ref.namespace:
         # Do not tell which namespace it is in: that is the other tenant's business.
-        raise PermanentError(
+        raise PermanentClaimError(
             f"ComputeDomain {config.domain_id} is not in namespace {ref.namespace} of claim "
             f"{ref.namespace}/{ref.name}; a claim may only use a ComputeDomain of its own namespace"
         )
     if domain.deleting:
-        raise PermanentError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")
+        raise PermanentClaimError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")

@@ -19,6 +19,7 @@ from pathlib import Path
 import structlog
 from grpclib.server import Server
 
+from libs.runtime.errors import PermanentError
 from libs.runtime.grpclimits import LimitedServer, ServerLimits
 
 log = structlog.get_logger(__name__)
@@ -29,7 +30,7 @@ DIR_MODE = 0o750
 MAX_SOCKET_PATH = 107
 
 
-class SocketInUse(RuntimeError):
+class SocketInUse(PermanentError, RuntimeError):
     """Another live server listens on the socket path."""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.domainrecord import DomainRecord
 from services.controller import cdstatus
 from services.controller.actions import (
     ActivateMember,
@@ -12,7 +13,6 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
-from services.controller.domainrecord import DomainRecord
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.plan import plan_domain
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.domainrecord import DomainRecord
 from libs.state.membership import lowest_free_index
 from services.controller.actions import (
     ActivateMember,
@@ -37,7 +38,6 @@ from services.controller.actions import (
     MarkMemberLost,
     ReleaseMember,
 )
-from services.controller.domainrecord import DomainRecord
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.plan import plan_domain
 from services.controller.statusmodel import StatusValue

@@ -4,8 +4,8 @@ current request, nothing kept for a node that is not a member."""
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.domainrecord import DomainRecord
 from services.controller.actions import DeleteMeshCredentials, SecureMesh, SignMeshCertificate
-from services.controller.domainrecord import DomainRecord
 from services.controller.meshplan import mesh_actions
 from services.controller.meshview import MeshRequestRecord
 from services.controller.observed import DomainObservation, MemberRecord

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.domainrecord import DomainRecord
 from libs.state.keys import Keys
 from libs.state.store import Versioned
 from libs.state.watch import Resync, WatchEvent
-from services.controller.domainrecord import DomainRecord
 from services.controller.view import StoreView
 
 K = Keys("/p/")

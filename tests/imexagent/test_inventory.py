@@ -18,12 +18,12 @@ from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
 from libs.hardware.cluster import ClusterDescription
 from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.runtime.health import Health
+from libs.state.noderecord import clique_settled
 from libs.state.store import Store
 from services.imexagent.inventory import (
     InventorySettings,
     NodeInventory,
     build_node_record,
-    clique_settled,
     node_address,
 )
 

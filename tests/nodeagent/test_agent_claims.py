@@ -26,7 +26,7 @@ from services.nodeagent.claimsource import (
     StoreClaimSource,
     parse_resource_claim,
 )
-from services.nodeagent.errors import ClaimGone, PermanentError, RetryableError
+from services.nodeagent.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 from tests.nodeagent.agent_fakes import channel_parameters, put_claim
 
 CD_UID = "6f0e7b1c-1f6e-4a39-8a8e-3c1b2d4e5f60"
@@ -201,9 +201,9 @@ def test_parse_resource_claim_refusals() -> None:
         parse_resource_claim(recreated, REF)
     pending = copy.deepcopy(RESOURCE_CLAIM)
     del pending["status"]["allocation"]
-    with pytest.raises(RetryableError, match="not allocated"):
+    with pytest.raises(RetryableClaimError, match="not allocated"):
         parse_resource_claim(pending, REF)
-    with pytest.raises(PermanentError, match="kubelet named it team-b"):
+    with pytest.raises(PermanentClaimError, match="kubelet named it team-b"):
         parse_resource_claim(RESOURCE_CLAIM, ClaimRef("team-b", REF.name, REF.uid))
 
 
@@ -251,11 +251,11 @@ async def test_kube_claim_source_over_http(fake_apiserver: tuple[str, dict[str, 
         with pytest.raises(ClaimGone):
             await source.resolve(ClaimRef("team-a", "gone", "x"))
         state["status"] = 503
-        with pytest.raises(RetryableError, match="HTTP 503"):
+        with pytest.raises(RetryableClaimError, match="HTTP 503"):
             await source.resolve(REF)
 
     async with ApiClient(Configuration(host="http://127.0.0.1:1")) as api:
-        with pytest.raises(RetryableError, match="unreachable"):
+        with pytest.raises(RetryableClaimError, match="unreachable"):
             await KubeClaimSource(api, timeout_s=2.0).resolve(REF)
 
 
@@ -270,9 +270,9 @@ async def test_store_claim_source(store: Store) -> None:
     assert got is not None and claim.version == str(got.mod_revision)
     config = claim.config_for("compute-domain.nvidia.com", "channel")
     assert config is not None and decode_channel_config(config.parameters) == ChannelConfig(CD_UID, "All")
-    with pytest.raises(PermanentError, match="kubelet named it team-a/other"):
+    with pytest.raises(PermanentClaimError, match="kubelet named it team-a/other"):
         await source.resolve(ClaimRef(ref.namespace, "other", ref.uid))
     with pytest.raises(ClaimGone):
         await source.resolve(ClaimRef(ref.namespace, ref.name, "no-such-uid"))
-    with pytest.raises(PermanentError, match="invalid"):
+    with pytest.raises(PermanentClaimError, match="invalid"):
         await source.resolve(ClaimRef(ref.namespace, ref.name, "bad/uid"))

@@ -16,7 +16,7 @@ from libs.state.membership import join_domain
 from libs.state.store import Store
 from services.nodeagent.checkpoint import ClaimState, checkpoint_path
 from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.errors import PermanentError, RetryableError
+from services.nodeagent.errors import PermanentClaimError, RetryableClaimError
 from services.nodeagent.state import PreparedDevice
 from tests.nodeagent.agent_fakes import (
     MAJOR,
@@ -130,7 +130,7 @@ async def test_claim_naming_a_domain_of_another_namespace_changes_nothing(
     ref = await put_claim(store, "rack0-tray0", domain_a.uid, namespace="team-b")
     before_store, before_files = await store_dump(store), file_tree(tmp_path)
 
-    with pytest.raises(PermanentError) as info:
+    with pytest.raises(PermanentClaimError) as info:
         await n.state.prepare(ref)
 
     message = str(info.value)
@@ -145,7 +145,7 @@ async def test_missing_domain_is_a_permanent_error(store: Store, tmp_path: Path)
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
     ref = await put_claim(store, "rack0-tray0", new_uid())
     before = await store_dump(store)
-    with pytest.raises(PermanentError, match="does not exist"):
+    with pytest.raises(PermanentClaimError, match="does not exist"):
         await n.state.prepare(ref)
     assert await store_dump(store) == before
 
@@ -195,7 +195,7 @@ async def test_malformed_opaque_config_is_permanent_and_names_the_field(
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
     ref = await put_claim(store, "rack0-tray0", "x", parameters=parameters)
     before = await store_dump(store)
-    with pytest.raises(PermanentError) as info:
+    with pytest.raises(PermanentClaimError) as info:
         await n.state.prepare(ref)
     assert named in str(info.value)
     assert await store_dump(store) == before
@@ -207,7 +207,8 @@ async def test_claim_allocated_on_another_node_is_refused(store: Store, tmp_path
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray5", domain.uid)
     with pytest.raises(
-        PermanentError, match=r"no device of driver compute-domain\.nvidia\.com allocated on node rack0-tray0"
+        PermanentClaimError,
+        match=r"no device of driver compute-domain\.nvidia\.com allocated on node rack0-tray0",
     ):
         await n.state.prepare(ref)
 
@@ -216,9 +217,9 @@ async def test_claim_identity_must_match_the_record(store: Store, tmp_path: Path
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"))
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
-    with pytest.raises(PermanentError, match="kubelet named it team-a/other"):
+    with pytest.raises(PermanentClaimError, match="kubelet named it team-a/other"):
         await n.state.prepare(ClaimRef(ref.namespace, "other", ref.uid))
-    with pytest.raises(PermanentError, match="does not exist"):
+    with pytest.raises(PermanentClaimError, match="does not exist"):
         await n.state.prepare(ClaimRef(ref.namespace, ref.name, new_uid()))
 
 
@@ -230,7 +231,7 @@ async def test_node_in_another_domain_is_busy_then_succeeds_after_it_leaves(
     first = await put_claim(store, "rack0-tray0", d1.uid)
     second = await put_claim(store, "rack0-tray0", d2.uid)
     await n.state.prepare(first)
-    with pytest.raises(RetryableError, match="node busy"):
+    with pytest.raises(RetryableClaimError, match="node busy"):
         await n.state.prepare(second)
     await n.state.unprepare(first)
     devices = await n.state.prepare(second)  # kubelet's retry
@@ -246,7 +247,7 @@ async def test_daemon_not_ready_in_budget_is_retryable_and_retry_completes_once(
     n = make_device_state(store, tmp_path, fabric_node("rack0-tray0"), daemons=daemons, budget_s=0.2)
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
-    with pytest.raises(RetryableError, match=r"not READY within 0\.2s"):
+    with pytest.raises(RetryableClaimError, match=r"not READY within 0\.2s"):
         await n.state.prepare(ref)
     entry = n.reload_checkpoint().get(ref.uid)
     assert entry is not None and entry.state is ClaimState.PREPARE_STARTED
@@ -292,7 +293,7 @@ async def test_unknown_claim_unprepare_succeeds_and_blocks_a_late_prepare(
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
     await n.state.unprepare(ref)  # never prepared here: success
-    with pytest.raises(PermanentError, match="unprepared recently"):
+    with pytest.raises(PermanentClaimError, match="unprepared recently"):
         await n.state.prepare(ref)
     assert await member(store, domain.uid, "rack0-tray0") is None
 
@@ -306,7 +307,7 @@ async def test_prepare_after_unprepare_is_refused_and_resurrects_nothing(
     await n.state.prepare(ref)
     await n.state.unprepare(ref)
     before_store, before_files = await store_dump(store), file_tree(n.cdi_root)
-    with pytest.raises(PermanentError, match="refusing a stale prepare"):
+    with pytest.raises(PermanentClaimError, match="refusing a stale prepare"):
         await n.state.prepare(ref)
     assert await store_dump(store) == before_store
     assert file_tree(n.cdi_root) == before_files == {}
@@ -384,7 +385,7 @@ async def test_reconcile_unprepares_half_prepared_claims_that_are_gone(store: St
     n = make_device_state(store, tmp_path, node, daemons=FakeDaemons(ready=False), budget_s=0.1)
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
-    with pytest.raises(RetryableError):
+    with pytest.raises(RetryableClaimError):
         await n.state.prepare(ref)  # PrepareStarted, joined, daemon never ready
     assert await member(store, domain.uid, "rack0-tray0") is not None
     await store.delete(store.keys.claim(ref.uid))  # the claim was deleted meanwhile
@@ -403,7 +404,7 @@ async def test_reconcile_keeps_half_prepared_claims_that_still_exist(store: Stor
     n = make_device_state(store, tmp_path, node, daemons=FakeDaemons(ready=False), budget_s=0.1)
     domain = await put_domain(store)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
-    with pytest.raises(RetryableError):
+    with pytest.raises(RetryableClaimError):
         await n.state.prepare(ref)
     restarted = make_device_state(store, tmp_path, node)
     report = await restarted.state.reconcile()
@@ -464,7 +465,7 @@ async def test_restart_reconcile_writes_nothing_when_all_agrees(store: Store, tm
     n.daemons.ready = True
     first = await n.state.prepare(done)
     n.daemons.ready = False
-    with pytest.raises(RetryableError):
+    with pytest.raises(RetryableClaimError):
         await n.state.prepare(started)  # stays PrepareStarted: its claim still exists
     assert await mark_member_lost(store, domain.uid, "rack0-tray0")
     before_store, before_files = await store_dump(store), file_tree(tmp_path)
@@ -501,7 +502,7 @@ async def test_failed_store_delete_in_unprepare_is_finished_by_the_retry(
     # Deletes go alone or batched with concurrent calls' (a transaction): both fail.
     monkeypatch.setattr(store, "delete", unavailable)
     monkeypatch.setattr(store, "txn", unavailable)
-    with pytest.raises(RetryableError, match="state store unavailable"):
+    with pytest.raises(RetryableClaimError, match="state store unavailable"):
         await n.state.unprepare(drop)
     monkeypatch.setattr(store, "delete", real_delete)
     monkeypatch.setattr(store, "txn", real_txn)
@@ -523,7 +524,7 @@ async def test_failed_local_write_does_not_leave_a_completed_record(store: Store
     await n.state.prepare(first)
     blocked = n.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{second.uid}.json"
     blocked.mkdir()  # the spec file cannot be replaced: the write fails
-    with pytest.raises(RetryableError, match="cannot write CDI spec"):
+    with pytest.raises(RetryableClaimError, match="cannot write CDI spec"):
         await n.state.prepare(second)
     prep = await store.get(store.keys.preparation("rack0-tray0", second.uid), pb.PreparedClaim)
     assert prep is None or prep.value.state != pb.PreparedState.PREPARE_COMPLETED
@@ -558,7 +559,7 @@ async def test_a_domain_marked_for_deletion_refuses_the_next_prepare_of_a_member
     await n.state.prepare(first)  # the node is a member; the domain's record was read and decoded
     domain.deleting = True
     await store.put(store.keys.domain(domain.uid), domain)
-    with pytest.raises(PermanentError, match="is being deleted"):
+    with pytest.raises(PermanentClaimError, match="is being deleted"):
         await n.state.prepare(second)
     assert n.reload_checkpoint().get(second.uid) is None
 
@@ -579,7 +580,7 @@ async def test_a_prepare_on_a_node_whose_daemon_waits_for_recovery_names_the_wai
     )
     await store.put(store.keys.daemon(domain.uid, "rack0-tray0"), waiting)
     ref = await put_claim(store, "rack0-tray0", domain.uid)
-    with pytest.raises(RetryableError) as raised:
+    with pytest.raises(RetryableClaimError) as raised:
         await n.state.prepare(ref)
     message = str(raised.value)
     assert "daemon STARTING, ImexDaemonWaitingForRecovery" in message

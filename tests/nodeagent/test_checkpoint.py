@@ -388,6 +388,20 @@ def test_successive_saves_with_changing_tombstones_load_back_exactly(
     assert again.tombstones == {} and set(again.entries) == {UID_C}
 
 
+def _fresh(tmp_path: Path) -> tuple[Checkpoint, Path, FakeClock]:
+    """An empty checkpoint in a directory of its own (one per hypothesis example), its boot id
+    file and its clock; tombstones live 10 s."""
+    directory = Path(tempfile.mkdtemp(dir=tmp_path))
+    boot = directory / "boot_id"
+    boot.write_text("6f1f0c53-3c1c-4a3e-9d84-000000000001\n")
+    clock = FakeClock()
+    return (
+        Checkpoint.load(checkpoint_path(directory / "kubelet"), boot, clock=clock, tombstone_ttl_s=10),
+        boot,
+        clock,
+    )
+
+
 _OPS = st.lists(
     st.tuples(
         st.sampled_from(["start", "complete", "remove", "advance", "save"]),
@@ -405,12 +419,8 @@ def test_any_sequence_of_changes_and_saves_loads_back_exactly(
 ) -> None:
     # Saves reuse cached fragments, the cached tombstone section and a lower bound on the earliest
     # expiry: whatever happened in between, the file must load back (valid checksum) as it is now.
-    directory = Path(tempfile.mkdtemp(dir=tmp_path))
-    boot = directory / "boot_id"
-    boot.write_text("6f1f0c53-3c1c-4a3e-9d84-000000000001\n")
-    clock = FakeClock()
-    path = checkpoint_path(directory / "kubelet")
-    cp = Checkpoint.load(path, boot, clock=clock, tombstone_ttl_s=10)
+    cp, boot, clock = _fresh(tmp_path)
+    path = cp.path
     uids = [f"0000000{i}-0000-4000-8000-000000000000" for i in range(6)]
     for op, i, version in ops:
         uid = uids[i]
@@ -431,3 +441,59 @@ def test_any_sequence_of_changes_and_saves_loads_back_exactly(
                 assert all(t.expires_at > clock.now for t in again.tombstones.values())
         except (StalePrepareError, KeyError):
             pass  # refusals are part of the behaviour, not of this property
+
+
+_UPDATES = st.lists(
+    st.tuples(
+        st.sampled_from(["start", "complete", "remove", "start-and-complete", "advance"]),
+        st.integers(min_value=0, max_value=3),
+        st.sampled_from([None, "1", "2"]),
+        st.booleans(),  # whether this update's save fails
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(updates=_UPDATES)
+def test_an_update_is_in_memory_and_in_the_file_or_nowhere(
+    updates: list[tuple[str, int, str | None, bool]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever fails (the save, or the change itself half-way), the checkpoint in memory is as
+    # before the update, and what the next save writes is as if the update was never made.
+    cp, boot, clock = _fresh(tmp_path)
+    path = cp.path
+    uids = [f"0000000{i}-0000-4000-8000-000000000000" for i in range(4)]
+    failing = False
+    real_write = Checkpoint.write
+
+    def write(self: Checkpoint, data: bytes) -> None:
+        if failing:
+            raise OSError(28, "No space left on device")
+        real_write(self, data)
+
+    monkeypatch.setattr(Checkpoint, "write", write)
+    for op, i, version, failing in updates:
+        uid = uids[i]
+        if op == "advance":
+            clock.now += 4
+            continue
+
+        def change(c: Checkpoint, op: str = op, uid: str = uid, version: str | None = version) -> None:
+            if op in ("start", "start-and-complete"):
+                started(c, uid, version=version)
+            if op in ("complete", "start-and-complete"):
+                c.mark_prepare_completed(uid, [f"id-{uid[:8]}"], claim_version=version)
+            if op == "remove":
+                c.remove(uid, claim_version=version)
+
+        cp.prune_tombstones()
+        before = (dict(cp.entries), dict(cp.tombstones), cp.encode())
+        try:
+            cp.update(change)
+        except (OSError, StalePrepareError, KeyError):
+            assert (dict(cp.entries), dict(cp.tombstones), cp.encode()) == before
+            continue
+        assert not failing
+        again = Checkpoint.load(path, boot, clock=clock, tombstone_ttl_s=10)
+        assert (again.entries, again.tombstones) == (cp.entries, cp.tombstones)

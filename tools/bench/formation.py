@@ -42,7 +42,7 @@ from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
-from libs.state.domainreadiness import DomainReadiness
+from libs.state.domainrecord import DomainRecord as DomainReadiness
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.bench import simenv

@@ -49,11 +49,11 @@ from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, p
 from libs.runtime.health import Health
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store
-from libs.state.watch import watch_prefix
+from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.main import ImexAgent, compose_imex_agent
 from services.imexagent.settings import ImexSettings
-from services.imexagent.supervisor import ImexSupervisor, PrefixWatcher
+from services.imexagent.supervisor import ImexSupervisor
 from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
 from services.nodeagent.driver import dra_socket_path
 from services.nodeagent.metrics import AgentMetrics

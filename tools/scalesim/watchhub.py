@@ -34,8 +34,7 @@ import betterproto
 import structlog
 
 from libs.state.store import Store, Versioned
-from libs.state.watch import M, Resync, WatchEvent, watch_prefix
-from services.imexagent.supervisor import PrefixWatcher
+from libs.state.watch import M, PrefixWatcher, Resync, WatchEvent, watch_prefix
 
 log = structlog.get_logger(__name__)
 

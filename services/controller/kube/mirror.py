@@ -13,9 +13,9 @@ import time
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.state.domainrecord import DomainRecord
 from libs.state.election import Leadership
 from libs.state.store import Absent, Put, Store, Unchanged
-from services.controller.domainrecord import DomainRecord
 
 log = structlog.get_logger(__name__)
 
