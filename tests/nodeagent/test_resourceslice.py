@@ -432,11 +432,12 @@ async def test_a_watch_the_server_ends_resumes_without_reading_the_slice(
         await asyncio.sleep(0.1)
         for _ in range(3):  # the server's timeout, three times
             watches = count("WATCH")
+
+            def reopened(before: int = watches) -> bool:
+                return count("WATCH") == before + 1 and len(server.watchers) == 1
+
             server.close_watches()
-            await until(
-                lambda watches=watches: count("WATCH") == watches + 1 and len(server.watchers) == 1,
-                "no new watch",
-            )
+            await until(reopened, "no new watch")
         assert server.watch_starts[-3:] == [str(server.version)] * 3
         assert count("GET") == reads, "a resumed watch read the slice"
         # Kubelet deletes the slice: the resumed watch sees it.
