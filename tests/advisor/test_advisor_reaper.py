@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,11 @@ from services.advisor.domain_presence import DomainPresence
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
 from services.advisor.reservation_ids import ExtenderIds, shared_key
-from services.advisor.reservation_reaper import ReservationReaper
+from services.advisor.reservation_reaper import ABSENT_GRACE_S, ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 from tests.advisor.harness import Running, running_advisor, settings_for
-from tests.polling import eventually
+from tests.polling import VirtualClock, eventually
 
 PAYLOADS = Path(__file__).parent / "payloads"
 RACK = ClusterDescription(racks=1, trays_per_rack=18, seed="reaper-rack")
@@ -276,7 +277,11 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
     records = cluster_records(RACK)
     nodes = [r.name for r in records]
     await put_nodes(store, records)
-    async with reaper_setup(store, absent_grace_s=1.0) as (placer, _reaper):
+    # The default grace on a virtual clock: the test moves time past it instead of waiting.
+    clock = VirtualClock()
+    async with reaper_setup(store, clock=clock) as (placer, reaper):
+        grace_s = reaper.absent_grace_s
+        assert grace_s == ABSENT_GRACE_S
         with structlog.testing.capture_logs() as logs:
             # No record at all (deleted while no advisor watched); one mirrored a moment late;
             # one whose record this build cannot read (a newer controller's schema).
@@ -295,8 +300,12 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
                     placer.ids.make("ghost", 0)
                 )
 
+            await asyncio.sleep(0.5)  # swept twice: nothing is due inside the grace
+            assert await reservation(store, placer.ids.make("ghost", 0)) is not None
+            clock.advance(grace_s)
             await eventually(ghost_gone, "the absent domain's reservation to go", 5.0)
-            await asyncio.sleep(1.5)
+            clock.advance(grace_s)  # past the grace of the late and the unreadable record too
+            await asyncio.sleep(0.5)  # swept twice more
             assert await reservation(store, placer.ids.make("late", 0)) is not None
             assert await reservation(store, placer.ids.make("unreadable", 0)) is not None
             await store.put(store.keys.domain("late"), domain_record("late", 2, deleting=True))
@@ -325,14 +334,17 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
 
 @contextlib.asynccontextmanager
 async def reaper_setup(
-    store: Store, absent_grace_s: float = 30.0
+    store: Store, absent_grace_s: float = 30.0, clock: Callable[[], float] = time.monotonic
 ) -> AsyncIterator[tuple[DomainPlacer, ReservationReaper]]:
-    """An advisor's inventory, domain presence, extender placer and reaper on the store."""
+    """An advisor's inventory, domain presence, extender placer and reaper on the store (the
+    reaper judges the absence grace on `clock`; it sweeps on the event loop's time)."""
     inventory = Inventory()
     tasks = start_feeds(inventory, store)
     presence = DomainPresence()
     placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, presence=presence)
-    reaper = ReservationReaper(placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2)
+    reaper = ReservationReaper(
+        placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2, clock=clock
+    )
     reaper.attach()
     tasks.append(asyncio.create_task(presence.follow(store)))
     tasks.append(asyncio.create_task(reaper.run()))
