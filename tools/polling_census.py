@@ -92,7 +92,8 @@ def survey(path: Path, rel: Path, census: Census) -> None:
         where = f"{rel}:{function.lineno} {function.name}"
         loops = any(isinstance(n, ast.While | ast.For | ast.AsyncFor) for n in ast.walk(function))
         if rel == COMMON:
-            census.common.append(where)
+            if not any(entry.endswith(f" {function.name}") for entry in census.common):
+                census.common.append(where)  # once per name: eventually has @overload stubs
         elif loops:
             census.looping_helpers.append(where)
         else:
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for title, entries in rows:
         print(f"{len(entries):4d}  {title}")
-        if args.list:
+        if args.list and not title.startswith(" "):
             for entry in entries:
                 print(f"        {entry}")
     return 0
