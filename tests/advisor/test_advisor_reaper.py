@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,11 @@ from services.advisor.domain_presence import DomainPresence
 from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
 from services.advisor.reservation_ids import ExtenderIds, shared_key
-from services.advisor.reservation_reaper import ReservationReaper
+from services.advisor.reservation_reaper import ABSENT_GRACE_S, ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 from tests.advisor.harness import Running, running_advisor, settings_for
+from tests.polling import VirtualClock, eventually
 
 PAYLOADS = Path(__file__).parent / "payloads"
 RACK = ClusterDescription(racks=1, trays_per_rack=18, seed="reaper-rack")
@@ -63,14 +65,6 @@ def pod(uid: str, index: int, nodes: list[str]) -> dict[str, Any]:
 
 
 RELEASED = "extender reservation released"
-
-
-async def wait_until(predicate: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within_s
-    while not await predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def reservation(store: Store, rid: str) -> pb.Reservation | None:
@@ -132,7 +126,7 @@ async def test_an_18_node_job_deleted_and_applied_again_schedules_at_once(
             records_gone = await reservation(store, rid) is None and not await guards(store)
             return records_gone and released(advisor, "served") == 1
 
-        await wait_until(gone, 5.0, "the served reservation to be released")
+        await eventually(gone, "the served reservation to be released", 5.0)
         # The bindings hold the nodes now: another domain cannot have them.
         await store.put(store.keys.domain("other"), domain_record("other", 1))
         args = pod("other", 0, nodes)
@@ -185,7 +179,7 @@ async def test_deleting_a_domain_releases_all_its_extender_reservations_and_no_o
             gone = await reservation(store, ids.make("doomed", 0)) is None
             return gone and released(advisor, "domain-deleted") == 1
 
-        await wait_until(released_at_once, 5.0, "the deleted domain's reservation to go")
+        await eventually(released_at_once, "the deleted domain's reservation to go", 5.0)
         left = await guards(store)
         # The four nodes it never used are free again; the other holder's and the other domain's stay.
         assert not set(reserved) & set(left)
@@ -229,7 +223,7 @@ async def test_two_replicas_release_each_reservation_once_and_stay_healthy(
                 and not await guards(store)
             )
 
-        await wait_until(both_gone, 5.0, "both reservations to go")
+        await eventually(both_gone, "both reservations to go", 5.0)
         await asyncio.sleep(0.5)  # the slower replica has tried too by now
         assert released(r1, "served") + released(r2, "served") == 1
         assert released(r1, "domain-deleted") + released(r2, "domain-deleted") == 1
@@ -274,7 +268,7 @@ async def test_a_served_reservation_larger_than_a_transaction_is_released(store:
         async def gone() -> bool:
             return await reservation(store, placer.ids.make("big", 0)) is None and not await guards(store)
 
-        await wait_until(gone, 5.0, "the 70-node reservation to go")
+        await eventually(gone, "the 70-node reservation to go", 5.0)
         inventory = placer.advisor.inventory
         assert await inventory.wait_for(lambda: not inventory.reservations, 5.0)
 
@@ -283,7 +277,11 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
     records = cluster_records(RACK)
     nodes = [r.name for r in records]
     await put_nodes(store, records)
-    async with reaper_setup(store, absent_grace_s=1.0) as (placer, _reaper):
+    # The default grace on a virtual clock: the test moves time past it instead of waiting.
+    clock = VirtualClock()
+    async with reaper_setup(store, clock=clock) as (placer, reaper):
+        grace_s = reaper.absent_grace_s
+        assert grace_s == ABSENT_GRACE_S
         with structlog.testing.capture_logs() as logs:
             # No record at all (deleted while no advisor watched); one mirrored a moment late;
             # one whose record this build cannot read (a newer controller's schema).
@@ -302,8 +300,12 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
                     placer.ids.make("ghost", 0)
                 )
 
-            await wait_until(ghost_gone, 5.0, "the absent domain's reservation to go")
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(0.5)  # swept twice: nothing is due inside the grace
+            assert await reservation(store, placer.ids.make("ghost", 0)) is not None
+            clock.advance(grace_s)
+            await eventually(ghost_gone, "the absent domain's reservation to go", 5.0)
+            clock.advance(grace_s)  # past the grace of the late and the unreadable record too
+            await asyncio.sleep(0.5)  # swept twice more
             assert await reservation(store, placer.ids.make("late", 0)) is not None
             assert await reservation(store, placer.ids.make("unreadable", 0)) is not None
             await store.put(store.keys.domain("late"), domain_record("late", 2, deleting=True))
@@ -313,7 +315,7 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
                     placer.ids.make("late", 0)
                 )
 
-            await wait_until(late_gone, 5.0, "the deleted domain's reservation to go")
+            await eventually(late_gone, "the deleted domain's reservation to go", 5.0)
         releases = [e for e in logs if e["event"] == RELEASED]
         assert [(e["cd_uid"], e["reservation"], e["reason"]) for e in releases] == [
             ("ghost", placer.ids.make("ghost", 0), "domain-absent"),
@@ -332,14 +334,17 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
 
 @contextlib.asynccontextmanager
 async def reaper_setup(
-    store: Store, absent_grace_s: float = 30.0
+    store: Store, absent_grace_s: float = 30.0, clock: Callable[[], float] = time.monotonic
 ) -> AsyncIterator[tuple[DomainPlacer, ReservationReaper]]:
-    """An advisor's inventory, domain presence, extender placer and reaper on the store."""
+    """An advisor's inventory, domain presence, extender placer and reaper on the store (the
+    reaper judges the absence grace on `clock`; it sweeps on the event loop's time)."""
     inventory = Inventory()
     tasks = start_feeds(inventory, store)
     presence = DomainPresence()
     placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, presence=presence)
-    reaper = ReservationReaper(placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2)
+    reaper = ReservationReaper(
+        placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2, clock=clock
+    )
     reaper.attach()
     tasks.append(asyncio.create_task(presence.follow(store)))
     tasks.append(asyncio.create_task(reaper.run()))

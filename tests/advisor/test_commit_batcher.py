@@ -26,6 +26,7 @@ from services.advisor.model import Mode, PlacementRequest
 from services.advisor.reservations import guard_values, write_reservation
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import advisor_on_store, running_advisor, settings_for
+from tests.polling import eventually
 
 CLUSTER = ClusterDescription(racks=40, trays_per_rack=18, seed="batcher-test")
 
@@ -178,10 +179,11 @@ async def test_a_batch_whose_answer_was_lost_is_undone_and_its_lease_mates_stay(
     with pytest.raises(aetcd.exceptions.ConnectionFailedError):
         await write_reservation(store, ["lost-0", "lost-1"], ["c", "c"], "", "bench", 60, "lost", batcher)
     assert batcher.leases.granted == 1, "the second batch used the first one's lease"
-    deadline = time.monotonic() + 10
-    while await store.get(keys.reservation("lost"), pb.Reservation) is not None:
-        assert time.monotonic() < deadline, "the lost batch's reservation was not undone"
-        await asyncio.sleep(0.05)
+
+    async def undone() -> bool:
+        return await store.get(keys.reservation("lost"), pb.Reservation) is None
+
+    await eventually(undone, "the lost batch's reservation to be undone", 10)
     for node in ("lost-0", "lost-1"):
         assert await store.get(keys.node_reservation(node), pb.Reservation) is None
     assert await store.get(keys.reservation(kept.record.id), pb.Reservation) is not None
@@ -219,14 +221,12 @@ async def test_ttl_expires_each_reservation_and_a_release_leaves_its_lease_mates
     assert not {g.key.rsplit("/", 1)[1] for g in guards} & set(first_long.node_names)
     # The short ones expire with their lease, record and guards together; the inventory frees them.
     short_nodes = {n for info in infos[:4] if info is not None for n in info.node_names}
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+
+    async def short_ones_expired() -> bool:
         guards, _ = await store.list(store.keys.node_reservations(), pb.Reservation)
-        if not {g.key.rsplit("/", 1)[1] for g in guards} & short_nodes:
-            break
-        await asyncio.sleep(0.25)
-    else:
-        pytest.fail("the 2 s reservations did not expire")
+        return not {g.key.rsplit("/", 1)[1] for g in guards} & short_nodes
+
+    await eventually(short_ones_expired, "the 2 s reservations to expire", 15)
     assert all(advisor.inventory.is_free(n) for n in short_nodes) or await advisor.inventory.wait_for(
         lambda: all(advisor.inventory.is_free(n) for n in short_nodes), 5
     )
@@ -247,12 +247,10 @@ async def test_a_cancelled_caller_leaves_no_reservation_behind(advisor: Advisor,
         guards, _ = await store.list(store.keys.node_reservations(), pb.Reservation)
         return len(records) + len(guards)
 
-    deadline = time.monotonic() + 10
-    left = await leftovers()
-    while left and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-        left = await leftovers()
-    assert left == 0
+    async def none_left() -> bool:
+        return await leftovers() == 0
+
+    await eventually(none_left, "the cancelled callers' reservations to be undone", 10)
     assert await advisor.inventory.wait_for(lambda: advisor.inventory.free_count == CLUSTER.node_count, 5), (
         "cancelled reservations still hide nodes"
     )

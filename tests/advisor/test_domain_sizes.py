@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import cancel_until_done
@@ -11,6 +10,7 @@ from libs.state.domainrecord import DomainRecord as DomainGate
 from libs.state.store import Store
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.domain_sources import StoreDomainSizes
+from tests.polling import eventually
 
 UID = "0f3c1d9e-5a77-4b6e-8f0a-6d2b9c4e1a01"
 
@@ -26,10 +26,15 @@ def domain(num_nodes: int, deleting: bool = False) -> pb.ComputeDomain:
 
 
 async def size_becomes(sizes: StoreDomainSizes, expected: int | None, within_s: float = 10.0) -> None:
-    end = time.monotonic() + within_s
-    while (size := await sizes.num_nodes(UID)) != expected:
-        assert time.monotonic() < end, f"numNodes still {size}, not {expected}"
-        await asyncio.sleep(0.02)
+    seen: list[int | None] = []
+
+    async def reached() -> bool:
+        seen.append(await sizes.num_nodes(UID))
+        return seen[-1] == expected
+
+    await eventually(
+        reached, f"numNodes to become {expected}", within_s, explain=lambda: f"numNodes is {seen[-1]}"
+    )
 
 
 async def test_a_followed_domain_s_size_comes_from_the_view_and_follows_its_changes(store: Store) -> None:
@@ -38,10 +43,9 @@ async def test_a_followed_domain_s_size_comes_from_the_view_and_follows_its_chan
     follow = asyncio.create_task(presence.follow(store))
     try:
         await store.put(store.keys.domain(UID), domain(4))
-        end = time.monotonic() + 10.0
-        while presence.num_nodes(UID) is None:
-            assert time.monotonic() < end, "the domain's record never showed in the followed view"
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: presence.num_nodes(UID) is not None, "the domain's record in the followed view"
+        )
         assert presence.num_nodes(UID) == 4 and presence.state(UID) == "present"
         assert await sizes.num_nodes(UID) == 4
         await store.put(store.keys.domain(UID), domain(8))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
+from tests.polling import wait_until
 from tools.bench import report, run
 from tools.bench.suite import Benchmark, Metric
 
@@ -66,10 +66,7 @@ def test_failed_and_hung_benchmarks_are_reported_without_losing_the_others(tmp_p
 
     # The timeout stopped the benchmark's whole process group, its helper process included.
     helper = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while alive(helper) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(helper)
+    wait_until(lambda: not alive(helper), f"the benchmark's helper process {helper} to be stopped", 10)
 
 
 def test_report_marks_missed_and_failed_metrics(tmp_path: Path) -> None:

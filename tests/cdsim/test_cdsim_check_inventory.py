@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
@@ -18,6 +17,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.cdsim.cli import cdsim, ok
 from tests.nodeagent.agent_procs import sim_cluster
+from tests.polling import eventually
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState
 from tools.cdsim.services import IMEX_AGENT_KIND, imex_agent_name
@@ -28,13 +28,11 @@ IN_INVENTORY = "every node whose IMEX agent runs is in the inventory"
 
 
 async def _registered(store: Store, node: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def registered() -> bool:
         item = await store.get(store.keys.node(node), pb.Node)
-        if item is not None and item.lease:
-            return
-        assert time.monotonic() < deadline, f"{node} not registered within {timeout_s} s"
-        await asyncio.sleep(0.05)
+        return item is not None and item.lease != 0
+
+    await eventually(registered, f"{node} to be registered", timeout_s)
 
 
 async def test_cdsim_check_flags_a_running_node_missing_from_the_inventory(

@@ -25,6 +25,7 @@ from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok, run_state, status
+from tests.polling import eventually, wait_until
 from tools.cdsim import credentials
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
@@ -171,13 +172,12 @@ def test_fault_kill_agent_restarts_the_plugin_and_changes_nothing(cluster: Path)
     members_before = domain_of(doc, JOB)["nodes"]
     out = ok(cdsim(cluster, "fault", "kill-agent", victim, "--down-for", "3"))
     assert f"pid {old_pid}" in out
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def restarted() -> bool:
         node = next(n for n in status(cluster)["nodes"] if n["name"] == victim)
-        if node["agent_running"] and node["agent_pid"] not in (0, old_pid):
-            break
-        time.sleep(0.3)
-    assert node["agent_pid"] not in (0, old_pid), "the plugin was not started again"
+        return bool(node["agent_running"]) and node["agent_pid"] not in (0, old_pid)
+
+    wait_until(restarted, f"the plugin of {victim} to be started again", 60)
     after = status(cluster)
     assert domain_of(after, JOB)["status"] == "Ready"
     assert domain_of(after, JOB)["nodes"] == members_before  # same indices, states, daemon pids
@@ -213,13 +213,12 @@ def test_fault_kill_imex_restarts_the_daemon(cluster: Path) -> None:
     before = _imex_pids(cluster, victim)
     assert len(before) == 1
     ok(cdsim(cluster, "fault", "kill-imex", victim))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def restarted() -> bool:
         now = _imex_pids(cluster, victim)
-        if now and now != before:
-            break
-        time.sleep(0.2)
-    assert _imex_pids(cluster, victim) not in ([], before), "the IMEX daemon was not restarted"
+        return bool(now) and now != before
+
+    wait_until(restarted, f"the IMEX daemon of {victim} to be restarted", 30)
     ok(cdsim(cluster, "job", "wait", JOB, "--status", "Ready", "--timeout", "30"))
     assert_invariants(cluster)
 
@@ -265,15 +264,16 @@ def test_a_node_record_deleted_or_garbled_by_hand_comes_back_and_counts_again(cl
                     assert await store.delete(key)
                 else:
                     await store.put_raw(key, b"\xff garbled by hand")
-                began = time.monotonic()
-                while True:
+
+                async def rewritten(key: str = key) -> bool:
                     item = await store.get(key, pb.Node)
-                    if item is not None and item.lease:
-                        break
-                    assert time.monotonic() - began < IMEX_AGENT_LEASE_TTL_S, (
-                        f"{victim}: no record after {damage}"
-                    )
-                    await asyncio.sleep(0.05)
+                    return item is not None and item.lease != 0
+
+                began = time.monotonic()
+                # Fine polling: the time it took is the measurement.
+                await eventually(
+                    rewritten, f"{victim}'s record after {damage}", IMEX_AGENT_LEASE_TTL_S, max_delay_s=0.05
+                )
                 took.append(time.monotonic() - began)
             host, port = state.advisor_endpoint.rsplit(":", 1)
             channel = Channel(host, int(port), ssl=credentials.advisor_tls(state))
@@ -347,10 +347,12 @@ def test_down_cleans_up_after_a_crashed_supervisor() -> None:
         os.kill(supervisor, signal.SIGKILL)
         out = ok(cdsim(state_dir, "down", timeout=90))
         assert "nothing to stop" in out or "leftover" in out
-        deadline = time.monotonic() + 10
-        while cluster_processes(layout) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cluster_processes(layout) == []
+        wait_until(
+            lambda: cluster_processes(layout) == [],
+            "the cluster's processes to end",
+            10,
+            explain=lambda: f"still running: {cluster_processes(layout)}",
+        )
         # The state dir is usable again.
         ok(cdsim(state_dir, "up", "--racks", "1", "--trays", "2", "--address-block", str(ADDRESS_BLOCK + 1)))
         ok(cdsim(state_dir, "down", timeout=90))

@@ -28,6 +28,7 @@ from libs.imex import config as imexcfg
 from libs.imex.simulator import client as simclient
 from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, run_state, status
+from tests.polling import eventually, wait_until
 from tools.cdsim.etcdgate import EtcdGate
 from tools.cdsim.jobbook import Importer
 from tools.cdsim.jobs import open_store
@@ -87,10 +88,7 @@ async def test_the_gate_forwards_cuts_and_resumes_by_itself() -> None:
             await _round_trip(gate.port, b"during")  # new ones are dropped
         assert gate.dropped >= 1
 
-        deadline = time.monotonic() + 5
-        while gate.partitioned:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await eventually(lambda: not gate.partitioned, "the partition to heal", 5)
         assert await _round_trip(gate.port, b"after") == b"after"
     finally:
         await gate.close()
@@ -187,12 +185,14 @@ async def _node_record_present(state_dir: Path, node: str) -> bool:
 
 def wait_node_record(state_dir: Path, node: str, present: bool, timeout_s: float) -> float:
     """Until the node's record is there (or gone); returns when that was seen (monotonic)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if asyncio.run(_node_record_present(state_dir, node)) == present:
-            return time.monotonic()
-        time.sleep(0.2)
-    raise AssertionError(f"the node record of {node} is still {'absent' if present else 'there'}")
+    wait_until(
+        lambda: asyncio.run(_node_record_present(state_dir, node)) == present,
+        f"the node record of {node} to be {'there' if present else 'gone'}",
+        timeout_s,
+        first_delay_s=0.2,
+        max_delay_s=0.2,
+    )
+    return time.monotonic()
 
 
 @pytest.fixture(scope="module")

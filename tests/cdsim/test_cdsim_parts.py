@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
 from services.imexagent.settings import ImexAgentSettings
 from services.nodeagent.settings import AgentSettings
+from tests.polling import wait_until
 from tools.cdsim import credentials, jobs
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
@@ -305,10 +305,7 @@ def test_fork_server_reports_a_kill_and_terminates_children_when_its_input_close
     assert _read_message(proc) == {"event": "exit", "pid": pids[0], "code": None, "signal": 9}
     proc.stdin.close()
     proc.wait(15)
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{pids[1]}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{pids[1]}").exists(), "the fork server left a child running"
+    wait_until(lambda: not Path(f"/proc/{pids[1]}").exists(), "the fork server's other child to end", 5)
 
 
 def test_fork_server_answers_a_bad_request_with_an_error(tmp_path: Path) -> None:

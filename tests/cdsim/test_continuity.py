@@ -24,6 +24,7 @@ import pytest
 
 from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, status
+from tests.polling import wait_until
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
 
@@ -110,13 +111,14 @@ def node_doc(state_dir: Path, name: str) -> dict[str, Any]:
 
 def wait_restarted(state_dir: Path, node: str, pid_key: str, old_pid: int, timeout_s: float) -> None:
     """Until the node's process named by `pid_key` runs again under a new pid (and is registered)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    doc: dict[str, Any] = {}
+
+    def back() -> bool:
+        nonlocal doc
         doc = node_doc(state_dir, node)
-        if doc[pid_key] not in (0, old_pid) and doc["registered"]:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{pid_key} of {node} did not come back within {timeout_s}s: {doc}")
+        return doc[pid_key] not in (0, old_pid) and bool(doc["registered"])
+
+    wait_until(back, f"{pid_key} of {node} to come back", timeout_s, explain=lambda: f"last: {doc}")
 
 
 def test_a_kubelet_plugin_down_for_30_s_changes_nothing(cluster: Path) -> None:

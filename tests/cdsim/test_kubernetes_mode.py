@@ -32,6 +32,7 @@ import yaml
 
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok
+from tests.polling import wait_until
 from tools.cachedtool import BuildError
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import KUBE_MARKERS, cluster_processes
@@ -82,18 +83,19 @@ class LocalCluster:
         return list(doc.get("items") or [])
 
 
-def wait_for(check: Callable[[], str], timeout_s: float, what: str) -> None:
-    """Until check() returns "" (it returns what is still missing)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.2
-    while True:
+def wait_for_nothing_missing(check: Callable[[], str], what: str, timeout_s: float) -> None:
+    """tests/polling.wait_until for a check that returns what is still missing ("" when done),
+    reporting the last thing missing when it times out."""
+    missing = ""
+
+    def done() -> bool | None:
+        nonlocal missing
         missing = check()
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {missing}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+        return True if not missing else None
+
+    wait_until(
+        done, what, timeout_s, explain=lambda: f"still missing: {missing}", first_delay_s=0.2, max_delay_s=2.0
+    )
 
 
 def port_free(host: str, port: int) -> bool:
@@ -263,7 +265,7 @@ def test_example_reaches_ready_and_leaves_nothing(local_cluster: LocalCluster, e
             return f"domains not Ready: {waiting}, pods not Running: {pending}, {len(pods)} pods"
         return ""
 
-    wait_for(not_ready, READY_TIMEOUT_S, f"{example} Ready with {expect.pods} pods Running")
+    wait_for_nothing_missing(not_ready, f"{example} Ready with {expect.pods} pods Running", READY_TIMEOUT_S)
     print(f"{example}: Ready in {time.monotonic() - began:.1f} s")
 
     cds = {c["metadata"]["name"]: c for c in kube.items("computedomains", namespace)}
@@ -291,7 +293,9 @@ def test_example_reaches_ready_and_leaves_nothing(local_cluster: LocalCluster, e
 
     # Every pod is bound, so the advisor released what it had reserved for them (with its
     # default TTL, 300 s, the nodes would otherwise stay reserved past the delete below).
-    wait_for(lambda: reservations(kube), 30.0, "the advisor to release the reservations its pods served")
+    wait_for_nothing_missing(
+        lambda: reservations(kube), "the advisor to release the reservations its pods served", 30.0
+    )
 
     kube.kubectl("delete", "-n", namespace, "-f", path, "--wait=true", "--timeout=120s")
 
@@ -300,10 +304,12 @@ def test_example_reaches_ready_and_leaves_nothing(local_cluster: LocalCluster, e
         found = {kind: [o["metadata"]["name"] for o in objs] for kind, objs in things.items() if objs}
         return str(found) if found else ""
 
-    wait_for(left, GONE_TIMEOUT_S, f"everything of {example} to be gone from {namespace}")
+    wait_for_nothing_missing(left, f"everything of {example} to be gone from {namespace}", GONE_TIMEOUT_S)
     # The advisor released its reservations for the domains' pods (once the pods were bound, or
     # when the domain went; its TTL is 300 s), so the next example finds every node free.
-    wait_for(lambda: reservations(kube), GONE_TIMEOUT_S, "the advisor's reservations to be released")
+    wait_for_nothing_missing(
+        lambda: reservations(kube), "the advisor's reservations to be released", GONE_TIMEOUT_S
+    )
     assert "nothing of any domain is left" in ok(
         cdsim(kube.state_dir, "check", "--idle", "--settle", "30", timeout=120)
     )
@@ -371,7 +377,9 @@ def test_a_killed_supervisor_takes_the_control_plane_with_it() -> None:
             alive = [p for p in cluster_processes(layout) if any(m in p.command for m in KUBE_MARKERS)]
             return ", ".join(p.command[:60] for p in alive)
 
-        wait_for(control_plane_alive, 30.0, "the control plane and the kubelets to end with their supervisor")
+        wait_for_nothing_missing(
+            control_plane_alive, "the control plane and the kubelets to end with their supervisor", 30.0
+        )
         ok(cdsim(state_dir, "down", timeout=180))
         assert cluster_processes(layout) == []
         # Nobody removed the kubelets' node IPs before the kill: down does.
@@ -409,7 +417,7 @@ def test_down_during_a_start_stops_it_at_once() -> None:
             state = RunState.load(layout)
             return "" if state is not None and state.phase == "starting" else "no run.json in phase starting"
 
-        wait_for(not_starting, 60.0, "the supervisor to be starting")
+        wait_for_nothing_missing(not_starting, "the supervisor to be starting", 60.0)
         began = time.monotonic()
         out = ok(cdsim(state_dir, "down", timeout=180))
         assert "stopped" in out

@@ -8,7 +8,6 @@ import re
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from libs.imex import meshpki, slots
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, daemon_instances, ok, run_state, status
+from tests.polling import wait_until
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
@@ -105,17 +105,22 @@ def test_rotation_under_the_running_job_keeps_every_import(cluster: Path) -> Non
     uid = domain_doc(cluster)["uid"]
     before = asyncio.run(daemon_instances(cluster, uid))
     logs = StateLayout.at(cluster).logs_dir
-    deadline = time.monotonic() + 4 * VALIDITY_S
     rotated: dict[str, int] = {}
-    while time.monotonic() < deadline:
+
+    def rotated_twice() -> bool:
+        nonlocal rotated
         rotated = {
             node: len(re.findall(r'"rotation": true', (logs / f"imex-{node}.log").read_text()))
             for node in before
         }
-        if all(count >= 2 for count in rotated.values()):
-            break
-        time.sleep(0.5)
-    assert all(count >= 2 for count in rotated.values()), f"rotations per node: {rotated}"
+        return all(count >= 2 for count in rotated.values())
+
+    wait_until(
+        rotated_twice,
+        "two credential rotations on every node",
+        4 * VALIDITY_S,
+        explain=lambda: f"rotations per node: {rotated}",
+    )
     for directory in member_dirs(cluster):
         assert "Reloaded SSL credentials" in (directory / "nvidia-imex.log").read_text()
     assert asyncio.run(daemon_instances(cluster, uid)) == before, "a daemon was restarted"

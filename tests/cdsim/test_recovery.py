@@ -21,6 +21,7 @@ from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVE
 from libs.gen.computedomain.state import v1 as pb
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok, run_state, status
+from tests.polling import wait_until
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
@@ -67,16 +68,6 @@ def daemon_record(state_dir: Path, uid: str, node: str) -> pb.DaemonStatus | Non
     return asyncio.run(read())
 
 
-def wait_for(check, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 def test_a_killed_node_waits_for_its_importers_and_a_killed_importer_keeps_the_wait_visible(
     cluster: Path,
 ) -> None:
@@ -90,26 +81,26 @@ def test_a_killed_node_waits_for_its_importers_and_a_killed_importer_keeps_the_w
     # The victim comes back after 3 s; one node that imported its memory stays down for 25 s.
     ok(cdsim(cluster, "fault", "kill-node", importer["name"], "--down-for", "25"))
     ok(cdsim(cluster, "fault", "kill-node", victim["name"], "--down-for", "3"))
-    waiting = wait_for(
+    waiting = wait_until(
         lambda: (
             (r := daemon_record(cluster, uid, victim["name"])) is not None
             and r.reason == REASON_WAITING_FOR_RECOVERY
             and r
         ),
-        30,
         "the returning node's daemon reports its recovery wait",
+        30,
     )
     assert waiting.pid != before and waiting.state != pb.DaemonState.READY
     assert f"{importer['name']} (slot {importer['index']})" in waiting.last_error
     # The domain says so too: NodeLost (the importer), naming the waiting daemon.
-    lost = wait_for(
+    lost = wait_until(
         lambda: (
             (d := domain_of(cluster, JOB))["reason"] == "NodeLost"
             and "waiting for recovery" in d["message"]
             and d
         ),
-        30,
         "NodeLost naming the waiting daemon",
+        30,
     )
     assert importer["name"] in lost["message"] and victim["name"] in lost["message"]
     # While the importer is away the reason stays, and the daemon is the same (no restart).

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
 from libs.gen.computedomain.state import v1 as pb
@@ -26,20 +26,9 @@ from libs.state.membership import JoinResult, join_domain, leave_domain
 from libs.state.store import Store
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler, ReconcilerConfig
+from tests.polling import eventually
 
 T = TypeVar("T")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 10.0) -> T:
-    """Poll `probe` until it returns something other than None (or False)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class AgentDouble:

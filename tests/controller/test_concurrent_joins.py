@@ -11,7 +11,8 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain
 from libs.state.store import Store
-from tests.controller.harness import create_domain, domain_status, eventually, running_controller
+from tests.controller.harness import create_domain, domain_status, running_controller
+from tests.polling import eventually
 
 NODES = 256
 CLIQUES = 15

@@ -21,7 +21,8 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.membership import join_domain
 from libs.state.store import Store
-from tests.controller.harness import create_domain, eventually
+from tests.controller.harness import create_domain
+from tests.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 TTL_S = 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -35,8 +36,9 @@ from services.controller.kube.adapter import KubeAdapter
 from services.controller.kube.resourceclaimtemplate import build_rct
 from services.controller.metrics import ControllerMetrics
 from services.controller.reconciler import DomainReconciler
-from tests.controller.harness import AgentDouble, eventually
+from tests.controller.harness import AgentDouble
 from tests.k8s.conftest import control_plane, control_plane_binaries  # noqa: F401 - session fixtures of tests/k8s
+from tests.polling import eventually
 from tools.controlplane.cluster import ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -169,8 +171,8 @@ async def get_rct(api: ApiClient, namespace: str, name: str) -> dict[str, Any] |
     return api.sanitize_for_serialization(obj)
 
 
-async def wait_for(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 20.0) -> T:
-    return await eventually(probe, what, timeout_s)
+# The API server and the informer add seconds to what the store alone takes.
+KUBE_WAIT_S = 20.0
 
 
 async def test_cr_gets_finalizer_store_record_and_exact_rct(
@@ -189,7 +191,7 @@ async def test_cr_gets_finalizer_store_record_and_exact_rct(
         async def rct() -> dict[str, Any] | None:
             return await get_rct(api, namespace, "job-channel")
 
-        template = await wait_for(rct, "the workload ResourceClaimTemplate")
+        template = await eventually(rct, "the workload ResourceClaimTemplate", KUBE_WAIT_S)
         expected = build_rct(uid, namespace, "job-channel", "All")
         # The target label is what NVIDIA's controller selects its workload templates by (rollback).
         assert template["metadata"]["labels"] == {
@@ -216,7 +218,7 @@ async def test_cr_gets_finalizer_store_record_and_exact_rct(
             got = await store.get(store.keys.domain(uid), pb.ComputeDomain)
             return got.value if got else None
 
-        domain = await wait_for(mirrored, "the store record of the CR")
+        domain = await eventually(mirrored, "the store record of the CR", KUBE_WAIT_S)
         assert (domain.namespace, domain.name, domain.source) == (namespace, "job", "kubernetes")
         assert domain.spec.num_nodes == 2 and domain.spec.channel.allocation_mode == pb.AllocationMode.ALL
         assert domain.spec.channel.resource_claim_template_name == "job-channel"
@@ -225,7 +227,7 @@ async def test_cr_gets_finalizer_store_record_and_exact_rct(
             cd = await get_cd(api, namespace, "job")
             return cd if cd and LABEL in (cd["metadata"].get("finalizers") or []) else None
 
-        await wait_for(finalized, "our finalizer on the CR")
+        await eventually(finalized, "our finalizer on the CR", KUBE_WAIT_S)
 
 
 async def test_status_is_written_back_with_events(
@@ -245,16 +247,18 @@ async def test_status_is_written_back_with_events(
                 return status
             return None
 
-        await wait_for(lambda: status_is("NotReady", "WaitingForNodes"), "WaitingForNodes on the CR")
+        await eventually(
+            lambda: status_is("NotReady", "WaitingForNodes"), "WaitingForNodes on the CR", KUBE_WAIT_S
+        )
         agents = [AgentDouble(store, f"kn{i}", CLIQUE, f"127.0.20.{i}", ttl_s=5) for i in (1, 2)]
         for a in agents:
             await a.start()
-        await wait_for(lambda: _domain_in_store(store, uid), "the store record")
+        await eventually(lambda: _domain_in_store(store, uid), "the store record", KUBE_WAIT_S)
         for a in agents:
             await a.prepare(uid, namespace)
         for a in agents:
             await a.report_daemon(uid, pb.DaemonState.READY)
-        status = await wait_for(lambda: status_is("Ready", "AllNodesReady"), "Ready on the CR")
+        status = await eventually(lambda: status_is("Ready", "AllNodesReady"), "Ready on the CR", KUBE_WAIT_S)
         assert status["nodeCount"] == 2
         assert [
             (n["name"], n["cliqueID"], n["index"], n["status"], n["ipAddress"]) for n in status["nodes"]
@@ -269,7 +273,7 @@ async def test_status_is_written_back_with_events(
             mine = [e for e in events.items if e.involved_object.uid == uid and e.reason == "Ready"]
             return mine or None
 
-        events = await wait_for(ready_event, "a Ready event on the CR")
+        events = await eventually(ready_event, "a Ready event on the CR", KUBE_WAIT_S)
         assert events[0].type == "Normal" and events[0].involved_object.kind == "ComputeDomain"
         for a in agents:
             await a.unprepare_all()
@@ -302,8 +306,8 @@ async def test_node_list_rewrites_are_paced_and_the_last_one_still_lands(
                 status = (cd or {}).get("status")
                 return len(status.get("nodes") or []) if status else None
 
-            await wait_for(node_count, "the first status")
-            await wait_for(lambda uid=uid: _domain_in_store(store, uid), "the store record")
+            await eventually(node_count, "the first status", KUBE_WAIT_S)
+            await eventually(functools.partial(_domain_in_store, store, uid), "the store record", KUBE_WAIT_S)
             octet = 30 + int(interval_s * 10)
             agents = [
                 AgentDouble(store, f"kp{octet}-{i}", CLIQUE, f"127.0.{octet}.{i + 1}") for i in range(8)
@@ -313,7 +317,7 @@ async def test_node_list_rewrites_are_paced_and_the_last_one_still_lands(
                     await a.start()
                     await a.prepare(uid, namespace)
                     await asyncio.sleep(0.3)
-                await wait_for(lambda: _eight(node_count), "all 8 nodes on the CR")
+                await eventually(lambda: _eight(node_count), "all 8 nodes on the CR", KUBE_WAIT_S)
             writes[interval_s] = sum(
                 1 for e in logs if e["event"] == "computedomain status written" and e.get("cd_uid") == uid
             )
@@ -339,8 +343,8 @@ async def test_deletion_is_held_until_teardown_ends(
             GROUP, VERSION, namespace, PLURAL, cd_body(namespace, "busy", "busy-channel")
         )
         uid = created["metadata"]["uid"]
-        await wait_for(lambda: get_rct(api, namespace, "busy-channel"), "the RCT")
-        await wait_for(lambda: _domain_in_store(store, uid), "the store record")
+        await eventually(lambda: get_rct(api, namespace, "busy-channel"), "the RCT", KUBE_WAIT_S)
+        await eventually(lambda: _domain_in_store(store, uid), "the store record", KUBE_WAIT_S)
         agent = AgentDouble(store, "kd1", CLIQUE, "127.0.21.1", ttl_s=5)
         await agent.start()
         await agent.prepare(uid, namespace)  # a pod still holds a claim of the domain
@@ -349,7 +353,7 @@ async def test_deletion_is_held_until_teardown_ends(
             cd = await get_cd(api, namespace, "busy")
             return True if cd and LABEL in (cd["metadata"].get("finalizers") or []) else None
 
-        await wait_for(has_finalizer, "the finalizer")
+        await eventually(has_finalizer, "the finalizer", KUBE_WAIT_S)
         await CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "busy")
 
         async def terminating() -> dict[str, Any] | None:
@@ -357,7 +361,7 @@ async def test_deletion_is_held_until_teardown_ends(
             conditions = ((cd or {}).get("status") or {}).get("conditions") or []
             return cd if conditions and conditions[0]["reason"] == "Terminating" else None
 
-        cd = await wait_for(terminating, "the CR to show Terminating")
+        cd = await eventually(terminating, "the CR to show Terminating", KUBE_WAIT_S)
         assert cd["metadata"].get("deletionTimestamp")
         await asyncio.sleep(1.0)
         assert await get_cd(api, namespace, "busy") is not None, (
@@ -374,7 +378,7 @@ async def test_deletion_is_held_until_teardown_ends(
             )
             return True if gone else None
 
-        await wait_for(released, "the CR and its RCT to go after teardown")
+        await eventually(released, "the CR and its RCT to go after teardown", KUBE_WAIT_S)
         assert await check_domain_gone(store, uid) == []
         await agent.stop()
 
@@ -402,7 +406,7 @@ async def test_informer_lists_again_when_its_resource_version_is_gone(
             return None
         return True
 
-    await wait_for(listed, "a first list of ComputeDomains")
+    await eventually(listed, "a first list of ComputeDomains", KUBE_WAIT_S)
     created = await CustomObjectsApi(api).create_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, cd_body(namespace, "late", "late-channel")
     )
@@ -415,7 +419,7 @@ async def test_informer_lists_again_when_its_resource_version_is_gone(
         async def relisted() -> bool | None:
             return True if adapter.relists >= 2 and created["metadata"]["uid"] in adapter.crs else None
 
-        await wait_for(relisted, "the informer to list again after 410 Gone")
+        await eventually(relisted, "the informer to list again after 410 Gone", KUBE_WAIT_S)
     finally:
         await cancel_until_done([informer])
         await adapter.api.close()

@@ -25,6 +25,7 @@ from tests.controller.harness import AgentDouble
 from tests.controller.test_kube_adapter import (  # noqa: F401 - fixtures shared with the adapter tests
     CLIQUE,
     GROUP,
+    KUBE_WAIT_S,
     LABEL,
     PLURAL,
     VERSION,
@@ -35,9 +36,9 @@ from tests.controller.test_kube_adapter import (  # noqa: F401 - fixtures shared
     get_cd,
     kube_controller,
     namespace,
-    wait_for,
 )
 from tests.k8s.conftest import control_plane, control_plane_binaries  # noqa: F401 - session fixtures
+from tests.polling import eventually
 from tools.controlplane.cluster import ControlPlane
 from tools.controlplane.nodes import create_schedulable_node
 
@@ -87,8 +88,10 @@ async def test_members_are_labelled_and_labels_go_with_the_domain(
     async with kube_controller(etcd_config, crd_installed.kubeconfig) as adapter:
         uid = await create_cd(api, namespace, "job")
         other_uid = await create_cd(api, namespace, "other")
-        await wait_for(lambda: _domain_in_store(store, uid), "the store record of the CD")
-        await wait_for(lambda: _domain_in_store(store, other_uid), "the store record of the other CD")
+        await eventually(lambda: _domain_in_store(store, uid), "the store record of the CD", KUBE_WAIT_S)
+        await eventually(
+            lambda: _domain_in_store(store, other_uid), "the store record of the other CD", KUBE_WAIT_S
+        )
 
         agents = {
             name: AgentDouble(store, name, CLIQUE, f"127.0.22.{i + 1}", ttl_s=5)
@@ -103,21 +106,27 @@ async def test_members_are_labelled_and_labels_go_with_the_domain(
         async def labelled(node: str, value: str | None) -> bool | None:
             return True if await label_of(api, node) == value else None
 
-        await wait_for(lambda: labelled(joiner, uid), "the joining node to carry the CD's label")
-        await wait_for(lambda: labelled(neighbour, other_uid), "the other CD's member to carry its label")
+        await eventually(
+            lambda: labelled(joiner, uid), "the joining node to carry the CD's label", KUBE_WAIT_S
+        )
+        await eventually(
+            lambda: labelled(neighbour, other_uid), "the other CD's member to carry its label", KUBE_WAIT_S
+        )
 
         async def ghost_settled() -> bool | None:
             settled = ghost in adapter.labeler.cache.absent and adapter.queue.backoff.retries(uid) == 0
             return True if settled else None
 
         # The 404 of the simulated member is "nothing to label": no failure, no requeue.
-        await wait_for(ghost_settled, "the simulated member to be known absent")
+        await eventually(ghost_settled, "the simulated member to be known absent", KUBE_WAIT_S)
 
         # Scale-down: the node leaves while the domain lives on; its label goes.
         await agents[joiner].unprepare_all()
-        await wait_for(lambda: labelled(joiner, None), "the label of a node that left the domain to go")
+        await eventually(
+            lambda: labelled(joiner, None), "the label of a node that left the domain to go", KUBE_WAIT_S
+        )
         await agents[joiner].prepare(uid, namespace)
-        await wait_for(lambda: labelled(joiner, uid), "the label of a node that joined again")
+        await eventually(lambda: labelled(joiner, uid), "the label of a node that joined again", KUBE_WAIT_S)
 
         # A label the controller did not set (it has listed the Nodes already): only the
         # deletion's own listing finds it, and it must go before the finalizer does.
@@ -129,7 +138,7 @@ async def test_members_are_labelled_and_labels_go_with_the_domain(
         async def cd_gone() -> bool | None:
             return True if await get_cd(api, namespace, "job") is None else None
 
-        await wait_for(cd_gone, "the deleted CD to be released")
+        await eventually(cd_gone, "the deleted CD to be released", KUBE_WAIT_S)
         # Read right after the CR went: the labels were removed before the finalizer.
         assert await label_of(api, joiner) is None
         assert await label_of(api, stray) is None
@@ -139,7 +148,9 @@ async def test_members_are_labelled_and_labels_go_with_the_domain(
         assert labelled_now.items == []
 
         await agents[neighbour].unprepare_all()
-        await wait_for(lambda: labelled(neighbour, None), "the other CD's label to go when its node leaves")
+        await eventually(
+            lambda: labelled(neighbour, None), "the other CD's label to go when its node leaves", KUBE_WAIT_S
+        )
         for agent in agents.values():
             await agent.stop()
 

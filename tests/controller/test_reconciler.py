@@ -20,11 +20,11 @@ from tests.controller.harness import (
     caught_up,
     create_domain,
     domain_status,
-    eventually,
     ready_reason,
     request_deletion,
     running_controller,
 )
+from tests.polling import eventually
 
 CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
 # Invariant 5 also looks for processes whose command line names the uid: use uids nothing else names.

@@ -17,6 +17,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from tests.dashboard import records
 from tests.dashboard.conftest import Served
+from tests.polling import eventually
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
 from tools.dashboard import cdsim_hook
@@ -69,13 +70,12 @@ async def test_the_page_is_self_contained(nvl72: Served) -> None:
 
 async def test_state_lists_the_racks_and_readiness_follows_the_first_listing(nvl72: Served) -> None:
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
-        deadline = time.monotonic() + 10
-        while True:
+
+        async def ready() -> bool:
             async with http.get(nvl72.url + "readyz") as resp:
-                if resp.status == 200:
-                    break
-            assert time.monotonic() < deadline, "dashboard never became ready"
-            await asyncio.sleep(0.05)
+                return resp.status == 200
+
+        await eventually(ready, "the dashboard to be ready", 10)
         async with http.get(nvl72.url + "api/state") as resp:
             doc = await resp.json()
     assert doc["synced"] is True and doc["title"] == "test cluster"

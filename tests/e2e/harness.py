@@ -50,6 +50,7 @@ from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
+from tests.polling import PollTimeout, wait_until
 from tools.cachedtool import cached_tool
 from tools.cdsim.layout import StateLayout
 from tools.containerd.images import NodeImages, prepare_images
@@ -109,18 +110,6 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def wait_until(
-    check: Callable[[], bool], timeout_s: float, what: str, explain: Callable[[], str] = str
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while not check():
-        if time.monotonic() > deadline:
-            raise EnvironmentError_(f"timed out after {timeout_s:.0f} s waiting for {what}\n{explain()}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.5)
 
 
 def http_ok(url: str) -> bool:
@@ -238,9 +227,8 @@ def pid_alive(pid: int) -> bool:
 def terminate(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(PollTimeout):  # then it is killed
+        wait_until(lambda: not pid_alive(pid), f"process {pid} to exit on SIGTERM", grace_s)
     if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -434,9 +422,9 @@ class E2EEnvironment:
         )  # fmt: skip
         wait_until(
             lambda: self._ready_node_count() >= len(nodes),
-            60.0,
             f"{len(nodes)} Ready Nodes registered by the kubelet shim",
-            lambda: log_tail(self.log("kubeletshim")),
+            60.0,
+            explain=lambda: log_tail(self.log("kubeletshim")),
         )
 
     def start_kubelets(self) -> None:
@@ -475,9 +463,9 @@ class E2EEnvironment:
             kubelet.start_kubelet()
         wait_until(
             lambda: self._ready_node_count() >= len(nodes),
-            120.0,
             f"{len(nodes)} Ready Nodes registered by their kubelets",
-            lambda: "\n".join(
+            120.0,
+            explain=lambda: "\n".join(
                 f"--- kubelet-{k.name} ---\n{log_tail(k.kubelet_log, 10)}"
                 for k in self.kubelet_nodes.values()
             ),
@@ -617,9 +605,9 @@ class E2EEnvironment:
         urls = {n: f"http://{self.cluster.node(n).address}:{port}/readyz" for n in nodes}
         wait_until(
             lambda: all(http_ok(u) for u in urls.values()),
-            90.0,
             f"every {kind} process of {len(nodes)} nodes to be ready",
-            lambda: "\n".join(
+            90.0,
+            explain=lambda: "\n".join(
                 f"--- {kind}-{n} ---\n{log_tail(self.log(f'{kind}-{n}'), 10)}"
                 for n, u in urls.items()
                 if not http_ok(u)
@@ -648,9 +636,9 @@ class E2EEnvironment:
         )  # fmt: skip
         wait_until(
             lambda: http_ok(f"http://127.0.0.1:{self.ports['advisor_health']}/readyz"),
-            60.0,
             "the placement advisor to be ready",
-            lambda: log_tail(self.log("advisor")),
+            60.0,
+            explain=lambda: log_tail(self.log("advisor")),
         )
 
     def configure_scheduler(self) -> None:
@@ -695,22 +683,22 @@ class E2EEnvironment:
         )
         wait_until(
             lambda: http_ok(f"http://127.0.0.1:{self.ports['controller_health']}/healthz"),
-            60.0,
             "the controller to serve /healthz",
-            lambda: log_tail(self.log("controller")),
+            60.0,
+            explain=lambda: log_tail(self.log("controller")),
         )
 
     def kill_shim(self) -> None:
         """SIGKILL the kubelet shim (all nodes' kubelets at once)."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.shim_pid, signal.SIGKILL)
-        wait_until(lambda: not pid_alive(self.shim_pid), 10.0, "the killed kubelet shim to exit")
+        wait_until(lambda: not pid_alive(self.shim_pid), "the killed kubelet shim to exit", 10.0)
 
     def kill_controller(self) -> None:
         """SIGKILL the controller: no lease revoked, no cleanup."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.controller_pid, signal.SIGKILL)
-        wait_until(lambda: not pid_alive(self.controller_pid), 10.0, "the killed controller to exit")
+        wait_until(lambda: not pid_alive(self.controller_pid), "the killed controller to exit", 10.0)
 
     def wait_resource_slices(self) -> None:
         expected = len(self.node_names)
@@ -725,7 +713,7 @@ class E2EEnvironment:
             ).stdout
             return sum(1 for line in out.splitlines() if line.strip() == DRIVER)
 
-        wait_until(lambda: count() >= expected, 60.0, f"{expected} ResourceSlices of {DRIVER}")
+        wait_until(lambda: count() >= expected, f"{expected} ResourceSlices of {DRIVER}", 60.0)
 
 
 def example_objects(file_name: str) -> list[dict[str, Any]]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -12,6 +10,7 @@ from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomOb
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.kube.resourceapi import device_request, discover_version, resource_path, typed_api
+from tests import polling
 from tests.e2e.harness import DEVICE_CLASS
 
 T = TypeVar("T")
@@ -27,22 +26,25 @@ async def eventually(
     timeout_s: float = WAIT_S,
     explain: Callable[[], str] = str,
 ) -> T:
-    """Poll `probe` until it returns something other than None (or fail naming `what`)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.1
+    """tests/polling.eventually for probes that call the API server: an ApiException (the server
+    restarting, a 409 of a racing write) counts as "not yet", and the last one is reported."""
     last_error = ""
-    while True:
+
+    async def tolerant() -> T | None:
+        nonlocal last_error
         try:
-            value = await probe()
+            return await probe()
         except ApiException as exc:
-            value, last_error = None, f"HTTP {exc.status}: {exc.reason}"
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            detail = f" (last API error: {last_error})" if last_error else ""
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{detail}\n{explain()}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+            last_error = f"HTTP {exc.status}: {exc.reason}"
+            return None
+
+    def explanation() -> str:
+        detail = f"(last API error: {last_error})\n" if last_error else ""
+        return detail + explain()
+
+    return await polling.eventually(
+        tolerant, what, timeout_s, explain=explanation, first_delay_s=0.1, max_delay_s=1.0
+    )
 
 
 async def raw_get(api: ApiClient, path: str) -> dict[str, Any] | None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.harness import REPO_ROOT, E2EEnvironment, log_tail, terminate, wait_until
+from tests.e2e.harness import REPO_ROOT, E2EEnvironment, log_tail, terminate
+from tests.polling import wait_until
 from tools.cachedtool import cached_tool
 from tools.controlplane.cluster import die_with_parent
 from tools.netports import free_port
@@ -128,7 +129,9 @@ class SecondScheduler:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
-        wait_until(self._healthy, 60.0, "cd-scheduler to serve /healthz", lambda: log_tail(self.log_path))
+        wait_until(
+            self._healthy, "cd-scheduler to serve /healthz", 60.0, explain=lambda: log_tail(self.log_path)
+        )
 
     def _healthy(self) -> bool:
         if self.process is not None and self.process.poll() is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
@@ -39,11 +40,11 @@ async def test_controller_killed_mid_formation_then_restarted_converges(
     cd = await kube.get_cd(api, namespace, cd_name)
     assert cd is not None
     cd_uid = cd["metadata"]["uid"]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + kube.WAIT_S
-    while not (members := (await e2e_store.list(e2e_store.keys.members(cd_uid), pb.Member))[0]):
-        assert loop.time() < deadline, f"no node joined the domain\n{e2e_env.explain()}"
-        await asyncio.sleep(0.02)
+
+    async def joined() -> list[Any] | None:
+        return (await e2e_store.list(e2e_store.keys.members(cd_uid), pb.Member))[0] or None
+
+    members = await kube.eventually(joined, "a node to join the domain", explain=e2e_env.explain)
     killed = e2e_env.controller_pid
     e2e_env.kill_controller()
     assert not pid_alive(killed)

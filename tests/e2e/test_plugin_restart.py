@@ -7,6 +7,7 @@ daemons. The new plugins then serve kubelet: the Job's teardown goes through the
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,18 +68,20 @@ async def node_sides(env: E2EEnvironment, store: Store, cd_uid: str, nodes: list
 
 async def settled_ready(api: ApiClient, namespace: str, name: str) -> dict[str, Any]:
     """The CD once it has stayed Ready, unchanged, for SETTLE_S (bounded by kube.WAIT_S)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + kube.WAIT_S
-    seen, since = "", loop.time()
-    while True:
+    seen, since = "", time.monotonic()
+
+    async def settled() -> dict[str, Any] | None:
+        nonlocal seen, since
         cd = await kube.get_cd(api, namespace, name) or {}
-        now, state = loop.time(), ready_since(cd)
+        now, state = time.monotonic(), ready_since(cd)
         if state != seen:
             seen, since = state, now
-        elif state.startswith("Ready True") and now - since >= SETTLE_S:
-            return cd
-        assert now < deadline, f"ComputeDomain {namespace}/{name} did not settle Ready: {state}"
-        await asyncio.sleep(0.2)
+            return None
+        return cd if state.startswith("Ready True") and now - since >= SETTLE_S else None
+
+    return await kube.eventually(
+        settled, f"ComputeDomain {namespace}/{name} to settle Ready", explain=lambda: f"last seen: {seen}"
+    )
 
 
 def ready_since(cd: dict[str, Any]) -> str:

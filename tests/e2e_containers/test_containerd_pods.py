@@ -148,8 +148,8 @@ async def test_a_job_lists_its_channel_completes_and_its_domain_turns_ready(
             assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
             node = env.kubelet_nodes[pod["spec"]["nodeName"]]
             assert isinstance(node, ContainerdKubeletNode)
-            first, last = (ipaddress.ip_address(a) for a in pod_range(node.ordinal))
-            assert first <= ipaddress.ip_address(pod["status"]["podIP"]) <= last, (node.name, pod["status"])
+            first, last = (ipaddress.IPv4Address(a) for a in pod_range(node.ordinal))
+            assert first <= ipaddress.IPv4Address(pod["status"]["podIP"]) <= last, (node.name, pod["status"])
             lines = _pod_log(env, pod)
             # `ls -l` of the directory: its one entry is channel 0, a character device with the
             # major of the simulated /proc/devices and minor 0, as the CDI spec names it.

@@ -22,6 +22,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 1.5
@@ -71,11 +72,9 @@ class AdvisorProcess:
 
 
 def _ports(log_file: Path, proc: subprocess.Popen[bytes], within_s: float) -> dict[str, int]:
-    ports: dict[str, int] = {}
-    deadline = time.monotonic() + within_s
-    while len(ports) < 3:
+    def announced() -> dict[str, int] | None:
         assert proc.poll() is None, f"advisor exited: {log_file.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"advisor did not start: {log_file.read_text()[-2000:]}"
+        ports: dict[str, int] = {}
         for raw in log_file.read_text().splitlines():
             try:
                 line = json.loads(raw)
@@ -88,8 +87,16 @@ def _ports(log_file: Path, proc: subprocess.Popen[bytes], within_s: float) -> di
                 ports["extender"] = line["port"]
             elif event == "health server listening":
                 ports["health"] = line["port"]
-        time.sleep(0.1)
-    return ports
+        return ports if len(ports) == 3 else None
+
+    return wait_until(
+        announced,
+        "the advisor to announce its gRPC, extender and health ports",
+        within_s,
+        explain=lambda: log_file.read_text()[-2000:],
+        first_delay_s=0.1,
+        max_delay_s=0.5,
+    )
 
 
 def start_advisor(etcd_config: EtcdConfig, work: Path) -> Iterator[AdvisorProcess]:

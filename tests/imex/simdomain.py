@@ -7,14 +7,12 @@ address; empty slots map to the placeholder address).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from libs.imex.config import (
 from libs.imex.simulator import client
 from libs.imex.simulator.launch import simulator_daemon_argv
 from libs.imex.simulator.recovery import PERSIST_FILE
+from tests.polling import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIQUE = "clique-a.1"
@@ -157,17 +156,24 @@ class SimNode:
         self, predicate: Callable[[client.DaemonStatus], bool], what: str, timeout_s: float = 5.0
     ) -> client.DaemonStatus:
         """Poll the daemon's status until ``predicate`` holds; fail with its log otherwise."""
-        deadline = time.monotonic() + timeout_s
         last: client.DaemonStatus | str = ""
-        while time.monotonic() < deadline:
+
+        async def probe() -> client.DaemonStatus | None:
+            nonlocal last
             try:
                 last = await self.status(timeout_s=0.5)
-                if predicate(last):
-                    return last
-            except client.DaemonUnavailable as exc:
+            except client.DaemonUnavailable as exc:  # not up yet, or restarting: poll again
                 last = str(exc)
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"{self.address}: no {what} after {timeout_s} s: {last}\n{self.log_text()}")
+                return None
+            return last if predicate(last) else None
+
+        return await eventually(
+            probe,
+            f"{what} from {self.address}",
+            timeout_s,
+            explain=lambda: f"last status: {last}\n{self.log_text()}",
+            max_delay_s=0.05,
+        )
 
     async def wait_connected(self, node_ids: Sequence[int], timeout_s: float = 5.0) -> client.DaemonStatus:
         return await self.wait_until(
@@ -178,14 +184,17 @@ class SimNode:
 
     async def wait_log(self, text: str, count: int = 1, timeout_s: float = 5.0) -> str:
         """Wait until ``text`` occurs ``count`` times in the log."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def counted() -> str | None:
             log = self.log_text()
-            if log.count(text) >= count:
-                return log
-            await asyncio.sleep(0.01)
-        raise AssertionError(
-            f"{self.address}: {text!r} not logged {count}x in {timeout_s} s\n{self.log_text()}"
+            return log if log.count(text) >= count else None
+
+        return await eventually(
+            counted,
+            f"{text!r} logged {count}x by {self.address}",
+            timeout_s,
+            explain=self.log_text,
+            max_delay_s=0.05,
         )
 
     def signal(self, signum: signal.Signals) -> None:

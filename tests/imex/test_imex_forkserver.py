@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,19 +14,20 @@ from libs.imex.simulator.launch import ForkServer, ForkServerError, simulator_da
 from libs.invariants.processes import IMEX_DAEMON_MARKER, imex_daemons_under
 from services.imexagent.process import leftover_pids, proc_cmdline
 from tests.imex.simdomain import SimCluster
+from tests.polling import wait_until
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no longer in /proc, or a zombie waiting to be reaped by the server."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] == b"Z"
+    except OSError:
+        return True
 
 
 def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] == b"Z":
-                    return  # exited, waiting to be reaped by the server
-        except OSError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} still running after {timeout_s} s")
+    wait_until(lambda: _gone(pid), f"process {pid} to exit", timeout_s, first_delay_s=0.01, max_delay_s=0.05)
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ import os
 import random
 import signal
 import socket
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.state.store import Delete, Put, Store
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor
+from tests.polling import eventually
 
 FAST = ImexSettings(
     backend="simulated",
@@ -74,20 +73,6 @@ def kill_daemons_under(directory: Path) -> None:
                 cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
                 if str(directory).encode() in cmdline:
                     os.kill(int(entry.name), signal.SIGKILL)
-
-
-async def eventually(check: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> object:
-    """Poll `check` (plain or async) until it returns something truthy; that value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout_s} s: {what or check}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass
@@ -205,6 +190,4 @@ class Rack:
                 return None
             return status
 
-        result = await eventually(check, what=f"READY status of {node.name} with {expect}")
-        assert isinstance(result, pb.DaemonStatus)
-        return result
+        return await eventually(check, f"READY status of {node.name} with {expect}")

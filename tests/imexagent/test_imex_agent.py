@@ -31,7 +31,8 @@ from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
 from services.imexagent.supervisor import ImexSupervisor
-from tests.imexagent.imex_rack import FAST, Rack, eventually, free_cluster, kill_daemons_under, pid_alive
+from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under, pid_alive
+from tests.polling import eventually
 from tools.netports import free_port
 
 UID = "cd-0001"
@@ -126,11 +127,14 @@ async def test_a_lost_member_keeps_its_daemon_and_its_slot(rack: Rack) -> None:
     assert a.supervisor is not None and b.supervisor is not None
     b_runner = b.supervisor.runner(UID)
     assert b_runner is not None
-    await eventually(lambda: b_runner.desired.lost, what="B's supervisor acted on its loss")
-    await eventually(
-        lambda: (m := a.supervisor.member(b.name)) is not None and m.state == pb.MemberState.LOST,  # type: ignore[union-attr]
-        what="A's supervisor saw B's loss",
-    )
+    await eventually(lambda: b_runner.desired.lost, "B's supervisor acted on its loss")
+    a_supervisor = a.supervisor
+
+    def a_saw_b_lost() -> bool:
+        member = a_supervisor.member(b.name)
+        return member is not None and member.state == pb.MemberState.LOST
+
+    await eventually(a_saw_b_lost, "A's supervisor saw B's loss")
     # Both reconcilers have acted on the loss: same daemons, B's slot still B's address.
     assert a.supervisor.daemon_pid(UID) == a_before.pid and b.supervisor.daemon_pid(UID) == b_before.pid
     assert hosts_of(a.dir(UID))[slots.slot_name(UID, a.sim.clique, 1)] == b.sim.address
@@ -151,12 +155,13 @@ async def test_a_released_member_stops_its_daemon_and_removes_its_directory(rack
     a_status = await rack.ready_status(UID, a, connected_nodes=[b.name])
 
     await rack.release(UID, b)
-    await eventually(lambda: not pid_alive(b_status.pid), what="B's daemon stopped")
-    await eventually(lambda: not b.dir(UID).exists(), what="B's directory removed")
-    assert await eventually(lambda: _absent(rack, b), what="B's status deleted")
+    await eventually(lambda: not pid_alive(b_status.pid), "B's daemon stopped")
+    await eventually(lambda: not b.dir(UID).exists(), "B's directory removed")
+    assert await eventually(lambda: _absent(rack, b), "B's status deleted")
     # A empties B's slot and keeps running.
     await eventually(
-        lambda: hosts_of(a.dir(UID))[slots.slot_name(UID, a.sim.clique, 1)] == slots.PLACEHOLDER_ADDRESS
+        lambda: hosts_of(a.dir(UID))[slots.slot_name(UID, a.sim.clique, 1)] == slots.PLACEHOLDER_ADDRESS,
+        "B's slot in A's nodes file to hold the placeholder",
     )
     await rack.ready_status(UID, a, connected_nodes=[], pid=a_status.pid)
 
@@ -224,7 +229,7 @@ async def test_a_restarted_agent_adopts_the_running_daemon(rack: Rack, etcd_conf
     stop = asyncio.Event()
     agent = asyncio.create_task(run_imex_agent(settings, stop, imex=imex, handle_signals=False))
     node_key = rack.store.keys.node(a.name)
-    await eventually(lambda: rack.store.get(node_key, pb.Node), what="node record on the lease")
+    await eventually(lambda: rack.store.get(node_key, pb.Node), "node record on the lease")
     await rack.join(UID, a, 0)
     first = await rack.ready_status(UID, a)
 
@@ -243,7 +248,7 @@ async def test_a_restarted_agent_adopts_the_running_daemon(rack: Rack, etcd_conf
         assert status.pid == first.pid and status.instance == first.instance
         base = f"http://127.0.0.1:{settings.health_port}"
         async with aiohttp.ClientSession() as http:
-            await eventually(lambda: _http_ok(http, f"{base}/readyz"), what="ready once registered")
+            await eventually(lambda: _http_ok(http, f"{base}/readyz"), "ready once registered")
             async with http.get(f"{base}/healthz") as response:
                 assert response.status == 200
             async with http.get(f"{base}/metrics") as response:
@@ -342,8 +347,7 @@ async def test_a_daemon_that_cannot_start_is_failed_with_its_own_words(store: St
             status = await rack.status(UID, a)
             return status if status is not None and status.state == pb.DaemonState.FAILED else None
 
-        status = await eventually(failed, what="FAILED status")
-        assert isinstance(status, pb.DaemonStatus)
+        status = await eventually(failed, "FAILED status")
         assert "exited with status 1" in status.last_error
         assert any("bind failed" in line for line in status.last_log_lines)
         assert status.pid == 0 and status.restarts >= 1
@@ -378,7 +382,10 @@ async def test_a_peer_joining_while_the_hosts_file_is_written_still_reaches_it(
     await rack.join(UID, b, 1)
     assert await asyncio.to_thread(writing.wait, 10), "A never rewrote its hosts for B"
     await rack.join(UID, c, 2)
-    await eventually(lambda: a.supervisor is not None and a.supervisor.member(c.name) is not None)
+    await eventually(
+        lambda: a.supervisor is not None and a.supervisor.member(c.name) is not None,
+        "A's supervisor to know C",
+    )
     release.set()
     await rack.ready_status(UID, a, connected_nodes=[b.name, c.name])
     names = slots.slot_names(UID, a.sim.clique)
@@ -412,7 +419,10 @@ async def test_a_members_watch_lagging_behind_the_binding_does_not_hold_the_daem
     first = await rack.ready_status(UID, a, node_id=0)
     assert not caught_up.is_set() and first.pid > 0
     caught_up.set()
-    await eventually(lambda: a.supervisor is not None and a.supervisor.member(a.name) is not None)
+    await eventually(
+        lambda: a.supervisor is not None and a.supervisor.member(a.name) is not None,
+        "A's restarted supervisor to know A",
+    )
     await asyncio.sleep(0.5)
     again = await rack.ready_status(UID, a, node_id=0)
     assert (again.pid, again.instance, again.restarts) == (first.pid, first.instance, 0)

@@ -19,11 +19,11 @@ from tests.imexagent.imex_rack import (
     FAST,
     Node,
     Rack,
-    eventually,
     free_cluster,
     kill_daemons_under,
     pid_alive,
 )
+from tests.polling import eventually
 
 UID = "cd-0001"
 # The daemons outlive their agent (as after an agent crash): a node is killed by killing both.
@@ -36,7 +36,7 @@ async def kill_node(rack: Rack, node: Node) -> None:
     await rack.stop(node)
     assert status is not None and status.pid > 0
     os.kill(status.pid, signal.SIGKILL)
-    await eventually(lambda: not pid_alive(status.pid), what="daemon gone")
+    await eventually(lambda: not pid_alive(status.pid), "daemon gone")
 
 
 async def status_with(rack: Rack, node: Node, **expect: object) -> pb.DaemonStatus:
@@ -46,9 +46,7 @@ async def status_with(rack: Rack, node: Node, **expect: object) -> pb.DaemonStat
             return None
         return status
 
-    found = await eventually(check, timeout_s=15, what=f"status of {node.name} with {expect}")
-    assert isinstance(found, pb.DaemonStatus)
-    return found
+    return await eventually(check, f"status of {node.name} with {expect}", 15)
 
 
 async def test_a_node_back_after_a_kill_waits_for_its_importers_and_says_so(
@@ -67,7 +65,7 @@ async def test_a_node_back_after_a_kill_waits_for_its_importers_and_says_so(
         await simclient.import_memory(c.sim.address, port, "job", 0, 1.0)
         await simclient.import_memory(a.sim.address, port, "job", 1, 1.0)  # and A uses B's
         await eventually(
-            lambda: (a.dir(UID) / PERSIST_FILE).read_text().count(":") == 2, what="A's importers recorded"
+            lambda: (a.dir(UID) / PERSIST_FILE).read_text().count(":") == 2, "A's importers recorded"
         )
 
         await kill_node(rack, a)
@@ -145,7 +143,7 @@ async def test_a_silent_daemon_is_stopped_with_sigterm_before_any_sigkill(
     try:
         rack.start(a)
         await rack.join(UID, a, 0)
-        await eventually(marker.exists, timeout_s=15, what="the silent daemon got SIGTERM")
+        await eventually(marker.exists, "the silent daemon got SIGTERM", 15)
         await status_with(rack, a, restarts=1)
         assert marker.read_text().startswith("SIGTERM")
     finally:

@@ -26,6 +26,7 @@ from services.imexagent.inventory import (
     build_node_record,
     node_address,
 )
+from tests.polling import eventually
 
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).
 TTL_S = 2
@@ -47,16 +48,6 @@ def make_hardware(base: Path) -> SimulatedNodeHardware:
 async def read_node(store: Store, name: str) -> pb.Node | None:
     item = await store.get(store.keys.node(name), pb.Node)
     return item.value if item else None
-
-
-async def wait_for(predicate, timeout_s: float = 5.0, what: str = "") -> float:
-    """Poll an async predicate; returns the seconds it took."""
-    started = time.monotonic()
-    while not await predicate():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"not true within {timeout_s} s: {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 @contextlib.asynccontextmanager
@@ -111,7 +102,10 @@ async def test_record_expires_within_the_ttl_when_the_agent_stops(
         return await read_node(store, "rack1-tray3") is None
 
     # ... and vanish within one TTL (plus etcd's expiry check granularity of 0.5 s).
-    took = await wait_for(gone, timeout_s=TTL_S + 2.0, what="node record expired")
+    started = time.monotonic()
+    # Fine polling: the time it took is the measurement.
+    await eventually(gone, "node record expired", TTL_S + 2.0, max_delay_s=0.05)
+    took = time.monotonic() - started
     assert took <= TTL_S + 1.0, took
 
 
@@ -131,7 +125,7 @@ async def test_record_is_written_again_after_the_lease_is_lost(
             item = await store.get(store.keys.node("rack1-tray3"), pb.Node)
             return item is not None and item.lease not in (0, first_lease)
 
-        await wait_for(back_on_new_lease, timeout_s=TTL_S + 3.0, what="re-registered on a new lease")
+        await eventually(back_on_new_lease, "re-registered on a new lease", TTL_S + 3.0)
         assert inventory.lease.losses == 1
         assert not task.done()
 
@@ -146,7 +140,7 @@ async def test_health_events_update_the_record(store: Store, hardware: Simulated
             node = await read_node(store, "rack1-tray3")
             return node is not None and node.health == pb.Health.DEGRADED
 
-        await wait_for(degraded, what="health DEGRADED in the store")
+        await eventually(degraded, "health DEGRADED in the store", 5.0)
         node = await read_node(store, "rack1-tray3")
         assert node is not None
         assert [g.health for g in node.gpus] == [
@@ -178,7 +172,7 @@ async def test_fabric_still_coming_up_is_reported_then_resolved(
             n = await read_node(store, "rack1-tray3")
             return n is not None and n.clique_id == hardware.node.clique and n.fabric_message == ""
 
-        await wait_for(settled, what="clique settled in the store")
+        await eventually(settled, "clique settled in the store", 5.0)
         assert not task.done()
 
 
@@ -210,7 +204,7 @@ async def test_changes_yields_the_record_as_it_changes(store: Store, hardware: S
             async def pending_seen() -> bool:
                 return any("IN_PROGRESS" in n.fabric_message for n in seen)
 
-            await wait_for(pending_seen, what="pending clique seen by changes()")
+            await eventually(pending_seen, "pending clique seen by changes()", 5.0)
             assert seen[-1].clique_id == ""
             assert any(n.clique_id == hardware.node.clique for n in seen)
         finally:
@@ -274,7 +268,7 @@ async def test_a_hung_hardware_query_is_reported_and_stops_neither_the_loop_nor_
             node = await read_node(store, "rack1-tray3")
             return node is not None and "hung driver" in node.fabric_message and "hardware" in health.warnings
 
-        await wait_for(stall_reported, timeout_s=5.0, what="the stall in the record and on /healthz")
+        await eventually(stall_reported, "the stall in the record and on /healthz", 5.0)
         assert health.healthy, "a hung driver is a warning, not a liveness failure"
         # Three lease TTLs into the stall: the record never went away, the loop kept its pace.
         lags: list[float] = []
@@ -293,4 +287,4 @@ async def test_a_hung_hardware_query_is_reported_and_stops_neither_the_loop_nor_
             node = await read_node(store, "rack1-tray3")
             return node is not None and node.fabric_message == "" and "hardware" not in health.warnings
 
-        await wait_for(recovered, timeout_s=5.0, what="recovery once the query returns")
+        await eventually(recovered, "recovery once the query returns", 5.0)

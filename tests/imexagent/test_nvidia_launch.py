@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from libs.imex import slots
 from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
+from tests.polling import wait_until
 
 UID = "0f0e0d0c-1111-2222-3333-444455556666"
 CLIQUE = "cluster.7"
@@ -47,26 +47,32 @@ def lookup(directory: DomainDir) -> tuple[str, int]:
 
 
 def resolved(directory: DomainDir, want: str, timeout_s: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    seen = ""
-    while time.monotonic() < deadline:
-        seen, _ = lookup(directory)
-        if seen == want:
-            return seen
-        time.sleep(0.02)
-    return seen
+    """The address the stand-in resolves, once it is `want`."""
+    return wait_until(
+        lambda: want if lookup(directory)[0] == want else None,
+        f"the stand-in daemon to resolve {want}",
+        timeout_s,
+        explain=lambda: f"last lookup: {lookup(directory)}",
+        first_delay_s=0.02,
+        max_delay_s=0.1,
+    )
 
 
 def after_lookups(directory: DomainDir, more: int, timeout_s: float = 10.0) -> str:
     """The address the stand-in resolves once it has looked up `more` more times."""
     _, start = lookup(directory)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def resolved_again() -> str | None:
         seen, count = lookup(directory)
-        if count >= start + more:
-            return seen
-        time.sleep(0.02)
-    raise AssertionError("the stand-in daemon stopped looking up")
+        return seen if count >= start + more else None
+
+    return wait_until(
+        resolved_again,
+        f"the stand-in daemon to look up {more} more times",
+        timeout_s,
+        first_delay_s=0.02,
+        max_delay_s=0.1,
+    )
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ from services.advisor.model import PlacementRequest, Reason
 from services.imexagent.inventory import InventorySettings, NodeInventory
 from tests.advisor.fleet import node_record
 from tests.advisor.harness import advisor_on_store
-from tests.imexagent.imex_rack import eventually
 from tests.nodeagent.agent_procs import ImexAgentProcess, sim_cluster
+from tests.polling import eventually
 
 NODES = 2
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).
@@ -90,8 +90,8 @@ async def nodes(store: Store, etcd_config: EtcdConfig) -> AsyncIterator[Nodes]:
         # Place on the victim's clique is refused for capacity, not as larger than the cluster.
         async with advisor_on_store(store, [BYSTANDER]) as advisor:
             running = Nodes(store, sim.cluster, [a for a in agents if a is not None], advisor)
-            await eventually(running.all_registered, 30.0, "both agents registered")
-            await eventually(running.fits, 5.0, "the advisor counts both nodes")
+            await eventually(running.all_registered, "both agents registered", 30.0)
+            await eventually(running.fits, "the advisor counts both nodes", 5.0)
             try:
                 yield running
             finally:
@@ -129,7 +129,8 @@ async def test_a_deleted_or_garbled_record_is_back_within_a_lease_period(
         return await nodes.record(victim.name) is not None
 
     damaged_at = time.monotonic()
-    await eventually(back, TTL_S, f"{victim.name}'s record written again after {damage}")
+    # Fine polling: the time it took is the measurement.
+    await eventually(back, f"{victim.name}'s record written again after {damage}", TTL_S, max_delay_s=0.05)
     took = time.monotonic() - damaged_at
     restored = await nodes.record(victim.name)
     assert restored is not None
@@ -138,14 +139,14 @@ async def test_a_deleted_or_garbled_record_is_back_within_a_lease_period(
         before.clique_id,
         [g.uuid for g in before.gpus],
     )
-    await eventually(nodes.fits, 2.0, "a Place on both nodes fits again")
+    await eventually(nodes.fits, "a Place on both nodes fits again", 2.0)
     assert await check_inventory(nodes.store, nodes.names) == []
 
     # The agent says what happened, naming the problem.
     await eventually(
         lambda: _logged(victim, "node record lost from the store; writing it again", problem),
-        5.0,
         "the agent logs the lost record and why",
+        5.0,
     )
     assert victim.running and took < TTL_S
 
@@ -164,7 +165,7 @@ async def test_a_stale_record_without_the_lease_is_replaced(nodes: Nodes) -> Non
         item = await nodes.store.get(key, pb.Node)
         return item is not None and item.lease != 0 and item.value.ip_address == current.ip_address
 
-    await eventually(ours_again, TTL_S, "the agent's own record, on its lease, replaces the stale one")
+    await eventually(ours_again, "the agent's own record, on its lease, replaces the stale one", TTL_S)
 
 
 async def test_the_checker_flags_a_live_node_missing_from_the_inventory(nodes: Nodes) -> None:
@@ -178,11 +179,7 @@ async def test_the_checker_flags_a_live_node_missing_from_the_inventory(nodes: N
     try:
         # Well within the lease: it is not lost, only its record is gone.
         await nodes.store.put_raw(nodes.store.keys.node(victim.name), GARBAGE)
-        reason = await nodes.place_all()
-        deadline = time.monotonic() + 2.0
-        while reason is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-            reason = await nodes.place_all()
+        reason = await eventually(nodes.place_all, "the advisor to refuse a Place on both nodes", 2.0)
         assert reason == Reason.NO_CAPACITY
         violations = await check_inventory(nodes.store, nodes.names)
         assert len(violations) == 1 and victim.name in violations[0] and violations[0].startswith("inv7:")
@@ -192,8 +189,8 @@ async def test_the_checker_flags_a_live_node_missing_from_the_inventory(nodes: N
     async def clean() -> bool:
         return await check_inventory(nodes.store, nodes.names) == []
 
-    await eventually(clean, TTL_S, "the record is back once the agent runs")
-    await eventually(nodes.fits, 2.0, "a Place on both nodes fits again")
+    await eventually(clean, "the record is back once the agent runs", TTL_S)
+    await eventually(nodes.fits, "a Place on both nodes fits again", 2.0)
 
 
 async def test_readiness_is_closed_while_the_record_cannot_be_written_again(
@@ -226,14 +223,14 @@ async def test_readiness_is_closed_while_the_record_cannot_be_written_again(
                 "registered"
             ) is False and "missing (deleted)" in health.warnings.get("node-record", "")
 
-        await eventually(reported, TTL_S, "readiness closed with the reason")
+        await eventually(reported, "readiness closed with the reason", TTL_S)
         assert not health.ready and not inventory.registered
         refused.set()
 
         async def healed() -> bool:
             return health.ready and await store.get(store.keys.node(name), pb.Node) is not None
 
-        await eventually(healed, TTL_S, "the record is back and readiness open again")
+        await eventually(healed, "the record is back and readiness open again", TTL_S)
         assert "node-record" not in health.warnings and inventory.rewrites >= 1
     finally:
         task.cancel()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import pytest
@@ -39,6 +37,7 @@ from kubernetes_asyncio.client import (
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.polling import eventually
 from tools.controlplane.cluster import ControlPlane
 from tools.controlplane.nodes import create_schedulable_node
 
@@ -46,20 +45,6 @@ pytestmark = pytest.mark.e2e
 
 DRIVER = "compute-domain.nvidia.com"
 T = TypeVar("T")
-
-
-async def _eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout_s: float = 30.0) -> T:
-    """Poll `probe` until it returns something other than None."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.1
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
 
 
 async def _ignore_not_found(call: Awaitable[Any]) -> None:
@@ -176,7 +161,7 @@ async def test_scheduler_binds_pod_and_allocates_channel_from_our_slice(k8s_api:
             pod = await core.read_namespaced_pod("workload", namespace)
             return pod.spec.node_name or None
 
-        assert await _eventually(bound_node, "the scheduler to bind the pod") == node
+        assert await eventually(bound_node, "the scheduler to bind the pod", 30.0) == node
 
         async def allocated_claim() -> Any:
             pod = await core.read_namespaced_pod("workload", namespace)
@@ -186,7 +171,7 @@ async def test_scheduler_binds_pod_and_allocates_channel_from_our_slice(k8s_api:
             claim = await resource.read_namespaced_resource_claim(statuses[0].resource_claim_name, namespace)
             return claim if claim.status and claim.status.allocation else None
 
-        claim = await _eventually(allocated_claim, "the claim's allocation")
+        claim = await eventually(allocated_claim, "the claim's allocation", 30.0)
         results = claim.status.allocation.devices.results
         assert [(r.request, r.driver, r.pool, r.device) for r in results] == [
             ("channel", DRIVER, node, "channel-0")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -22,6 +21,7 @@ from kubernetes_asyncio.client import (
 )
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.polling import eventually
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, ControlPlaneError
 from tools.controlplane.nodes import create_schedulable_node
@@ -70,11 +70,10 @@ async def test_restart_scheduler_applies_a_new_config(
         )
         await core.create_namespaced_pod(namespace, pod)
 
-        deadline = time.monotonic() + 30
-        while (bound := (await core.read_namespaced_pod("p", namespace)).spec.node_name) is None:
-            assert time.monotonic() < deadline, "the second-scheduler profile never bound the pod"
-            await asyncio.sleep(0.2)
-        assert bound == node
+        async def bound_node() -> str | None:
+            return (await core.read_namespaced_pod("p", namespace)).spec.node_name
+
+        assert await eventually(bound_node, "the second-scheduler profile to bind the pod", 30) == node
     finally:
         await asyncio.to_thread(control_plane.restart_scheduler)
         for cleanup in (

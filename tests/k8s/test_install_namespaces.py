@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 from services.nodeagent.resourceslice import build_resource_slice
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import MANIFESTS, Obj
+from tests.polling import wait_until
 from tools.cachedtool import BuildError
 from tools.controlplane.cluster import ControlPlane
 
@@ -144,15 +144,25 @@ def install(request: pytest.FixtureRequest, control_plane: ControlPlane, tmp_pat
 
 def wait_for_policy(install: Install) -> subprocess.CompletedProcess[str]:
     """Another node's slice, until refused by the policy (RBAC and policies load asynchronously)."""
-    deadline = time.monotonic() + POLICY_WAIT_S
-    while True:
+    last = ""
+
+    def refused() -> subprocess.CompletedProcess[str] | None:
+        nonlocal last
         proc = install.create_slice(install.other)
         if proc.returncode != 0 and "ValidatingAdmissionPolicy" in proc.stderr:
             return proc
         if proc.returncode == 0:  # not yet enforced: undo, try again
             install.cp.kubectl("delete", proc.stdout.strip())
-        assert time.monotonic() < deadline, f"the policy never refused: {proc.stderr or proc.stdout}"
-        time.sleep(0.5)
+        last = proc.stderr or proc.stdout
+        return None
+
+    return wait_until(
+        refused,
+        "the policy to refuse another node's slice",
+        POLICY_WAIT_S,
+        explain=lambda: f"last answer: {last}",
+        first_delay_s=0.5,
+    )
 
 
 def test_nothing_names_the_default_namespace(install: Install) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.polling import wait_until
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
 from tools.etcd.server import EtcdServer
@@ -134,14 +135,6 @@ def has_status(cp: ControlPlane, name: str) -> bool:
     return out.returncode == 0 and out.stdout.strip() != ""
 
 
-def wait_until(check: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def audit_writes(path: Path, agent: str, since: float) -> list[dict[str, object]]:
     """Mutating requests of user agent `agent` received after `since` (unix seconds)."""
     out: list[dict[str, object]] = []
@@ -188,25 +181,29 @@ def test_a_frozen_leader_writes_nothing_after_the_standby_took_over(
     prefix = f"/split-{os.getpid()}-{time.monotonic_ns()}/"
     a = Replica("split-a", cp, etcd, prefix, tmp_path)
     try:
-        wait_until(a.leading, 60, "replica a to lead")
+        wait_until(a.leading, "replica a to lead", 60)
         b = Replica("split-b", cp, etcd, prefix, tmp_path)
         try:
-            wait_until(lambda: b.metrics() != {}, 60, "replica b to serve metrics")
+            wait_until(lambda: b.metrics() != {}, "replica b to serve metrics", 60)
             cp.kubectl("apply", "-f", "-", input=compute_domain("first"))
-            wait_until(lambda: audit_writes(audit, "cd-controller/split-a", 0), 30, "replica a to write")
-            wait_until(lambda: has_status(cp, "first"), 30, "replica a to report the first domain")
+            wait_until(
+                lambda: audit_writes(audit, "cd-controller/split-a", 0) or None, "replica a to write", 30
+            )
+            wait_until(lambda: has_status(cp, "first"), "replica a to report the first domain", 30)
             time.sleep(1.0)  # its last writes of the first domain are answered
             store_writes = a.store_writes()
 
             os.kill(a.proc.pid, signal.SIGSTOP)
-            wait_until(b.leading, 30, "replica b to take over")
+            wait_until(b.leading, "replica b to take over", 30)
             took_over = time.time()
             cp.kubectl("apply", "-f", "-", input=compute_domain("second"))
             wait_until(
-                lambda: audit_writes(audit, "cd-controller/split-b", took_over), 30, "replica b to write"
+                lambda: audit_writes(audit, "cd-controller/split-b", took_over) or None,
+                "replica b to write",
+                30,
             )
             os.kill(a.proc.pid, signal.SIGCONT)
-            wait_until(lambda: a.metrics().get("cd_controller_leader") == 0.0, 30, "replica a to step down")
+            wait_until(lambda: a.metrics().get("cd_controller_leader") == 0.0, "replica a to step down", 30)
             time.sleep(3 * TTL_S)  # a's queued work, watches and sweeps have all had their turn
             assert a.proc.poll() is None, f"replica a died:\n{a.log.read_text()[-3000:]}"
             late = audit_writes(audit, "cd-controller/split-a", took_over)

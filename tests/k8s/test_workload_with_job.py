@@ -5,7 +5,6 @@ every Job, which is why tools/controlplane leaves the gate off unless asked."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.polling import wait_until
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, ControlPlane
 from tools.kubeletshim.nodes import CLIQUE_LABEL
@@ -81,10 +81,7 @@ def test_the_job_controller_makes_a_pod_group_for_every_job_and_gangs_the_ones_t
             (p["spec"].get("schedulingGroup") or {}).get("podGroupName") for p in pods
         )
 
-    deadline = time.monotonic() + 60
-    while not settled() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert settled(), items(cp, "pods")
+    wait_until(settled, "8 pods, each in a scheduling group", 60, explain=lambda: str(items(cp, "pods")))
 
     groups = items(cp, "podgroups")
     (ganged,) = owned_by(groups, "ganged")

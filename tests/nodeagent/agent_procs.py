@@ -33,6 +33,7 @@ from libs.state.config import EtcdConfig
 from services.nodeagent.checkpoint import checkpoint_path
 from services.nodeagent.claimsource import ClaimRef
 from services.nodeagent.driver import dra_socket_path
+from tests.polling import eventually
 from tools.netports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,10 +106,10 @@ class _Program:
 
     async def wait_ready(self, timeout_s: float = 20.0) -> None:
         """Until /readyz answers 200 (the program exiting first fails at once)."""
-        deadline = time.monotonic() + timeout_s
         url = f"http://127.0.0.1:{self.health_port}/readyz"
         async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
+
+            async def ready() -> bool:
                 assert self.process is not None
                 if self.process.poll() is not None:
                     raise AssertionError(
@@ -116,12 +117,17 @@ class _Program:
                     )
                 try:
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
-                        if response.status == 200:
-                            return
+                        return response.status == 200
                 except (aiohttp.ClientError, TimeoutError):
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"{self.module} of {self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+                    return False
+
+            await eventually(
+                ready,
+                f"{self.module} of {self.name} to be ready",
+                timeout_s,
+                explain=self.log_tail,
+                max_delay_s=0.1,
+            )
 
     async def health(self) -> tuple[int, dict[str, object]]:
         async with aiohttp.ClientSession() as session:

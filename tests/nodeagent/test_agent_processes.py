@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -24,6 +23,7 @@ from services.nodeagent.registration import registration_socket_path
 from tests.cdi.cdi_schema_check import cdi_check, loader_violations, schema_errors, unknown_fields
 from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
+from tests.polling import eventually
 from tools.etcd.server import EtcdServer
 
 pytestmark = pytest.mark.slow
@@ -45,13 +45,8 @@ async def start_agents(
     return agents
 
 
-async def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition", detail=lambda: "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}: {detail()}")
+# Real agent and daemon processes on two shared cores: generous, still bounded.
+WAIT_S = 15.0
 
 
 def node_files(agents: list[AgentProcess]) -> dict[str, bytes]:
@@ -104,7 +99,7 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
             for s in statuses
         )
 
-    await wait_for(all_ready, what="3 READY daemons with 3 peers each")
+    await eventually(all_ready, "3 READY daemons with 3 peers each", WAIT_S)
     assert await check_store_invariants(store) == []
 
     # Namespace isolation: a claim in team-b naming team-a's domain is refused, nothing changes.
@@ -137,7 +132,7 @@ async def test_three_agents_form_a_domain_and_refuse_a_foreign_namespace(
         )
         return left == []
 
-    await wait_for(gone, what="domain teardown", detail=lambda: left)
+    await eventually(gone, "domain teardown", WAIT_S, explain=lambda: f"left: {left}")
 
     # Graceful shutdown: exit 0, sockets removed.
     for agent in agents:
@@ -161,7 +156,7 @@ async def test_plugin_killed_mid_prepare_ends_prepared_once(sim: SimCluster, sto
         got = await store.get(store.keys.preparation(agent.name, ref.uid), pb.PreparedClaim)
         return got is not None and got.value.state == pb.PreparedState.PREPARE_STARTED
 
-    await wait_for(started, what="PrepareStarted")
+    await eventually(started, "PrepareStarted", WAIT_S)
     assert json.loads(agent.checkpoint_file.read_text())["entries"][ref.uid]["state"] == "PrepareStarted"
     agent.kill()
     with pytest.raises(Exception):  # noqa: B017 - the connection dies with the plugin
@@ -186,7 +181,7 @@ async def test_plugin_killed_mid_prepare_ends_prepared_once(sim: SimCluster, sto
     async def one_daemon() -> bool:
         return len(imex_processes_of(domain.uid)) == 1
 
-    await wait_for(one_daemon, what="exactly one IMEX daemon for the domain")
+    await eventually(one_daemon, "exactly one IMEX daemon for the domain", WAIT_S)
     assert await check_store_invariants(store) == []
 
 
@@ -217,7 +212,7 @@ async def test_killed_imex_daemon_is_restarted_and_its_absence_reported(
         got = await store.get(key, pb.DaemonStatus)
         return got is not None and got.value.state == pb.DaemonState.READY and got.value.pid != old_pid
 
-    await wait_for(back, what="the daemon READY again under a new pid")
+    await eventually(back, "the daemon READY again under a new pid", WAIT_S)
     watcher.cancel()
     down = [s for s in seen if s.state != pb.DaemonState.READY]
     assert down, "the store never showed the daemon down"

@@ -16,17 +16,9 @@ from services.nodeagent.daemonview import DaemonView
 from services.nodeagent.metrics import AgentMetrics
 from services.nodeagent.nodeview import NodeRecordState, NodeView
 from tests.nodeagent.agent_fakes import CLIQUE, fabric_node, new_uid
+from tests.polling import eventually
 
 KEY = "/p/nodes/n1"
-
-
-async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def running(run: Callable[[], Awaitable[object]]) -> asyncio.Task[object]:
@@ -102,14 +94,14 @@ async def test_node_view_waits_for_the_record_keeps_it_after_it_lapses_and_repor
         assert (await anext(changes)).ip_address == "127.9.0.1"
 
         await store.delete(store.keys.node("rack0-tray1"))  # the IMEX agent's lease lapsed
-        await eventually(lambda: not view.present)
+        await eventually(lambda: not view.present, "the view to see the record gone", 5.0)
         assert view.node.ip_address == "127.9.0.1" and view.registered
 
         # Same content written again (new lease, new time stamp): no change to report.
         again = fabric_node("rack0-tray1", "127.9.0.1")
         again.registered_unix_ms = 12345
         await store.put(store.keys.node("rack0-tray1"), again)
-        await eventually(lambda: view.present)
+        await eventually(lambda: view.present, "the view to see the record again", 5.0)
         moved = fabric_node("rack0-tray1", "127.9.0.1", clique="")
         moved.fabric_message = "clique pending"
         await store.put(store.keys.node("rack0-tray1"), moved)
@@ -178,7 +170,7 @@ async def test_wait_ready_times_out_and_follows_a_new_domain(store: Store, daemo
     )
     assert await daemon_view.wait_ready(second, 5)
     await store.delete(store.keys.daemon(second, "rack0-tray1"))  # member gone: daemon stopped
-    await eventually(lambda: not daemon_view.ready(second))
+    await eventually(lambda: not daemon_view.ready(second), "the deleted status to end readiness", 5.0)
     assert not await daemon_view.wait_ready(second, 0.2)
 
 

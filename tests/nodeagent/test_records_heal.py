@@ -9,6 +9,7 @@ delete must stay done.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
 
@@ -17,9 +18,9 @@ import pytest
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from tests.imexagent.imex_rack import eventually
 from tests.nodeagent.agent_fakes import put_claim, put_domain
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster
+from tests.polling import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +89,10 @@ async def test_a_deleted_or_garbled_prepared_claim_record_is_written_again(
                 list(prepared.cdi_device_ids),
             )
 
-        await eventually(back, LEASE_S, f"the prepared claim record back after {damage}")
-        await eventually(lambda p=problem: _logged(agent, ref.uid, p), 5.0, f"the plugin logs the {damage}")
+        await eventually(back, f"the prepared claim record back after {damage}", LEASE_S)
+        await eventually(
+            functools.partial(_logged, agent, ref.uid, problem), f"the plugin logs the {damage}", 5.0
+        )
 
     # An unprepare deletes the record for good: the keeper does not bring it back.
     assert await Kubelet(agent).unprepare_once(ref) == {ref.uid: ""}
@@ -122,6 +125,6 @@ async def test_a_record_dropped_with_its_claim_is_not_written_again_and_the_clai
         member = await store.get(store.keys.member(domain.uid, NODE), pb.Member)
         return not agent.cdi_spec(ref.uid).exists() and member is None
 
-    await eventually(unprepared, 3 * LEASE_S, "the plugin to unprepare the claim that is gone")
+    await eventually(unprepared, "the plugin to unprepare the claim that is gone", 3 * LEASE_S)
     assert await _record(store, key) is None
     assert not _logged(agent, ref.uid, "")

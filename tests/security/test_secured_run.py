@@ -11,6 +11,7 @@ password, private key or token in any log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import stat
 import time
 import uuid
@@ -25,6 +26,7 @@ from libs.invariants.checker import check_cluster_idle
 from libs.state.config import EtcdConfig
 from libs.state.store import Delete, Put, Store
 from tests import address_blocks
+from tests.polling import PollTimeout, eventually, wait_until
 from tests.security.leaks import ETCD_TOKEN, find_leaks, key_bodies
 from tests.security.secured_cluster import (
     CLIENT_OF_KIND,
@@ -82,9 +84,7 @@ def test_node_agent_sockets_are_not_world_writable(secured: SecuredCluster) -> N
         for socket in (dirs.dra_socket, dirs.registration_socket):
             # /healthz answers before the agent has registered its node and opened the
             # kubelet sockets; give it the time it takes.
-            deadline = time.monotonic() + 60
-            while not socket.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(socket.exists, f"{node}'s agent to open {socket.name}", 60)
             info = socket.stat()
             assert stat.S_ISSOCK(info.st_mode), f"{socket} is not a socket"
             mode = stat.S_IMODE(info.st_mode)
@@ -101,13 +101,11 @@ async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: Secure
     uid = str(uuid.uuid4())
     async with Store(secured.store_config("admin")) as store:
         # Healthy is not yet registered: wait until every running IMEX agent has its node record.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        async def all_registered() -> bool:
             registered, _ = await store.list(store.keys.nodes(), pb.Node)
-            if sorted(r.value.name for r in registered) == sorted(nodes):
-                break
-            await asyncio.sleep(0.1)
-        assert sorted(r.value.name for r in registered) == sorted(nodes)
+            return sorted(r.value.name for r in registered) == sorted(nodes)
+
+        await eventually(all_registered, f"node records of {sorted(nodes)}", 60)
     placement = await advisor.place(
         secured.advisor_endpoint, len(nodes), uid, "single-clique", "security-test"
     )
@@ -149,10 +147,14 @@ async def test_a_job_runs_end_to_end_over_tls_with_password_auth(secured: Secure
         await store.update(store.keys.domain(uid), pb.ComputeDomain, mark_deleting)
         await jobs.wait_domain(store, uid, lambda d: d is None, 60.0)
         paths = cluster_node_paths(secured.layout, nodes)
-        deadline = time.monotonic() + 20.0
-        while leftovers := await check_cluster_idle(store, paths):
-            assert time.monotonic() < deadline, leftovers
-            await asyncio.sleep(0.2)
+        leftovers: list[str] = []
+
+        async def idle() -> bool:
+            nonlocal leftovers
+            leftovers = await check_cluster_idle(store, paths)
+            return not leftovers
+
+        await eventually(idle, "the cluster to be idle", 20.0, explain=lambda: f"leftovers: {leftovers}")
 
 
 @pytest.mark.parametrize("program", [agent_name, imex_agent_name], ids=["plugin", "imex-agent"])
@@ -163,13 +165,15 @@ def test_an_agent_with_a_wrong_password_is_refused(
     name = f"{spec.kind}-wrong-password"
     wrong = "wrong-" + secured.password[::-1]
     process = secured.start(_renamed(spec, name), CLIENT_OF_KIND[spec.kind], password=wrong)
-    deadline = time.monotonic() + 20.0
-    log = ""
-    while time.monotonic() < deadline and process.poll() is None:
-        log = secured.log_file(name).read_text(errors="replace")
-        if "authentication failed" in log.lower():
-            break
-        time.sleep(0.2)
+    with contextlib.suppress(PollTimeout):  # the assertion below names what the log says
+        wait_until(
+            lambda: (
+                process.poll() is not None
+                or "authentication failed" in secured.log_file(name).read_text(errors="replace").lower()
+            ),
+            f"{name} to log its refusal or exit",
+            20.0,
+        )
     secured.stop(name)
     log = secured.log_file(name).read_text(errors="replace")
     assert "authentication failed" in log.lower(), log[-2000:]

@@ -30,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.harness import log_tail, terminate, wait_until
+from tests.e2e.harness import log_tail, terminate
+from tests.polling import wait_until
 from tools.cachedtool import cached_tool
 from tools.controlplane.cluster import ControlPlane, die_with_parent
 from tools.controlplane.pki import CertKeyPair, issue_from_ca, new_ca
@@ -163,7 +164,9 @@ class KueueManager:
                 preexec_fn=die_with_parent,
             )
         try:
-            wait_until(self._ready, 120.0, "Kueue's manager to be ready", lambda: log_tail(self.log_path))
+            wait_until(
+                self._ready, "Kueue's manager to be ready", 120.0, explain=lambda: log_tail(self.log_path)
+            )
             self.register_webhooks(build / "webhook" / "manifests.yaml", ca)
         except BaseException:
             self.stop()
@@ -209,9 +212,9 @@ class KueueManager:
         self.webhook_names = [(c["kind"], c["metadata"]["name"]) for c in configs]
         wait_until(
             self._job_webhook_suspends,
-            30.0,
             "the API server to call Kueue's Job webhook",
-            lambda: log_tail(self.log_path),
+            30.0,
+            explain=lambda: log_tail(self.log_path),
         )
 
     def _job_webhook_suspends(self) -> bool:
