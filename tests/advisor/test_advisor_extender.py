@@ -72,6 +72,7 @@ class Env:
     records: list[pb.Node]
     sizes: StaticDomainSizes
     templates: StaticTemplateSource
+    placer: DomainPlacer
 
     @property
     def names(self) -> list[str]:
@@ -95,11 +96,12 @@ async def env(store: Store) -> AsyncIterator[Env]:
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
     templates = StaticTemplateSource({("team-a", "trainer-channel"): DOMAIN})
     sizes = StaticDomainSizes({})
-    extender = Extender(DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS), templates, sizes)
+    placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS)
+    extender = Extender(placer, templates, sizes)
     client = TestClient(TestServer(build_extender_app(extender)))
     await client.start_server()
     try:
-        yield Env(client, store, inventory, records, sizes, templates)
+        yield Env(client, store, inventory, records, sizes, templates, placer)
     finally:
         await client.close()
         await cancel_until_done(feeds)
@@ -171,6 +173,35 @@ async def test_unknown_size_grows_one_node_at_a_time_inside_the_clique(env: Env)
     assert node_b != node_a and env.clique_of(node_b) == clique
     ids = sorted(r.id for r in env.inventory.domain_reservations(DOMAIN))
     assert ids == sorted([IDS.make(DOMAIN, 0), IDS.make(DOMAIN, 1)])
+
+
+async def test_a_gang_whose_reservation_lapsed_before_all_its_pods_bound_stays_in_its_clique(
+    env: Env,
+) -> None:
+    """kube-scheduler keeps an unschedulable pod queued for up to 5 minutes, as long as the
+    reservation's TTL: the reservation made at a gang's first pod can lapse with some pods bound
+    whose claims are not prepared yet (no node of the domain joined). Those pods hold nodes of the
+    clique the advisor cannot see; the next pod must go to that clique too, not to a fresh
+    placement of the whole gang elsewhere (the gang would be split over two cliques)."""
+    env.sizes.mapping[DOMAIN] = 16
+    first = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert len(first["NodeNames"]) == 16
+    (clique,) = {env.clique_of(n) for n in first["NodeNames"]}
+    bound = first["NodeNames"][:4]  # four pods bound; kube-scheduler's DRA filter now skips them
+    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    released, _ = await env.placer.advisor.release(reservation.id, env.placer.holder)
+    assert released and not env.inventory.domain_reservations(DOMAIN)
+    # Its clique now has 14 free candidates, every other clique 18: a best fit of 16 nodes
+    # would take another clique.
+    candidates = [n for n in env.names if n not in bound]
+    for worker in range(4, 16):
+        result = await env.filter(pod_args(candidates, name=f"trainer-worker-{worker}"))
+        assert len(result["NodeNames"]) == 1, result
+        (node,) = result["NodeNames"]
+        assert env.clique_of(node) == clique, (worker, node)
+        candidates.remove(node)  # the pod is bound there
+    held = {n for r in env.inventory.domain_reservations(DOMAIN) for n in r.node_names}
+    assert len(held) == 12 and {env.clique_of(n) for n in held} == {clique}
 
 
 async def test_domain_larger_than_a_clique_spans_few_cliques(env: Env) -> None:
