@@ -157,8 +157,10 @@ class DomainPlacer:
             wanted = size or 1
             request = PlacementRequest(
                 num_nodes=wanted,
+                # By the cliques' full size: with some records lapsed, the current largest clique
+                # looks smaller than the domain, which then may not be split over cliques.
                 mode=Mode.REQUIRE_SINGLE_CLIQUE
-                if wanted <= inv.largest_clique()
+                if wanted <= inv.largest_clique_seen()
                 else Mode.PREFER_SINGLE_CLIQUE,
                 candidate_nodes=candidate_set,
                 # Unknown size: start where the domain has the most room to grow.

@@ -204,6 +204,29 @@ async def test_a_gang_whose_reservation_lapsed_before_all_its_pods_bound_stays_i
     assert len(held) == 12 and {env.clique_of(n) for n in held} == {clique}
 
 
+async def test_a_gang_that_fits_a_whole_clique_is_not_split_while_node_records_lapse(env: Env) -> None:
+    """Under load node agents' leases lapse and their records leave the store for a while: every
+    clique then has fewer nodes on record than it has. A gang that fits a whole clique must wait
+    for one, not be spread over several as if it were larger than any clique."""
+    env.sizes.mapping[DOMAIN] = 16
+    lapsed = [r.name for r in env.records if r.name.endswith(("-tray0", "-tray1", "-tray2"))]
+    assert len(lapsed) == 12  # three of each clique's 18
+    for name in lapsed:
+        await env.store.delete(env.store.keys.node(name))
+    assert await env.inventory.wait_for(lambda: not set(lapsed) & set(env.inventory.nodes), 5.0)
+    assert env.inventory.largest_clique() == 15
+    result = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert result["NodeNames"] == [], result
+    assert env.inventory.domain_reservations(DOMAIN) == []
+    why = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert all("16 node(s)" in reason for reason in why.values()), why
+    # The records come back: the gang lands in one clique.
+    await put_nodes(env.store, [r for r in env.records if r.name in lapsed])
+    assert await env.inventory.wait_for(lambda: set(lapsed) <= set(env.inventory.nodes), 5.0)
+    placed = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert len(placed["NodeNames"]) == 16 and len({env.clique_of(n) for n in placed["NodeNames"]}) == 1
+
+
 async def test_domain_larger_than_a_clique_spans_few_cliques(env: Env) -> None:
     env.sizes.mapping[DOMAIN] = 36
     result = await env.filter(pod_args(env.names))
