@@ -440,6 +440,9 @@ async def replay_modes(
                     file=sys.stderr,
                     flush=True,
                 )
+                # Every figure of the mode at once, should a later mode not finish.
+                figures = {k: v for k, v in out[name].items() if k not in ("per_gang", "timeline")}
+                print(f"[gang_placement] {name} figures: {json.dumps(figures)}", file=sys.stderr, flush=True)
                 await replay.drain()
             finally:
                 if plugin is not None:
