@@ -520,7 +520,7 @@ GANG_PLACEMENT = Benchmark(
             False,
             lambda raw: float(raw["unusable_vs_native"]),
             "One seeded trace of 40 gangs (1 to 18 nodes, arriving with exponential gaps of mean 4 s, "
-            "each holding its nodes 10 to 30 s once all its pods are bound) replayed twice on a real "
+            "each holding its nodes 10 to 30 s once all its pods are bound) replayed on a real "
             "control plane (1.37) over 2 racks of 18 kubelet-shim nodes: by kube-scheduler's native gang "
             "and topology scheduling (a PodGroup per gang, topology nvidia.com/gpu.clique, no extender), "
             "then by the advisor through cd-scheduler (integrations/scheduler-plugin: one Place and "
