@@ -5,7 +5,13 @@ whole domain: spec.numNodes if set, else the size hint annotation of the pod,
 else one node at a time (in the clique with the most room, so the domain can
 grow there). Later pods of the domain may only go to nodes reserved for or
 bound to it; when none of those is left among the scheduler's candidates, one
-more node is reserved in the domain's clique(s). Reservations use fixed, unguessable ids
+more node is reserved in the domain's clique(s). The clique(s) of a domain's first reservation
+are remembered while the domain lives: if that reservation lapses (its TTL) before all the
+domain's pods are bound, and no node of the domain has joined it yet, the pods still bound hold
+nodes there that the advisor cannot see, so later pods get one node at a time in those cliques,
+never a fresh placement of the whole domain elsewhere (which split a gang over two cliques:
+kube-scheduler keeps an unschedulable pod queued for up to 5 minutes, as long as the TTL).
+Reservations use fixed, unguessable ids
 (`reservation_ids.py`), so two advisor replicas cannot both make the first one. Once its nodes
 are bound to the domain, or the domain is gone, the reaper releases such a reservation
 (`reservation_reaper.py`); a pod of a domain known to be gone is refused.
@@ -35,6 +41,8 @@ UNKNOWN_NODE = "no node record in the placement advisor's inventory (node agent 
 # The service's extender holds reservations as `extender/<replica identity>`: every replica's
 # reaper recognises those of the others by this prefix.
 EXTENDER_HOLDER_PREFIX = "extender/"
+# Domains whose cliques a placer remembers; past that the oldest are forgotten.
+MAX_REMEMBERED_DOMAINS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,8 @@ class DomainPlacer:
         # Which domains are gone (None: not known; every domain is then taken to be live).
         self.presence = presence
         self._locks: dict[str, asyncio.Lock] = {}
+        # Domain uid -> the cliques its reservations went to (oldest first; capped).
+        self._placed_in: dict[str, tuple[str, ...]] = {}
 
     def made_by_extender(self, record: pb.Reservation) -> bool:
         """Whether the reservation is one an extender (this one or another replica's) made for
@@ -81,6 +91,18 @@ class DomainPlacer:
             lock = self._locks[domain_uid] = asyncio.Lock()
         return lock
 
+    def placed_in(self, domain_uid: str) -> tuple[str, ...]:
+        """The cliques this advisor reserved nodes of the domain in (even if those are gone)."""
+        return self._placed_in.get(domain_uid, ())
+
+    def _remember(self, domain_uid: str, cliques: tuple[str, ...]) -> None:
+        if not cliques:
+            return
+        self._placed_in.pop(domain_uid, None)
+        self._placed_in[domain_uid] = cliques
+        while len(self._placed_in) > MAX_REMEMBERED_DOMAINS:
+            del self._placed_in[next(iter(self._placed_in))]
+
     def _cliques_of(self, nodes: Iterable[str]) -> tuple[str, ...]:
         inv = self.advisor.inventory
         found = {inv.nodes[n].clique for n in nodes if n in inv.nodes and inv.nodes[n].clique}
@@ -91,6 +113,7 @@ class DomainPlacer:
     ) -> Allowance:
         """The candidates a pod of the domain may use, reserving for the domain when needed."""
         if self.presence is not None and self.presence.is_gone(domain_uid):
+            self._placed_in.pop(domain_uid, None)
             # Its claims could not be prepared anyway; a reservation would only be released again.
             return Allowance(
                 frozenset(), (), f"ComputeDomain {domain_uid} is being deleted", resolvable=False
@@ -125,17 +148,19 @@ class DomainPlacer:
             # without a record (its agent down, its lease lapsed) is not known to lack a
             # fabric: letting a domain's pods onto such nodes would split it over cliques.
             return Allowance(known, (), UNKNOWN_NODE, True)
-        cliques = self._cliques_of(held)
+        cliques = self._cliques_of(held) or self.placed_in(domain_uid)
         usable = held & candidate_set
         if usable:
             return Allowance(frozenset(usable), cliques, self._outside_message(domain_uid, cliques), False)
         sequence = self.ids.next_sequence(domain_uid, (r.id for r in inv.domain_reservations(domain_uid)))
-        if not held:
+        if not held and not cliques:
             wanted = size or 1
             request = PlacementRequest(
                 num_nodes=wanted,
+                # By the cliques' full size: with some records lapsed, the current largest clique
+                # looks smaller than the domain, which then may not be split over cliques.
                 mode=Mode.REQUIRE_SINGLE_CLIQUE
-                if wanted <= inv.largest_clique()
+                if wanted <= inv.largest_clique_seen()
                 else Mode.PREFER_SINGLE_CLIQUE,
                 candidate_nodes=candidate_set,
                 # Unknown size: start where the domain has the most room to grow.
@@ -189,6 +214,7 @@ class DomainPlacer:
             return Allowance(frozenset(), cliques, f"cannot place {what}: {reason}: {decision.message}")
         reserved = frozenset(decision.node_names)
         new_cliques = self._cliques_of(held | reserved)
+        self._remember(domain_uid, new_cliques)
         log.info(
             "reserved for domain",
             cd_uid=domain_uid,

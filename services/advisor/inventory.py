@@ -118,6 +118,8 @@ class Inventory:
         self._usable_gpus: Counter[int] = Counter()
         self._gpu_counts: Counter[int] = Counter()
         self._largest_clique_cache: int | None = None
+        # The most nodes one clique has had records at once, ever (records lapse; racks do not shrink).
+        self._largest_clique_seen = 0
         self.generation = 0
         self.reservation_watch_revision = 0
         self._changed = asyncio.Event()
@@ -326,6 +328,7 @@ class Inventory:
                 self.cliques[entry.clique] = clique
                 self.cliques_by_cluster.setdefault(entry.cluster, set()).add(entry.clique)
             clique.nodes.add(name)
+            self._largest_clique_seen = max(self._largest_clique_seen, len(clique.nodes))
             if entry.key < clique.rank:
                 clique.rank = entry.key
             self._largest_clique_cache = None
@@ -497,6 +500,11 @@ class Inventory:
         if self._largest_clique_cache is None:
             self._largest_clique_cache = max((len(c.nodes) for c in self.cliques.values()), default=0)
         return self._largest_clique_cache
+
+    def largest_clique_seen(self) -> int:
+        """The most nodes one clique has had records at once since this inventory began: a node
+        whose record lapsed for a while (its agent's lease) still belongs to its clique."""
+        return self._largest_clique_seen
 
     def largest_free_block(self) -> int:
         return max(self._free_histogram, default=0)

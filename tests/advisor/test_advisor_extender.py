@@ -72,6 +72,7 @@ class Env:
     records: list[pb.Node]
     sizes: StaticDomainSizes
     templates: StaticTemplateSource
+    placer: DomainPlacer
 
     @property
     def names(self) -> list[str]:
@@ -95,11 +96,12 @@ async def env(store: Store) -> AsyncIterator[Env]:
     assert await inventory.wait_for(lambda: inventory.ready, 10.0)
     templates = StaticTemplateSource({("team-a", "trainer-channel"): DOMAIN})
     sizes = StaticDomainSizes({})
-    extender = Extender(DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS), templates, sizes)
+    placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS)
+    extender = Extender(placer, templates, sizes)
     client = TestClient(TestServer(build_extender_app(extender)))
     await client.start_server()
     try:
-        yield Env(client, store, inventory, records, sizes, templates)
+        yield Env(client, store, inventory, records, sizes, templates, placer)
     finally:
         await client.close()
         await cancel_until_done(feeds)
@@ -171,6 +173,58 @@ async def test_unknown_size_grows_one_node_at_a_time_inside_the_clique(env: Env)
     assert node_b != node_a and env.clique_of(node_b) == clique
     ids = sorted(r.id for r in env.inventory.domain_reservations(DOMAIN))
     assert ids == sorted([IDS.make(DOMAIN, 0), IDS.make(DOMAIN, 1)])
+
+
+async def test_a_gang_whose_reservation_lapsed_before_all_its_pods_bound_stays_in_its_clique(
+    env: Env,
+) -> None:
+    """kube-scheduler keeps an unschedulable pod queued for up to 5 minutes, as long as the
+    reservation's TTL: the reservation made at a gang's first pod can lapse with some pods bound
+    whose claims are not prepared yet (no node of the domain joined). Those pods hold nodes of the
+    clique the advisor cannot see; the next pod must go to that clique too, not to a fresh
+    placement of the whole gang elsewhere (the gang would be split over two cliques)."""
+    env.sizes.mapping[DOMAIN] = 16
+    first = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert len(first["NodeNames"]) == 16
+    (clique,) = {env.clique_of(n) for n in first["NodeNames"]}
+    bound = first["NodeNames"][:4]  # four pods bound; kube-scheduler's DRA filter now skips them
+    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    released, _ = await env.placer.advisor.release(reservation.id, env.placer.holder)
+    assert released and not env.inventory.domain_reservations(DOMAIN)
+    # Its clique now has 14 free candidates, every other clique 18: a best fit of 16 nodes
+    # would take another clique.
+    candidates = [n for n in env.names if n not in bound]
+    for worker in range(4, 16):
+        result = await env.filter(pod_args(candidates, name=f"trainer-worker-{worker}"))
+        assert len(result["NodeNames"]) == 1, result
+        (node,) = result["NodeNames"]
+        assert env.clique_of(node) == clique, (worker, node)
+        candidates.remove(node)  # the pod is bound there
+    held = {n for r in env.inventory.domain_reservations(DOMAIN) for n in r.node_names}
+    assert len(held) == 12 and {env.clique_of(n) for n in held} == {clique}
+
+
+async def test_a_gang_that_fits_a_whole_clique_is_not_split_while_node_records_lapse(env: Env) -> None:
+    """Under load node agents' leases lapse and their records leave the store for a while: every
+    clique then has fewer nodes on record than it has. A gang that fits a whole clique must wait
+    for one, not be spread over several as if it were larger than any clique."""
+    env.sizes.mapping[DOMAIN] = 16
+    lapsed = [r.name for r in env.records if r.name.endswith(("-tray0", "-tray1", "-tray2"))]
+    assert len(lapsed) == 12  # three of each clique's 18
+    for name in lapsed:
+        await env.store.delete(env.store.keys.node(name))
+    assert await env.inventory.wait_for(lambda: not set(lapsed) & set(env.inventory.nodes), 5.0)
+    assert env.inventory.largest_clique() == 15
+    result = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert result["NodeNames"] == [], result
+    assert env.inventory.domain_reservations(DOMAIN) == []
+    why = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert all("16 node(s)" in reason for reason in why.values()), why
+    # The records come back: the gang lands in one clique.
+    await put_nodes(env.store, [r for r in env.records if r.name in lapsed])
+    assert await env.inventory.wait_for(lambda: set(lapsed) <= set(env.inventory.nodes), 5.0)
+    placed = await env.filter(pod_args(env.names, name="trainer-worker-0"))
+    assert len(placed["NodeNames"]) == 16 and len({env.clique_of(n) for n in placed["NodeNames"]}) == 1
 
 
 async def test_domain_larger_than_a_clique_spans_few_cliques(env: Env) -> None:

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools.bench.gang_placement import job_object, pod_group_object
+from tools.bench.gang_placement import (
+    METRIC_MODE,
+    MODE_SETTINGS,
+    PLUGIN_SCHEDULER,
+    compare_with_native,
+    job_object,
+    pod_group_object,
+)
 from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace, stranded_nodes
 
 
@@ -60,14 +67,42 @@ def test_fewer_stranded_grows_as_ours_strand_less(native: float, ours: float, mo
         assert fewer_stranded(native, 0.0) == 1.0 and fewer_stranded(native, native) == 0.0
 
 
-def test_native_gangs_join_their_pod_group_and_advisor_gangs_carry_the_size_hint() -> None:
+def test_each_mode_schedules_its_gangs_its_own_way() -> None:
     gang = Gang(3, 0.0, 9, 10.0)
-    native = job_object(gang, "ns", native=True)["spec"]["template"]
+    native = job_object(gang, "ns", MODE_SETTINGS["native"])["spec"]["template"]
     assert native["spec"]["schedulingGroup"] == {"podGroupName": gang.name}
-    assert "annotations" not in native["metadata"]
+    assert "annotations" not in native["metadata"] and "schedulerName" not in native["spec"]
     group = pod_group_object(gang, "ns")["spec"]
     assert group["schedulingPolicy"]["gang"]["minCount"] == 9
     assert group["schedulingConstraints"]["topology"] == [{"key": "nvidia.com/gpu.clique"}]
-    advisor = job_object(gang, "ns", native=False)["spec"]["template"]
-    assert "schedulingGroup" not in advisor["spec"]
+    advisor = job_object(gang, "ns", MODE_SETTINGS["advisor"])["spec"]["template"]
+    assert "schedulingGroup" not in advisor["spec"] and "schedulerName" not in advisor["spec"]
     assert advisor["metadata"]["annotations"] == {"resource.nvidia.com/computeDomainSize": "9"}
+    # cd-scheduler reads the size from the domain's spec.numNodes: no hint.
+    plugin = job_object(gang, "ns", MODE_SETTINGS["plugin"])["spec"]["template"]
+    assert plugin["spec"]["schedulerName"] == PLUGIN_SCHEDULER
+    assert "schedulingGroup" not in plugin["spec"] and "annotations" not in plugin["metadata"]
+    both = job_object(gang, "ns", MODE_SETTINGS["plugin-gang"])["spec"]["template"]
+    assert both["spec"]["schedulerName"] == PLUGIN_SCHEDULER
+    assert both["spec"]["schedulingGroup"] == {"podGroupName": gang.name}
+    # The plugin keeps the gang in one clique; the PodGroup only makes it whole.
+    assert "schedulingConstraints" not in pod_group_object(gang, "ns", topology=False)["spec"]
+
+
+def test_every_mode_is_compared_with_native_and_the_metric_is_the_plugins() -> None:
+    def figures(stranded: float, partial: float, p50: float) -> dict[str, float]:
+        return {"stranded_node_s": stranded, "unusable_node_s": stranded + partial, "bind_p50_s": p50}
+
+    modes = {
+        "native": figures(100.0, 0.0, 20.0),
+        "advisor": figures(50.0, 150.0, 10.0),
+        METRIC_MODE: figures(60.0, 10.0, 30.0),
+    }
+    out = compare_with_native(modes)
+    assert out["stranded_vs_native_advisor"] == 0.5 and out["unusable_vs_native_advisor"] == -1.0
+    assert out[f"unusable_vs_native_{METRIC_MODE}"] == 0.3 and out["unusable_vs_native"] == 0.3
+    assert out["stranded_vs_native"] == 0.4
+    assert out["bind_p50_vs_native_advisor"] == 0.5 and out[f"bind_p50_vs_native_{METRIC_MODE}"] == 1.5
+    # Without the metric's mode (or without native) the metric is not made up.
+    assert "unusable_vs_native" not in compare_with_native({k: modes[k] for k in ("native", "advisor")})
+    assert compare_with_native({"advisor": modes["advisor"]}) == {}

@@ -21,7 +21,7 @@ from tools.cdsim import kubelet, procscan
 from tools.cdsim.jobbook import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 from tools.scalesim.agent import AgentOptions
-from tools.scalesim.host import ScaleHost, spread_nodes
+from tools.scalesim.host import ScaleHost, kube_client, spread_nodes
 from tools.scalesim.main import parse_args, shard_of
 
 
@@ -164,3 +164,23 @@ def test_scale_settings_are_valid_imex_settings_at_any_size() -> None:
             poll_interval_waiting_s=scale_waiting_interval(nodes),
         )
     assert scale_poll_interval(18) == 0.025 and scale_waiting_interval(18) == 0.25  # the agent's own
+
+
+@pytest.mark.parametrize("nodes", [1, 18, 256])
+async def test_the_hosts_api_client_has_a_connection_for_every_nodes_slice_watch_and_more(
+    tmp_path: Path, nodes: int
+) -> None:
+    """Each hosted node keeps a watch of its ResourceSlice open: with fewer connections than
+    nodes, the watches take them all and the host's other requests time out waiting."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    api = await kube_client(str(kubeconfig), nodes)
+    try:
+        assert api.configuration.connection_pool_maxsize >= nodes + 16
+    finally:
+        await api.close()

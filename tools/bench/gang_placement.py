@@ -1,5 +1,6 @@
 """Benchmark: one trace of ComputeDomain gangs placed by kube-scheduler's own gang and topology
-scheduling, then by the placement advisor through the scheduler extender, on a real control plane.
+scheduling, then by the placement advisor (through the scheduler extender, and through cd-scheduler's
+plugin), on a real control plane.
 
 Set-up (tools/bench/k8senv.py): kube-apiserver, kube-controller-manager and kube-scheduler 1.37
 (scheduling.k8s.io/v1beta1 with GenericWorkload and TopologyAwareWorkloadScheduling on), our
@@ -9,13 +10,19 @@ scale-mode hosts in Kubernetes mode (a ResourceSlice with one channel per node).
 plays the users.
 
 One trace (tools/bench/gangtrace.py: seeded; gangs of 1 to 18 nodes arriving and leaving, at times
-wanting more nodes than are free) is replayed twice, each time in a fresh namespace:
+wanting more nodes than are free) is replayed once per mode, each time in a fresh namespace:
 
 - native: kube-scheduler's default configuration (no extender); each gang is a PodGroup
   (`gang.minCount` = its size, topology `nvidia.com/gpu.clique`) whose pods join it by
   `spec.schedulingGroup.podGroupName`;
 - advisor: kube-scheduler with the advisor's extender (as manifests/README.md configures it); no
-  PodGroup: the advisor reserves the gang's nodes in one clique (best fit) at its first pod.
+  PodGroup: the advisor reserves the gang's nodes in one clique (best fit) at its first pod;
+- plugin: cd-scheduler (integrations/scheduler-plugin, the shipped configuration of
+  manifests/components/scheduler-plugin) beside kube-scheduler (default configuration, no
+  extender); the pods name its schedulerName, no PodGroup: its plugin asks the advisor once per
+  gang (Place, then Reserve: best fit, one clique) and binds the pods on the reserved nodes;
+- plugin-gang: the same, each gang also a PodGroup (`gang.minCount` = its size) that cd-scheduler,
+  run with the gang scheduling gates, schedules as one.
 
 Every gang is a ComputeDomain (numNodes = its size, created before the replay) and an Indexed Job
 of that many pods, each claiming the domain's channel (so one pod per node). A Job is created at
@@ -36,6 +43,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -47,16 +55,22 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
 from libs.kube.resourceapi import discover_version, resource_path
+from tools import cdscheduler
 from tools.bench import simenv
 from tools.bench.formation_k8s import api_client
 from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
-from tools.bench.k8senv import KubeEnvironment, KubeSettings
+from tools.bench.k8senv import KubeEnvironment, KubeSettings, tail, wait_for
 from tools.controlplane.binaries import ensure_binaries
-from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR
+from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, workload_scheduling_args
 from tools.kubeletshim.nodes import CLIQUE_LABEL
+from tools.netports import free_port
 
 TARGET_FEWER_STRANDED = 0.30
-MODES = ("native", "advisor")
+MODES = ("native", "advisor", "plugin", "plugin-gang")
+# The mode placement_stranded_vs_native measures: cd-scheduler, the integration users of managed
+# clusters can deploy (the extender needs the default scheduler's configuration changed).
+METRIC_MODE = "plugin"
+PLUGIN_SCHEDULER = "computedomain-scheduler"
 CD_GROUP, CD_VERSION, CD_PLURAL = "resource.nvidia.com", "v1beta1", "computedomains"
 PG_GROUP, PG_VERSION, PG_PLURAL = "scheduling.k8s.io", "v1beta1", "podgroups"
 GANG_LABEL = "bench-gang"
@@ -79,21 +93,41 @@ def domain_object(gang: Gang, namespace: str) -> dict[str, Any]:
     }
 
 
-def pod_group_object(gang: Gang, namespace: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Mode:
+    """How a replay's gangs are scheduled."""
+
+    name: str
+    pod_group: bool  # each gang a PodGroup its pods join
+    topology: bool  # the PodGroup asks kube-scheduler for one clique
+    plugin: bool  # the pods name cd-scheduler
+    extender: bool  # kube-scheduler calls the advisor's extender
+
+
+MODE_SETTINGS = {
+    "native": Mode("native", pod_group=True, topology=True, plugin=False, extender=False),
+    "advisor": Mode("advisor", pod_group=False, topology=False, plugin=False, extender=True),
+    "plugin": Mode("plugin", pod_group=False, topology=False, plugin=True, extender=False),
+    "plugin-gang": Mode("plugin-gang", pod_group=True, topology=False, plugin=True, extender=False),
+}
+
+
+def pod_group_object(gang: Gang, namespace: str, topology: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": gang.size}}}
+    if topology:
+        spec["schedulingConstraints"] = {"topology": [{"key": CLIQUE_LABEL}]}
     return {
         "apiVersion": f"{PG_GROUP}/{PG_VERSION}",
         "kind": "PodGroup",
         "metadata": {"name": gang.name, "namespace": namespace},
-        "spec": {
-            "schedulingPolicy": {"gang": {"minCount": gang.size}},
-            "schedulingConstraints": {"topology": [{"key": CLIQUE_LABEL}]},
-        },
+        "spec": spec,
     }
 
 
-def job_object(gang: Gang, namespace: str, native: bool) -> dict[str, Any]:
-    """An Indexed Job of the gang's pods, each claiming the domain's channel; natively grouped
-    by its PodGroup, else carrying the size hint the advisor's extender reads."""
+def job_object(gang: Gang, namespace: str, mode: Mode) -> dict[str, Any]:
+    """An Indexed Job of the gang's pods, each claiming the domain's channel; grouped by its
+    PodGroup, named for cd-scheduler, or carrying the size hint the advisor's extender reads, as
+    the mode wants."""
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
@@ -108,9 +142,11 @@ def job_object(gang: Gang, namespace: str, native: bool) -> dict[str, Any]:
         "resourceClaims": [{"name": "imex-channel", "resourceClaimTemplateName": f"{gang.name}-channel"}],
     }
     metadata: dict[str, Any] = {"labels": {GANG_LABEL: gang.name}}
-    if native:
+    if mode.pod_group:
         pod_spec["schedulingGroup"] = {"podGroupName": gang.name}
-    else:
+    if mode.plugin:
+        pod_spec["schedulerName"] = PLUGIN_SCHEDULER  # it reads the size from spec.numNodes
+    if mode.extender:
         metadata["annotations"] = {SIZE_ANNOTATION: str(gang.size)}
     return {
         "apiVersion": "batch/v1",
@@ -152,8 +188,8 @@ class GangRun:
 class Replay:
     """Replays the trace in one namespace against whatever scheduler configuration is running."""
 
-    def __init__(self, api: ApiClient, env: KubeEnvironment, namespace: str, native: bool) -> None:
-        self.api, self.env, self.namespace, self.native = api, env, namespace, native
+    def __init__(self, api: ApiClient, env: KubeEnvironment, namespace: str, mode: Mode) -> None:
+        self.api, self.env, self.namespace, self.mode = api, env, namespace, mode
         self.core: Any = CoreV1Api(api)
         self.batch: Any = BatchV1Api(api)
         self.custom: Any = CustomObjectsApi(api)
@@ -190,9 +226,13 @@ class Replay:
             await self.custom.create_namespaced_custom_object(
                 CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL, domain_object(gang, self.namespace)
             )
-            if self.native:
+            if self.mode.pod_group:
                 await self.custom.create_namespaced_custom_object(
-                    PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL, pod_group_object(gang, self.namespace)
+                    PG_GROUP,
+                    PG_VERSION,
+                    self.namespace,
+                    PG_PLURAL,
+                    pod_group_object(gang, self.namespace, self.mode.topology),
                 )
         templates = resource_path(await discover_version(self.api), "resourceclaimtemplates", self.namespace)
         deadline = time.monotonic() + _SETUP_TIMEOUT_S
@@ -206,7 +246,7 @@ class Replay:
         await self.custom.delete_namespaced_custom_object(
             CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL, gang.name
         )
-        if self.native:
+        if self.mode.pod_group:
             await self.custom.delete_namespaced_custom_object(
                 PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL, gang.name
             )
@@ -222,7 +262,7 @@ class Replay:
                 if run.submitted_s is None and run.gang.arrive_s <= now:
                     run.submitted_s = time.monotonic() - t0
                     await self.batch.create_namespaced_job(
-                        self.namespace, job_object(run.gang, self.namespace, self.native)
+                        self.namespace, job_object(run.gang, self.namespace, self.mode)
                     )
             pods = await self.pods()
             now = time.monotonic() - t0
@@ -265,7 +305,7 @@ class Replay:
         await self.custom.delete_collection_namespaced_custom_object(
             CD_GROUP, CD_VERSION, self.namespace, CD_PLURAL
         )
-        if self.native:
+        if self.mode.pod_group:
             await self.custom.delete_collection_namespaced_custom_object(
                 PG_GROUP, PG_VERSION, self.namespace, PG_PLURAL
             )
@@ -294,6 +334,7 @@ def summarize(runs: list[GangRun], tally: Tally) -> dict[str, Any]:
         "placed": len(waits),
         "bind_p50_s": round(statistics.median(waits), 2) if waits else None,
         "bind_p90_s": pct(0.9),
+        "bind_p99_s": pct(0.99),
         "bind_max_s": round(waits[-1], 2) if waits else None,
         "bind_mean_s": round(statistics.fmean(waits), 2) if waits else None,
         # Placed gangs whose pods were bound in more than one clique.
@@ -304,11 +345,11 @@ def summarize(runs: list[GangRun], tally: Tally) -> dict[str, Any]:
     }
 
 
-def scheduler_config(env: KubeEnvironment, native: bool) -> Path:
+def scheduler_config(env: KubeEnvironment, extender: bool) -> Path:
     """kube-scheduler's configuration for a mode: the environment's (with the extender) or the
     same without it."""
     path = env.base / "kube-scheduler.yaml"
-    if not native:
+    if extender:
         return path
     config = yaml.safe_load(path.read_text())
     config.pop("extenders", None)
@@ -317,32 +358,125 @@ def scheduler_config(env: KubeEnvironment, native: bool) -> Path:
     return native_path
 
 
+class PluginScheduler:
+    """cd-scheduler beside the environment's kube-scheduler, with the shipped configuration and
+    the client rate kube-scheduler has here; `gang_gates` turns on kube-scheduler's own gang
+    scheduling in it (for PodGroups)."""
+
+    def __init__(self, env: KubeEnvironment, gang_gates: bool) -> None:
+        self.env, self.gang_gates = env, gang_gates
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = self.env
+        env.plane.kubectl(
+            "apply", "--server-side", "-f", "-",
+            input=yaml.safe_dump_all(cdscheduler.plugin_reads("bench-cd-scheduler-as-kube-scheduler")),
+        )  # fmt: skip
+        kube_config = yaml.safe_load((env.base / "kube-scheduler.yaml").read_text())
+        config = cdscheduler.config(
+            {PLUGIN_SCHEDULER: f"127.0.0.1:{env.advisor_grpc_port}"},
+            env.plane.scheduler_kubeconfig,
+            scheduler_settings={"percentageOfNodesToScore": kube_config.get("percentageOfNodesToScore")},
+        )
+        config["clientConnection"] = kube_config["clientConnection"]
+        work = env.base / "cd-scheduler"
+        work.mkdir(exist_ok=True)
+        config_path = work / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        gates = tuple(workload_scheduling_args(env.binaries.minor)[1]) if self.gang_gates else ()
+        argv = cdscheduler.command(
+            cdscheduler.cd_scheduler_binary(),
+            config_path,
+            env.plane.scheduler_kubeconfig,
+            port,
+            work / "certs",
+            gates,
+        )
+        with env.log("cd-scheduler").open("ab") as out:
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
+
+        def up() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"cd-scheduler exited {self.process.returncode}:\n{tail(env.log('cd-scheduler'))}"
+                )
+            return cdscheduler.healthy(port)
+
+        wait_for(up, _SETUP_TIMEOUT_S, "cd-scheduler's /healthz", lambda: tail(env.log("cd-scheduler")))
+
+    def stop(self) -> None:
+        if self.process is not None:
+            simenv.stop_process(self.process)
+            self.process = None
+
+
 async def replay_modes(
     env: KubeEnvironment, trace: list[Gang], deadline_s: float, modes: list[str]
 ) -> dict[str, Any]:
     api = await api_client(env.plane.kubeconfig)
     out: dict[str, Any] = {}
     try:
-        for mode in modes:
-            native = mode == "native"
-            env.plane.restart_scheduler(scheduler_config(env, native))
-            replay = Replay(api, env, f"gangs-{mode}", native)
-            await replay.prepare(trace)
-            began = time.monotonic()
-            runs, tally = await replay.run(trace, deadline_s)
-            out[mode] = {**summarize(runs, tally), "replay_s": round(time.monotonic() - began, 1)}
-            print(
-                f"[gang_placement] {mode}: placed {out[mode]['placed']}/{len(trace)}, bind p50 "
-                f"{out[mode]['bind_p50_s']} s, split {out[mode]['split']}, stranded {out[mode]['stranded_node_s']} "
-                f"node-s, held by part of a gang {out[mode]['partial_node_s']} node-s, largest free block mean "
-                f"{out[mode]['largest_free_block_mean']}",
-                file=sys.stderr,
-                flush=True,
-            )
-            await replay.drain()
+        for name in modes:
+            mode = MODE_SETTINGS[name]
+            env.plane.restart_scheduler(scheduler_config(env, mode.extender))
+            plugin = PluginScheduler(env, gang_gates=mode.pod_group) if mode.plugin else None
+            if plugin is not None:
+                plugin.start()
+            try:
+                replay = Replay(api, env, f"gangs-{name}", mode)
+                await replay.prepare(trace)
+                began = time.monotonic()
+                runs, tally = await replay.run(trace, deadline_s)
+                out[name] = {**summarize(runs, tally), "replay_s": round(time.monotonic() - began, 1)}
+                print(
+                    f"[gang_placement] {name}: placed {out[name]['placed']}/{len(trace)}, bind p50 "
+                    f"{out[name]['bind_p50_s']} s, split {out[name]['split']}, stranded "
+                    f"{out[name]['stranded_node_s']} node-s, held by part of a gang {out[name]['partial_node_s']} "
+                    f"node-s, largest free block mean {out[name]['largest_free_block_mean']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # Every figure of the mode at once, should a later mode not finish.
+                figures = {k: v for k, v in out[name].items() if k not in ("per_gang", "timeline")}
+                print(f"[gang_placement] {name} figures: {json.dumps(figures)}", file=sys.stderr, flush=True)
+                await replay.drain()
+            finally:
+                if plugin is not None:
+                    plugin.stop()
     finally:
         await api.close()
     return out
+
+
+def compare_with_native(modes: dict[str, Any]) -> dict[str, Any]:
+    """Each of our modes against the native one: the fraction of native's stranded node-seconds it
+    avoids (free nodes only), and of its unusable ones (stranded plus held by part of a gang: the
+    metric); the metric's mode's also under the unsuffixed names."""
+    out: dict[str, Any] = {}
+    native = modes.get("native")
+    if native is None:
+        return out
+    for name, ours in modes.items():
+        if name == "native":
+            continue
+        out[f"stranded_vs_native_{name}"] = fewer_stranded(native["stranded_node_s"], ours["stranded_node_s"])
+        out[f"unusable_vs_native_{name}"] = fewer_stranded(native["unusable_node_s"], ours["unusable_node_s"])
+        out[f"bind_p50_vs_native_{name}"] = ratio(ours["bind_p50_s"], native["bind_p50_s"])
+    if METRIC_MODE in modes:
+        out["stranded_vs_native"] = out[f"stranded_vs_native_{METRIC_MODE}"]
+        out["unusable_vs_native"] = out[f"unusable_vs_native_{METRIC_MODE}"]
+    return out
+
+
+def ratio(ours: float | None, native: float | None) -> float | None:
+    """ours / native (None when either is missing or native is 0)."""
+    if ours is None or not native:
+        return None
+    return round(ours / native, 3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drain-s", type=float, default=300.0, help="after the last arrival, stop after this long"
     )
-    parser.add_argument("--modes", default=",".join(MODES), help="which replays, in order (default: both)")
+    parser.add_argument("--modes", default=",".join(MODES), help="which replays, in order (default: all)")
     parser.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -418,15 +552,10 @@ def main(argv: list[str] | None = None) -> int:
             "demand_node_s": round(sum(g.size * g.hold_s for g in trace), 1),
         },
         "modes": modes,
-        "stranded_vs_native": fewer_stranded(
-            modes["native"]["stranded_node_s"], modes["advisor"]["stranded_node_s"]
-        ),
+        "metric_mode": METRIC_MODE,
         "target": TARGET_FEWER_STRANDED,
     }
-    if set(MODES) <= set(modes):
-        native, ours = modes["native"], modes["advisor"]
-        result["stranded_vs_native"] = fewer_stranded(native["stranded_node_s"], ours["stranded_node_s"])
-        result["unusable_vs_native"] = fewer_stranded(native["unusable_node_s"], ours["unusable_node_s"])
+    result.update(compare_with_native(modes))
     text = json.dumps(result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
     if args.out:

@@ -127,6 +127,7 @@ class KubeEnvironment:
         self.node_names = spread_nodes(self.cluster, s.nodes)
         self.audit_log = self.base / "audit.log"
         self.extender_port = free_port()
+        self.advisor_grpc_port = free_port()
         self.plane = DurableControlPlane(
             self.binaries,
             self.base / "kube",
@@ -249,7 +250,7 @@ class KubeEnvironment:
             "advisor",
             [
                 "-m", "services.advisor.main", *self._common(), f"--log-level={simenv.log_level()}",
-                "--identity=bench-advisor", "--grpc-host=127.0.0.1", f"--grpc-port={free_port()}",
+                "--identity=bench-advisor", "--grpc-host=127.0.0.1", f"--grpc-port={self.advisor_grpc_port}",
                 "--extender-enabled=true", "--extender-host=127.0.0.1", f"--extender-port={self.extender_port}",
                 "--template-source=kubernetes", f"--kubeconfig={self.plane.kubeconfig}",
                 "--health-host=127.0.0.1", f"--health-port={port}",

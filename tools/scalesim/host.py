@@ -137,10 +137,13 @@ KUBE_USER_AGENT = "cd-node-agent/scalesim"
 
 
 async def kube_client(kubeconfig: str, nodes: int) -> ApiClient:
-    """One API client for the hosted nodes: a connection each for a share of them at once."""
+    """One API client for the hosted nodes: a connection for each node's ResourceSlice watch (held
+    open; services/nodeagent/resourceslice.py), and one each for a share of them at once besides."""
     configuration = Configuration()
     await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = max(16, min(128, nodes // 2))
+    # Without a connection per watch, the watches take the whole pool and every other request of
+    # the host waits for one until it times out (18 nodes on 16 connections published no slice).
+    configuration.connection_pool_maxsize = nodes + max(16, min(128, nodes // 2))
     # As the node agent's own client (services/nodeagent/main.py).
     api = await without_env_lookups(ApiClient(configuration))
     api.user_agent = KUBE_USER_AGENT
