@@ -55,6 +55,7 @@ from libs.state.store import Store
 from tests.address_blocks import CHART_SERVICES
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import REPO_ROOT, Obj, container, env_values, find, of_kind, pod_spec
+from tests.polling import wait_until
 from tools.cachedtool import BuildError
 from tools.cdsim import procscan
 from tools.controlplane.binaries import Binaries
@@ -362,10 +363,12 @@ def check_advisor_mtls(procs: Processes, root: Path, host: Host, grpc_port: int)
     """cd-scheduler's client certificate gets an answer, and a placement once the node is in the
     advisor's inventory; no client certificate gets no answer."""
     scheduler = secret_files(root, host, "cd-scheduler-advisor-client-tls")
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while not asyncio.run(place(grpc_port, scheduler, with_client_certificate=True)).feasible:
-        assert time.monotonic() < deadline, f"no feasible placement:\n{procs.tail('cd-placement-advisor')}"
-        time.sleep(0.5)
+    wait_until(
+        lambda: asyncio.run(place(grpc_port, scheduler, with_client_certificate=True)).feasible,
+        "a feasible placement for cd-scheduler's certificate",
+        HEALTH_TIMEOUT_S,
+        explain=lambda: procs.tail("cd-placement-advisor"),
+    )
     with pytest.raises(REFUSED):
         asyncio.run(place(grpc_port, scheduler, with_client_certificate=False))
 

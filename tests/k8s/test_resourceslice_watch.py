@@ -16,6 +16,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
 from libs.gen.computedomain.state import v1 as pb
 from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+from tests.polling import eventually
 from tools.controlplane.nodes import create_schedulable_node
 
 pytestmark = pytest.mark.e2e
@@ -55,21 +56,13 @@ async def test_the_slice_watch_resumes_without_reads_and_still_sees_a_deletion(k
 
     task = asyncio.create_task(publisher.run(records()))
     try:
-        for _ in range(300):
-            if await published() and reads >= 1:
-                break
-            await asyncio.sleep(0.1)
-        assert await published(), "the slice was not published"
+        await eventually(published, "the slice published", 30.0)
         settled = reads
         await asyncio.sleep(WATCH_TIMEOUT_S * 5)  # several watches end and resume
         assert reads == settled, f"{reads - settled} reads of the slice while the watch resumed"
         # Kubelet deletes its node's slices when it starts: the resumed watch sees it.
         await resource.delete_resource_slice(publisher.name)
-        for _ in range(300):
-            if await published():
-                break
-            await asyncio.sleep(0.1)
-        assert await published(), "the deleted slice was not published again"
+        await eventually(published, "the deleted slice published again", 30.0)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -66,3 +66,19 @@ async def release_channels(api: ApiClient, namespace: str, nodes: list[str]) -> 
     """Delete the holder pods (the holder domain is the caller's to delete)."""
     for i in range(len(nodes)):
         await kube.delete_pod(api, namespace, f"{HOLDER}-{i}")
+
+
+async def tear_down(
+    env: E2EEnvironment, api: ApiClient, namespace: str, job: str, cd_name: str, taken: list[str]
+) -> None:
+    """Delete the test's Job, the holder pods and both ComputeDomains, and wait for the domains to go."""
+    await kube.delete_job(api, namespace, job)
+    await release_channels(api, namespace, taken)
+    for name in (cd_name, HOLDER):
+        await kube.delete_cd(api, namespace, name)
+
+    async def domains_gone() -> bool | None:
+        found = [await kube.get_cd(api, namespace, n) for n in (cd_name, HOLDER)]
+        return True if found == [None, None] else None
+
+    await kube.eventually(domains_gone, "both ComputeDomains deleted", explain=env.explain)

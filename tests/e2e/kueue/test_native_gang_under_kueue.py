@@ -22,7 +22,11 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, REPO_ROOT, E2EEnvironment
-from tests.e2e.kueue.channel_holders import HOLDER, nodes_by_clique, release_channels, take_channels
+from tests.e2e.kueue.channel_holders import (
+    nodes_by_clique,
+    take_channels,
+    tear_down,
+)
 from tests.e2e.kueue.manager import QUEUE_LABEL, KueueManager
 from tests.e2e.kueue.queued_job import admitted_workload
 from tests.e2e.scenario import wait_cd_ready, wait_job_running
@@ -129,13 +133,4 @@ async def test_kueue_admits_by_quota_and_the_native_gang_lands_whole_in_the_cliq
     await wait_cd_ready(env, api, namespace, cd_name, formed.nodes)
     assert await check_store_invariants(e2e_store) == []
 
-    await kube.delete_job(api, namespace, job_name)
-    await release_channels(api, namespace, taken)
-    for name in (cd_name, HOLDER):
-        await kube.delete_cd(api, namespace, name)
-
-    async def domains_gone() -> bool | None:
-        found = [await kube.get_cd(api, namespace, n) for n in (cd_name, HOLDER)]
-        return True if found == [None, None] else None
-
-    await kube.eventually(domains_gone, "both ComputeDomains deleted", explain=env.explain)
+    await tear_down(env, api, namespace, job_name, cd_name, taken)

@@ -28,11 +28,10 @@ from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, E2EEnvironment
 from tests.e2e.kueue.channel_holders import (
-    HOLDER,
     HOSTNAME_LABEL,
     nodes_by_clique,
-    release_channels,
     take_channels,
+    tear_down,
 )
 from tests.e2e.kueue.manager import KueueManager
 from tests.e2e.kueue.queued_job import (
@@ -185,13 +184,4 @@ async def test_with_channels_partly_taken_kueue_admits_the_gang_and_only_part_of
     assert ready["status"] == "False" and ready["message"] == f"{len(bound)} of {pods} node(s) joined", ready
     assert await check_store_invariants(e2e_store) == []
 
-    await kube.delete_job(api, namespace, job_name)
-    await release_channels(api, namespace, taken)
-    for name in (cd_name, HOLDER):
-        await kube.delete_cd(api, namespace, name)
-
-    async def domains_gone() -> bool | None:
-        found = [await kube.get_cd(api, namespace, n) for n in (cd_name, HOLDER)]
-        return True if found == [None, None] else None
-
-    await kube.eventually(domains_gone, "both ComputeDomains deleted", explain=env.explain)
+    await tear_down(env, api, namespace, job_name, cd_name, taken)
