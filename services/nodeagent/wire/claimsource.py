@@ -24,7 +24,7 @@ from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion, resource_path
 from libs.state.store import TRANSIENT_ERRORS, Store
-from services.nodeagent.errors import ClaimGone, PermanentClaimError, RetryableClaimError
+from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 
 log = structlog.get_logger(__name__)
 

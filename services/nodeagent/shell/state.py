@@ -46,14 +46,14 @@ from libs.state.membership import (
     leave_domain,
 )
 from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
-from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
-from services.nodeagent.checkpointwriter import CheckpointWriter
-from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
-from services.nodeagent.domainheader import DomainHeader, decode_domain_header
-from services.nodeagent.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
-from services.nodeagent.keyedlocks import KeyedLocks
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.storebatch import StoreBatch
+from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
+from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header
+from services.nodeagent.core.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
+from services.nodeagent.shell.checkpointwriter import CheckpointWriter
+from services.nodeagent.shell.keyedlocks import KeyedLocks
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.shell.storebatch import StoreBatch
+from services.nodeagent.wire.claimsource import ClaimRef, ClaimSource, ResolvedClaim
 
 log = structlog.get_logger(__name__)
 
