@@ -31,7 +31,7 @@ from libs.invariants.checker import NodeLocalPaths
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
 from services.nodeagent.core.checkpoint import checkpoint_path
-from services.nodeagent.wire.claimsource import ClaimRef
+from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.wire.driver import dra_socket_path
 from tests.polling import eventually
 from tools.netports import free_port

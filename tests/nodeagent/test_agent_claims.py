@@ -20,9 +20,9 @@ from libs.contract.channelconfig import (
 )
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
+from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 from services.nodeagent.wire.claimsource import (
-    ClaimRef,
     KubeClaimSource,
     StoreClaimSource,
     parse_resource_claim,

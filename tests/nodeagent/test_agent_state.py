@@ -15,9 +15,9 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.membership import join_domain
 from libs.state.store import Store
 from services.nodeagent.core.checkpoint import ClaimState, checkpoint_path
+from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import PermanentClaimError, RetryableClaimError
 from services.nodeagent.shell.state import PreparedDevice
-from services.nodeagent.wire.claimsource import ClaimRef
 from tests.nodeagent.agent_fakes import (
     MAJOR,
     FakeDaemons,

@@ -26,13 +26,13 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimState, checkpoint_path
+from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.nvidiacheckpoint import (
     NvidiaCheckpointError,
     parse_nvidia_checkpoint,
     upstream_checksum,
 )
 from services.nodeagent.shell.state import PreparedDevice
-from services.nodeagent.wire.claimsource import ClaimRef
 from services.nodeagent.wire.driver import ClaimDispatcher
 from tests.nodeagent.agent_fakes import (
     NodeUnderTest,

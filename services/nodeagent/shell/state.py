@@ -47,13 +47,14 @@ from libs.state.membership import (
 )
 from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
+from services.nodeagent.core.claim import ClaimRef, ResolvedClaim
 from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header
 from services.nodeagent.core.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
 from services.nodeagent.shell.checkpointwriter import CheckpointWriter
 from services.nodeagent.shell.keyedlocks import KeyedLocks
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.storebatch import StoreBatch
-from services.nodeagent.wire.claimsource import ClaimRef, ClaimSource, ResolvedClaim
+from services.nodeagent.wire.claimsource import ClaimSource
 
 log = structlog.get_logger(__name__)
 
