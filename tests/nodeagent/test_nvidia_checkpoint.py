@@ -32,7 +32,7 @@ from services.nodeagent.core.nvidiacheckpoint import (
     parse_nvidia_checkpoint,
     upstream_checksum,
 )
-from services.nodeagent.shell.state import PreparedDevice
+from services.nodeagent.core.prepareplan import PreparedDevice
 from services.nodeagent.wire.driver import ClaimDispatcher
 from tests.nodeagent.agent_fakes import (
     NodeUnderTest,

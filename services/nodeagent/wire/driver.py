@@ -24,9 +24,9 @@ from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.textlimits import clip, too_long
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import ClaimError, PermanentClaimError
+from services.nodeagent.core.prepareplan import PreparedDevice
 from services.nodeagent.shell.keyedlocks import KeyedLocks
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.shell.state import PreparedDevice
 from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
 
 log = structlog.get_logger(__name__)
