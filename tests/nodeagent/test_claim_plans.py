@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from libs.cdi.spec import claim_cdi_device_id
-from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
+from libs.contract.names import (
+    CHANNEL_DEVICE,
+    DRIVER_NAME,
+    REASON_DRIVER_TOO_OLD,
+    REASON_WAITING_FOR_RECOVERY,
+)
 from libs.gen.computedomain.state import v1 as pb
 from services.nodeagent.core.checkpoint import (
     Checkpoint,
@@ -39,6 +44,7 @@ from services.nodeagent.core.prepareplan import (
     admit_claim,
     finished_answer,
     membership_held,
+    not_ready_message,
     plan_prepare,
     plan_start,
 )
@@ -321,3 +327,105 @@ def test_the_membership_left_and_the_record_restored() -> None:
     )
     started = restored_record(_entry(CLAIMS[0], ClaimState.PREPARE_STARTED), NODE.name, 7)
     assert (started.state, started.cdi_device_ids) == (pb.PreparedState.PREPARE_STARTED, [])
+
+
+def _claim_with(config: OpaqueParameters | None, device: str = CHANNEL_DEVICE) -> ResolvedClaim:
+    uid = CLAIMS[0]
+    return ResolvedClaim(
+        ref=ClaimRef(NAMESPACE, "claim-0", uid),
+        version="1",
+        results=(DeviceResult("channel", DRIVER_NAME, NODE.name, device),),
+        configs=() if config is None else (config,),
+    )
+
+
+@pytest.mark.parametrize(
+    ("claim", "named"),
+    [
+        (_claim_with(None), "no opaque config for request 'channel'"),
+        (
+            _claim_with(OpaqueParameters(DRIVER_NAME, (), channel_parameters("cd-0", "Some"))),
+            "allocationMode",
+        ),
+        (
+            _claim_with(OpaqueParameters(DRIVER_NAME, (), {"domainID": "cd-0"})),
+            'missing required field "apiVersion"',
+        ),
+        (
+            _claim_with(OpaqueParameters(DRIVER_NAME, (), channel_parameters("cd-0")), "gpu-0"),
+            "unknown device 'gpu-0'",
+        ),
+    ],
+)
+def test_an_unusable_claim_is_refused_naming_what_is_wrong(claim: ResolvedClaim, named: str) -> None:
+    with pytest.raises(PermanentClaimError) as refused:
+        admit_claim(claim.ref, claim, NODE.name, tombstoned=False)
+    assert named in str(refused.value)
+
+
+def test_allocation_mode_all_plans_every_channel_and_a_repeat_answers_from_the_entry() -> None:
+    claim = _claim_with(OpaqueParameters(DRIVER_NAME, (), channel_parameters("cd-0", "All")))
+    plan = plan_prepare(admit_claim(claim.ref, claim, NODE.name, False), header("cd-0"), NODE)
+    assert list(plan.channels) == list(range(2048))
+    checkpoint = Checkpoint(Path("never-written.json"), boot_id="boot")
+    assert finished_answer(None) is None
+    assert finished_answer(checkpoint.apply(plan.start)[0]) is None
+    [device] = finished_answer(checkpoint.apply(plan.complete)[0]) or []
+    assert (device.request_names, device.pool_name, device.device_name, device.cdi_device_ids) == (
+        ("channel",),
+        NODE.name,
+        CHANNEL_DEVICE,
+        (claim_cdi_device_id(claim.ref.uid),),
+    )
+
+
+def test_the_not_ready_message_says_what_the_daemon_reported() -> None:
+    def status(state: pb.DaemonState, reason: str = "", last_error: str = "") -> pb.DaemonStatus:
+        return pb.DaemonStatus(
+            domain_uid="cd-0", node_name=NODE.name, state=state, reason=reason, last_error=last_error
+        )
+
+    base = f"IMEX daemon for domain cd-0 on node {NODE.name} not READY within 0.2s"
+    assert not_ready_message("cd-0", NODE.name, 0.2, None, read=False) == base
+    assert not_ready_message("cd-0", NODE.name, 0.2, None) == base + " (no daemon status yet)"
+    waiting = status(
+        pb.DaemonState.STARTING, REASON_WAITING_FOR_RECOVERY, "members not connected now: rack0-tray1"
+    )
+    assert not_ready_message("cd-0", NODE.name, 0.2, waiting) == (
+        f"{base} (daemon STARTING, {REASON_WAITING_FOR_RECOVERY}; members not connected now: rack0-tray1)"
+    )
+    too_old = not_ready_message("cd-0", NODE.name, 0.2, status(pb.DaemonState.FAILED, REASON_DRIVER_TOO_OLD))
+    assert (
+        too_old
+        == f"IMEX daemon for domain cd-0 cannot run on node {NODE.name} (daemon FAILED, {REASON_DRIVER_TOO_OLD})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "has_tombstone", "step"),
+    [
+        (None, True, UnprepareStep.DELETE_RECORD),
+        (None, False, UnprepareStep.TOMBSTONE),
+        (_entry(CLAIMS[0]), False, UnprepareStep.RELEASE),
+        (
+            ClaimEntry(
+                CLAIMS[0],
+                ClaimState.PREPARE_COMPLETED,
+                NAMESPACE,
+                "c",
+                "",
+                NODE.name,
+                None,
+                (),
+                (),
+                1.0,
+                2.0,
+                "nvidia-v2",
+            ),
+            False,
+            UnprepareStep.FORGET_MIGRATED,
+        ),
+    ],
+)
+def test_the_unprepare_plan(entry: ClaimEntry | None, has_tombstone: bool, step: UnprepareStep) -> None:
+    assert plan_unprepare(entry, has_tombstone) is step
