@@ -29,10 +29,11 @@ from libs.runtime.health import Health, start_health_server
 from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.storebatch import BatchedReads, StoreBatch
-from services.nodeagent.wire.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
+from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
 from services.nodeagent.wire.plugin import Plugin, compose_plugin
 from services.nodeagent.wire.unixsocket import SocketInUse
 

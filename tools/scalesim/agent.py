@@ -54,10 +54,11 @@ from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.main import ImexAgent, compose_imex_agent
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.state import DeviceState
-from services.nodeagent.wire.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
+from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
 from services.nodeagent.wire.driver import dra_socket_path
 from services.nodeagent.wire.plugin import Plugin, compose_plugin
 from services.nodeagent.wire.registration import registration_socket_path

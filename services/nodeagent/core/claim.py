@@ -1,9 +1,10 @@
-"""A claim as kubelet names it and as its source resolves it: what was allocated, configured."""
+"""A claim as kubelet names it and as its source resolves it (what was allocated and configured), and
+the port of that source (its adapters: wire/claimsource.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +63,11 @@ class ResolvedClaim:
             if config.driver == driver and config.applies_to(request):
                 found = config
         return found
+
+
+class ClaimSource(Protocol):
+    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
+        """The claim's allocation. Raises :class:`ClaimGone` when the claim does not exist (or
+        the name belongs to another UID), :class:`RetryableClaimError` when the source is unreachable,
+        :class:`PermanentClaimError` when the claim is unusable."""
+        ...

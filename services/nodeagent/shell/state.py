@@ -46,7 +46,7 @@ from libs.state.codec import UndecodableValue
 from libs.state.membership import NodeBusy, join_domain, leave_domain
 from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, StalePrepareError
-from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.core.claim import ClaimRef, ClaimSource
 from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header
 from services.nodeagent.core.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
 from services.nodeagent.core.prepareplan import (
@@ -78,7 +78,6 @@ from services.nodeagent.shell.checkpointwriter import CheckpointWriter
 from services.nodeagent.shell.keyedlocks import KeyedLocks
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.storebatch import StoreBatch
-from services.nodeagent.wire.claimsource import ClaimSource
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""Where a claim's allocation comes from: the port and its two adapters.
+"""Where a claim's allocation comes from: the two adapters of the port (``ClaimSource`` in core/claim.py).
 
 Kubelet names a claim by namespace, name and UID; the node agent needs what the scheduler
 allocated (``status.allocation.devices.results``) and the opaque driver configuration
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import structlog
@@ -27,14 +27,6 @@ from services.nodeagent.core.claim import ClaimRef, DeviceResult, OpaqueParamete
 from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 
 log = structlog.get_logger(__name__)
-
-
-class ClaimSource(Protocol):
-    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
-        """The claim's allocation. Raises :class:`ClaimGone` when the claim does not exist (or
-        the name belongs to another UID), :class:`RetryableClaimError` when the source is unreachable,
-        :class:`PermanentClaimError` when the claim is unusable."""
-        ...
 
 
 def _check_identity(ref: ClaimRef, namespace: str, name: str, uid: str, where: str) -> None:

@@ -28,6 +28,7 @@ from libs.runtime.health import Health
 from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, watch_prefix
 from services.nodeagent.core.checkpoint import Checkpoint, checkpoint_path
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.daemonview import DaemonView
 from services.nodeagent.shell.metrics import AgentMetrics
@@ -35,7 +36,6 @@ from services.nodeagent.shell.nodeview import NodeView
 from services.nodeagent.shell.recordkeeper import RecordKeeper
 from services.nodeagent.shell.state import STORE_FAILURES, DeviceState
 from services.nodeagent.shell.storebatch import StoreBatch
-from services.nodeagent.wire.claimsource import ClaimSource
 from services.nodeagent.wire.driver import ClaimDispatcher, DraServer, dra_socket_path
 from services.nodeagent.wire.registration import (
     RegistrationServer,
