@@ -52,7 +52,7 @@ PROGRAMS = (
         "Node agent",
         "cd-node-agent",
         "services.nodeagent.main:main",
-        "services.nodeagent.metrics:AgentMetrics",
+        "services.nodeagent.shell.metrics:AgentMetrics",
     ),
     ProgramDoc(
         "IMEX agent",

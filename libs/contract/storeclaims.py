@@ -3,7 +3,7 @@ it, and the ComputeDomain a user would have created (pure builders).
 
 In Kubernetes mode these are a ResourceClaim and a ComputeDomain object; without Kubernetes
 (cdsim, the chaos soak, the benchmarks) the same facts are written to the store, and the kubelet
-plugin's store claim source (``services/nodeagent/claimsource.py``) reads them back.
+plugin's store claim source (``services/nodeagent/wire/claimsource.py``) reads them back.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ its own, ``cd-imex-agent``. The plugin holds no lease and writes nothing on its 
 start: it reads its node record and its daemon's readiness from the store, so a restart or an
 upgrade of the plugin changes nothing there.
 
-Start order: health server -> store -> the plugin's parts (`services.nodeagent.plugin`, the one
+Start order: health server -> store -> the plugin's parts (`services.nodeagent.wire.plugin`, the one
 composition root, shared with tools that host many nodes) -> node view (waits until the node
 record was seen) -> reconcile checkpoint / store / CDI directory -> DRA socket -> registration
 socket (kubelet starts calling only then). Shutdown on SIGTERM/SIGINT in reverse: registration and DRA sockets
@@ -29,12 +29,13 @@ from libs.runtime.health import Health, start_health_server
 from libs.runtime.service import run_service, stop_on_signals
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store, with_retries
-from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.plugin import Plugin, compose_plugin
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.storebatch import BatchedReads, StoreBatch
-from services.nodeagent.unixsocket import SocketInUse
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.shell.storebatch import BatchedReads, StoreBatch
+from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
+from services.nodeagent.wire.plugin import Plugin, compose_plugin
+from services.nodeagent.wire.unixsocket import SocketInUse
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +92,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
         for name, run in plugin.tasks():
             spawn(name, run)
         if kube_api is not None:
-            from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+            from services.nodeagent.wire.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
 
             publisher = ResourceSlicePublisher(
                 kube_api,

@@ -19,8 +19,8 @@ import pytest
 from libs.gen import pluginregistration as reg
 from libs.hardware.cluster import ClusterDescription
 from libs.runtime.health import Health
-from services.nodeagent.registration import RegistrationServer, RegistrationService
-from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
+from services.nodeagent.wire.registration import RegistrationServer, RegistrationService
+from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
 from tools.kubeletshim import plugin
 from tools.kubeletshim.nodes import (
     CLIQUE_LABEL,

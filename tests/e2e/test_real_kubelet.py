@@ -26,7 +26,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from services.controller.kube.nodehealth import CONDITION_NODES_READY, REASON_NODE_NOT_READY
-from services.nodeagent.resourceslice import resource_slice_name
+from services.nodeagent.wire.resourceslice import resource_slice_name
 from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, services_store
 from tests.e2e.harness import CLIQUE_LABEL, DRIVER, EXAMPLES_DIR, E2EEnvironment, example_objects, iter_lines

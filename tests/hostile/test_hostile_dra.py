@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.driver import dra_socket_path
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.wire.driver import dra_socket_path
 from tests.hostile.advisor_process import rss_mb
 from tests.nodeagent.agent_fakes import put_claim, put_domain
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, sim_cluster

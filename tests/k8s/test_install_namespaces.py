@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.nodeagent.resourceslice import build_resource_slice
+from services.nodeagent.wire.resourceslice import build_resource_slice
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import MANIFESTS, Obj
 from tests.polling import wait_until

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1Objec
 
 from libs.kube.resourceapi import ServedVersion, discover_version, resource_path
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
-from services.nodeagent.resourceslice import (
+from services.nodeagent.wire.resourceslice import (
     ResourceSlicePublisher,
     ResourceSliceSettings,
     live_slice_content,

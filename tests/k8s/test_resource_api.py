@@ -25,7 +25,7 @@ from libs.kube.resourceapi import (
     slice_device,
 )
 from services.controller.kube.resourceclaimtemplate import build_rct
-from services.nodeagent.resourceslice import build_resource_slice, live_slice_content, slice_content
+from services.nodeagent.wire.resourceslice import build_resource_slice, live_slice_content, slice_content
 
 
 def _group(*versions: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, ResourceV1Api
 
 from libs.gen.computedomain.state import v1 as pb
-from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+from services.nodeagent.wire.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
 from tests.polling import eventually
 from tools.controlplane.nodes import create_schedulable_node
 

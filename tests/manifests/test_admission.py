@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.nodeagent.resourceslice import build_resource_slice
+from services.nodeagent.wire.resourceslice import build_resource_slice
 from tests.manifests.admission import AdmissionRequest, PolicyEvaluator
 from tests.manifests.objects import NAMESPACE, Obj, find, of_kind
 

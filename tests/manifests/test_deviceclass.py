@@ -7,7 +7,7 @@ from typing import Any
 import celpy
 import pytest
 
-from services.nodeagent.resourceslice import build_resource_slice
+from services.nodeagent.wire.resourceslice import build_resource_slice
 from tests.manifests.objects import Obj, find
 
 DRIVER = "compute-domain.nvidia.com"

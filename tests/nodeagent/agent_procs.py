@@ -30,9 +30,9 @@ from libs.hardware.simulated import FaultInjector, prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
-from services.nodeagent.checkpoint import checkpoint_path
-from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.driver import dra_socket_path
+from services.nodeagent.core.checkpoint import checkpoint_path
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.wire.driver import dra_socket_path
 from tests.polling import eventually
 from tools.netports import free_port
 

@@ -20,13 +20,13 @@ from libs.contract.channelconfig import (
 )
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from services.nodeagent.claimsource import (
-    ClaimRef,
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
+from services.nodeagent.wire.claimsource import (
     KubeClaimSource,
     StoreClaimSource,
     parse_resource_claim,
 )
-from services.nodeagent.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 from tests.nodeagent.agent_fakes import channel_parameters, put_claim
 
 CD_UID = "6f0e7b1c-1f6e-4a39-8a8e-3c1b2d4e5f60"

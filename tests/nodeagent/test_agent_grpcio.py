@@ -23,8 +23,12 @@ from grpc_tools import protoc
 
 from libs.runtime.health import Health
 from libs.state.store import Store
-from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
-from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
+from services.nodeagent.wire.driver import ClaimDispatcher, DraServer, dra_socket_path
+from services.nodeagent.wire.registration import (
+    RegistrationServer,
+    RegistrationService,
+    registration_socket_path,
+)
 from tests.nodeagent.agent_fakes import fabric_node, make_device_state, new_uid, put_claim, put_domain
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from libs.invariants.checker import check_domain_gone, check_store_invariants, i
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from libs.state.watch import WatchEvent, watch_prefix
-from services.nodeagent.driver import dra_socket_path
-from services.nodeagent.registration import registration_socket_path
+from services.nodeagent.wire.driver import dra_socket_path
+from services.nodeagent.wire.registration import registration_socket_path
 from tests.cdi.cdi_schema_check import cdi_check, loader_violations, schema_errors, unknown_fields
 from tests.nodeagent.agent_fakes import file_tree, put_claim, put_domain, store_dump
 from tests.nodeagent.agent_procs import AgentProcess, Kubelet, SimCluster, sim_cluster

@@ -14,10 +14,10 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_store_invariants
 from libs.state.membership import join_domain
 from libs.state.store import Store
-from services.nodeagent.checkpoint import ClaimState, checkpoint_path
-from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.errors import PermanentClaimError, RetryableClaimError
-from services.nodeagent.state import PreparedDevice
+from services.nodeagent.core.checkpoint import ClaimState, checkpoint_path
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.core.errors import PermanentClaimError, RetryableClaimError
+from services.nodeagent.core.prepareplan import PreparedDevice
 from tests.nodeagent.agent_fakes import (
     MAJOR,
     FakeDaemons,

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from services.nodeagent.checkpoint import (
+from services.nodeagent.core.checkpoint import (
     Checkpoint,
     ClaimState,
     StalePrepareError,

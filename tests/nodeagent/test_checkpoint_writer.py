@@ -14,9 +14,9 @@ import pytest
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
-from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, checkpoint_path
-from services.nodeagent.checkpointwriter import CheckpointWriter
-from services.nodeagent.errors import RetryableClaimError
+from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, ClaimState, checkpoint_path
+from services.nodeagent.core.errors import RetryableClaimError
+from services.nodeagent.shell.checkpointwriter import CheckpointWriter
 from tests.nodeagent.agent_fakes import fabric_node, make_device_state, new_uid, put_claim, put_domain
 
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.nodeagent.jsonmembers import JsonMembers
+from services.nodeagent.core.jsonmembers import JsonMembers
 
 
 def _dumps(obj: object) -> str:

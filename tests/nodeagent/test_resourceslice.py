@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
-from services.nodeagent.resourceslice import (
+from services.nodeagent.wire.resourceslice import (
     CLIQUE_LABEL,
     ResourceSlicePublisher,
     ResourceSliceSettings,

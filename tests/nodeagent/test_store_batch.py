@@ -10,10 +10,11 @@ from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.nodeagent.claimsource import ClaimRef, StoreClaimSource
-from services.nodeagent.errors import ClaimGone
-from services.nodeagent.state import STORE_FAILURES
-from services.nodeagent.storebatch import BatchedReads, StoreBatch
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.core.errors import ClaimGone
+from services.nodeagent.shell.state import STORE_FAILURES
+from services.nodeagent.shell.storebatch import BatchedReads, StoreBatch
+from services.nodeagent.wire.claimsource import StoreClaimSource
 from tests.nodeagent.agent_fakes import new_uid, put_claim, put_domain
 from tools.etcd.server import EtcdServer
 

@@ -31,7 +31,7 @@ from libs.invariants.checker import NodeLocalPaths, check_store_invariants
 from libs.state.config import EtcdConfig
 from libs.state.store import Store, with_retries
 from libs.state.watch import Resync, watch_prefix
-from services.nodeagent.checkpoint import CHECKPOINT_FILENAME
+from services.nodeagent.core.checkpoint import CHECKPOINT_FILENAME
 from tools.bench import formation, simenv
 from tools.etcd.server import EtcdCluster, EtcdServer, etcd_binary
 from tools.scalesim.agent import AgentLayout

@@ -1,7 +1,7 @@
 """ResourceClaims on a real kube-apiserver, for benchmarks that read claims as Kubernetes mode does.
 
 A node agent in Kubernetes mode resolves each claim kubelet names with a GET of the ResourceClaim
-(services/nodeagent/claimsource.py). :class:`ApiServer` is the loopback control plane's etcd
+(services/nodeagent/wire/claimsource.py). :class:`ApiServer` is the loopback control plane's etcd
 (fsynced, as a production control plane's) and kube-apiserver, nothing else: no scheduler or
 controller manager shares the cores. :func:`create_allocated_claims` writes claims allocated the
 way kube-scheduler allocates the channel (the status subresource, with the request's opaque

@@ -39,7 +39,7 @@ import yaml
 
 from libs.contract.names import DRIVER_NAME
 from libs.hardware.cluster import ClusterDescription
-from services.nodeagent.resourceslice import CLIQUE_LABEL
+from services.nodeagent.wire.resourceslice import CLIQUE_LABEL
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig

@@ -6,7 +6,7 @@ Per hosted node, `SimAgent` runs what a node runs as two processes:
 * the IMEX agent (``cd-imex-agent``) as ``services.imexagent.main.compose_imex_agent`` builds it:
   the node record on a kept lease and the IMEX supervisor, which starts a real simulated IMEX
   daemon process per domain and writes its ``DaemonStatus`` records;
-* the kubelet plugin (``cd-node-agent``) as ``services.nodeagent.plugin.compose_plugin`` builds
+* the kubelet plugin (``cd-node-agent``) as ``services.nodeagent.wire.plugin.compose_plugin`` builds
   it: node record and daemon record views fed by store watches, ``DeviceState`` behind its own
   ``DraServer`` socket, then the registration socket, served only once the node record was seen.
   A prepare waits for the daemon's READY in the store, as the process does; nothing on the claim
@@ -54,14 +54,15 @@ from services.imexagent.inventory import InventorySettings, NodeInventory
 from services.imexagent.main import ImexAgent, compose_imex_agent
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor
-from services.nodeagent.claimsource import ClaimSource, KubeClaimSource, StoreClaimSource
-from services.nodeagent.driver import dra_socket_path
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.plugin import Plugin, compose_plugin
-from services.nodeagent.registration import registration_socket_path
-from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.state import DeviceState
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.shell.state import DeviceState
+from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
+from services.nodeagent.wire.driver import dra_socket_path
+from services.nodeagent.wire.plugin import Plugin, compose_plugin
+from services.nodeagent.wire.registration import registration_socket_path
+from services.nodeagent.wire.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
 
 log = structlog.get_logger(__name__)
 

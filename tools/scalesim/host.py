@@ -27,7 +27,7 @@ from libs.hardware.cluster import ClusterDescription
 from libs.kube.client import without_env_lookups
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.nodeagent.unixsocket import MAX_SOCKET_PATH
+from services.nodeagent.wire.unixsocket import MAX_SOCKET_PATH
 from tools.cdsim import procscan
 from tools.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
 from tools.scalesim.pollfeed import PrefixPoller
@@ -138,7 +138,7 @@ KUBE_USER_AGENT = "cd-node-agent/scalesim"
 
 async def kube_client(kubeconfig: str, nodes: int) -> ApiClient:
     """One API client for the hosted nodes: a connection for each node's ResourceSlice watch (held
-    open; services/nodeagent/resourceslice.py), and one each for a share of them at once besides."""
+    open; services/nodeagent/wire/resourceslice.py), and one each for a share of them at once besides."""
     configuration = Configuration()
     await load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     # Without a connection per watch, the watches take the whole pool and every other request of

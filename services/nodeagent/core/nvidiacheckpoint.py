@@ -3,7 +3,7 @@
 A node switched from NVIDIA's driver to this one still has claims that NVIDIA's plugin prepared
 (running pods); kubelet will unprepare them, or prepare them again after a kubelet restart, and
 both must succeed. The first start of our agent therefore takes these claims over
-(:meth:`services.nodeagent.checkpoint.Checkpoint.load` calls :func:`parse_nvidia_checkpoint` and
+(:meth:`services.nodeagent.core.checkpoint.Checkpoint.load` calls :func:`parse_nvidia_checkpoint` and
 :func:`map_claims`).
 
 Facts used, read from github.com/NVIDIA/k8s-dra-driver-gpu at commit

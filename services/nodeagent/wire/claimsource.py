@@ -1,11 +1,11 @@
-"""Where a claim's allocation comes from: the port and its two adapters.
+"""Where a claim's allocation comes from: the two adapters of the port (``ClaimSource`` in core/claim.py).
 
 Kubelet names a claim by namespace, name and UID; the node agent needs what the scheduler
 allocated (``status.allocation.devices.results``) and the opaque driver configuration
 (``status.allocation.devices.config``). In Kubernetes mode that is the ResourceClaim object
 (``resource.k8s.io`` v1, v1beta2 or v1beta1, whichever the API server prefers: the allocation has
 the same shape in all three); in simulation it is the ``Claim`` record in the store, which has the
-same shape. Both adapters return a :class:`ResolvedClaim`.
+same shape. Both adapters return a :class:`ResolvedClaim` (services/nodeagent/core/claim.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import structlog
@@ -24,75 +23,10 @@ from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion, resource_path
 from libs.state.store import TRANSIENT_ERRORS, Store
-from services.nodeagent.errors import ClaimGone, PermanentClaimError, RetryableClaimError
+from services.nodeagent.core.claim import ClaimRef, DeviceResult, OpaqueParameters, ResolvedClaim
+from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRef:
-    """A claim as kubelet names it."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceResult:
-    """One allocated device (``status.allocation.devices.results[]``)."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-
-
-@dataclass(frozen=True, slots=True)
-class OpaqueParameters:
-    """One opaque driver configuration (``status.allocation.devices.config[]``)."""
-
-    driver: str
-    requests: tuple[str, ...]
-    # The parsed "parameters" object for our driver; other drivers' parameters stay as given.
-    parameters: Any
-    source: str = ""
-
-    def applies_to(self, request: str) -> bool:
-        """Empty ``requests`` means every request; a parent request covers its subrequests."""
-        if not self.requests:
-            return True
-        return request in self.requests or request.split("/", 1)[0] in self.requests
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedClaim:
-    ref: ClaimRef
-    # Changes when the claim object changes (Kubernetes resourceVersion, store mod revision);
-    # unprepare tombstones compare it so that a re-used shared claim is not refused.
-    version: str
-    results: tuple[DeviceResult, ...]
-    configs: tuple[OpaqueParameters, ...]
-
-    def results_for(self, driver: str, pool: str) -> tuple[DeviceResult, ...]:
-        return tuple(r for r in self.results if r.driver == driver and r.pool == pool)
-
-    def config_for(self, driver: str, request: str) -> OpaqueParameters | None:
-        """The configuration in effect for ``request``: the last applicable one (class configs
-        come first, claim configs after them and take precedence)."""
-        found: OpaqueParameters | None = None
-        for config in self.configs:
-            if config.driver == driver and config.applies_to(request):
-                found = config
-        return found
-
-
-class ClaimSource(Protocol):
-    async def resolve(self, ref: ClaimRef) -> ResolvedClaim:
-        """The claim's allocation. Raises :class:`ClaimGone` when the claim does not exist (or
-        the name belongs to another UID), :class:`RetryableClaimError` when the source is unreachable,
-        :class:`PermanentClaimError` when the claim is unusable."""
-        ...
 
 
 def _check_identity(ref: ClaimRef, namespace: str, name: str, uid: str, where: str) -> None:

@@ -27,17 +27,21 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, watch_prefix
-from services.nodeagent.checkpoint import Checkpoint, checkpoint_path
-from services.nodeagent.claimsource import ClaimSource
-from services.nodeagent.daemonview import DaemonView
-from services.nodeagent.driver import ClaimDispatcher, DraServer, dra_socket_path
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.nodeview import NodeView
-from services.nodeagent.recordkeeper import RecordKeeper
-from services.nodeagent.registration import RegistrationServer, RegistrationService, registration_socket_path
+from services.nodeagent.core.checkpoint import Checkpoint, checkpoint_path
+from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.state import STORE_FAILURES, DeviceState
-from services.nodeagent.storebatch import StoreBatch
+from services.nodeagent.shell.daemonview import DaemonView
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.shell.nodeview import NodeView
+from services.nodeagent.shell.recordkeeper import RecordKeeper
+from services.nodeagent.shell.state import STORE_FAILURES, DeviceState
+from services.nodeagent.shell.storebatch import StoreBatch
+from services.nodeagent.wire.driver import ClaimDispatcher, DraServer, dra_socket_path
+from services.nodeagent.wire.registration import (
+    RegistrationServer,
+    RegistrationService,
+    registration_socket_path,
+)
 
 log = structlog.get_logger(__name__)
 

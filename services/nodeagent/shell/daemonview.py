@@ -26,7 +26,7 @@ from libs.contract.names import REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, Resync, WatchEvent, watch_prefix
-from services.nodeagent.metrics import AgentMetrics
+from services.nodeagent.shell.metrics import AgentMetrics
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,9 @@
-"""Prepare and unprepare of channel claims on this node, and the start-up reconcile.
+"""Prepare and unprepare of channel claims on this node, and the start-up reconcile: the shell.
+
+What each must do is decided by pure plans in ``services/nodeagent/core/`` (``prepareplan``,
+``unprepareplan``, ``reconcileplan``) over what this shell observed: the claim, the checkpoint,
+the domain's record and this node's. The shell reads, calls the plan, and applies its steps: the
+awaits, the locks and the error mapping live here, the decisions there.
 
 Prepare: resolve the claim, take our driver's allocation on this node, decode the
 opaque ComputeDomainChannelConfig strictly, check that the ComputeDomain exists in the claim's
@@ -32,28 +37,47 @@ from typing import Any, Protocol, TypeVar
 import aetcd.exceptions
 import structlog
 
-from libs.cdi.spec import channels_for, claim_cdi_device_id
 from libs.cdi.specdir import ClaimSpecDir
-from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
-from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME, REASON_DRIVER_TOO_OLD
+from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
 from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import UndecodableValue
-from libs.state.membership import (
-    NodeBusy,
-    join_domain,
-    leave_domain,
-)
+from libs.state.membership import NodeBusy, join_domain, leave_domain
 from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
-from services.nodeagent.checkpoint import Checkpoint, ClaimEntry, ClaimState, StalePrepareError
-from services.nodeagent.checkpointwriter import CheckpointWriter
-from services.nodeagent.claimsource import ClaimRef, ClaimSource, ResolvedClaim
-from services.nodeagent.domainheader import DomainHeader, decode_domain_header
-from services.nodeagent.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
-from services.nodeagent.keyedlocks import KeyedLocks
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.storebatch import StoreBatch
+from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, StalePrepareError
+from services.nodeagent.core.claim import ClaimRef, ClaimSource
+from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header
+from services.nodeagent.core.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
+from services.nodeagent.core.prepareplan import (
+    PreparedDevice,
+    PreparePlan,
+    StartStep,
+    admit_claim,
+    devices_of,
+    finished_answer,
+    held_domain,
+    membership_held,
+    not_ready_message,
+    plan_prepare,
+    plan_start,
+)
+from services.nodeagent.core.reconcileplan import (
+    DropRecord,
+    RebuildEntry,
+    domain_to_leave,
+    half_prepared,
+    needs_record,
+    plan_records,
+    record_problem,
+    restored_record,
+    stale_specs,
+)
+from services.nodeagent.core.unprepareplan import UnprepareStep, forget, leaves_domain, plan_unprepare
+from services.nodeagent.shell.checkpointwriter import CheckpointWriter
+from services.nodeagent.shell.keyedlocks import KeyedLocks
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.shell.storebatch import StoreBatch
 
 log = structlog.get_logger(__name__)
 
@@ -99,16 +123,6 @@ class ChannelHardware(Protocol):
     def imex_channel_major(self) -> int: ...
 
     def ensure_imex_channel_device(self, channel: int) -> object: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    """One entry of a NodePrepareResources answer, independent of the API version."""
-
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
 
 
 @dataclass
@@ -169,13 +183,11 @@ class DeviceState:
         # Set once the start-up reconcile made the checkpoint the truth about this node's claims.
         self.reconciled = asyncio.Event()
 
-    # ---- prepare ---------------------------------------------------------------------------
-
     async def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
         """Prepare one claim; raises :class:`PermanentClaimError` or :class:`RetryableClaimError`."""
-        entry = self.checkpoint.get(ref.uid)
-        if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
-            return self._devices_of(entry)  # repeat of a finished prepare: no side effects
+        finished = finished_answer(self.checkpoint.get(ref.uid))
+        if finished is not None:
+            return finished
         deadline = self._clock() + self.prepare_budget_s
         try:
             return await self._prepare(ref, deadline)
@@ -193,134 +205,83 @@ class DeviceState:
             claim, domain = await asyncio.gather(self.claims.resolve(ref), self._get_domain(held))
         else:
             claim, domain = await self.claims.resolve(ref), None
-        results = claim.results_for(DRIVER_NAME, node.name)
-        if not results:
-            raise PermanentClaimError(
-                f"claim {ref.namespace}/{ref.name} has no device of driver {DRIVER_NAME} allocated on node {node.name}"
-            )
-        for result in results:
-            if result.device != CHANNEL_DEVICE:
-                raise PermanentClaimError(
-                    f"claim {ref.namespace}/{ref.name} was allocated unknown device {result.device!r} "
-                    f"of driver {DRIVER_NAME} (this node offers {CHANNEL_DEVICE})"
-                )
-        config = self._channel_config(claim, [r.request for r in results])
-        if self.checkpoint.is_tombstoned(ref.uid, claim_version=claim.version):
-            raise PermanentClaimError(
-                f"claim {ref.namespace}/{ref.name} ({ref.uid}) was unprepared recently; "
-                "refusing a stale prepare"
-            )
-        if held != config.domain_id:
-            domain = await self._get_domain(config.domain_id)
-        _check_domain(ref, config, domain)  # the security boundary: nothing was written so far
-        fabric = bool(node.clique_id)
-        if not fabric and node.fabric_message:
-            raise RetryableClaimError(f"node {node.name}: NVLink clique not known yet: {node.fabric_message}")
-        channels = channels_for(config.allocation_mode, fabric=fabric)
-        major = self._major() if fabric else None
+        request = admit_claim(
+            ref, claim, node.name, self.checkpoint.is_tombstoned(ref.uid, claim_version=claim.version)
+        )
+        if held != request.config.domain_id:
+            domain = await self._get_domain(request.config.domain_id)
+        plan = plan_prepare(request, domain, node)
+        major = self._major() if plan.fabric else None
         record_key = self.store.keys.preparation(node.name, ref.uid)
-
-        def started_record() -> pb.PreparedClaim:  # built only when written (a join, a revert)
-            return pb.PreparedClaim(
-                claim_uid=ref.uid,
-                namespace=ref.namespace,
-                name=ref.name,
-                node_name=node.name,
-                domain_uid=config.domain_id,
-                state=pb.PreparedState.PREPARE_STARTED,
-                updated_unix_ms=_now_ms(),
+        async with self._domain_locks.hold(plan.domain_uid):
+            held_by_other = membership_held(
+                self.checkpoint.entries.values(), plan.domain_uid, besides=ref.uid
             )
-
-        async with self._domain_locks.hold(config.domain_id):
-            existing = self.checkpoint.get(ref.uid)
-            # A claim taken over from NVIDIA's checkpoint without a known domain takes the claim's.
-            if existing is not None and existing.domain_uid and existing.domain_uid != config.domain_id:
-                raise PermanentClaimError(
-                    f"claim {ref.uid} was started for domain {existing.domain_uid}, now names {config.domain_id}"
-                )
-            # Another completed claim of this domain holds the membership, and no unprepare can
-            # drop it while this entry exists (both decide under the domain lock): no join, so
-            # nothing in the store or on disk needs the started state recorded first.
-            membership_held = self._holds_completed(config.domain_id, besides=ref.uid)
-
-            def start(checkpoint: Checkpoint) -> ClaimEntry:
-                return checkpoint.mark_prepare_started(
-                    ref.uid,
-                    namespace=ref.namespace,
-                    name=ref.name,
-                    domain_uid=config.domain_id,
-                    node=node.name,
-                    claim_version=claim.version,
-                )
-
-            try:
-                if membership_held:
-                    # Written with the completion below (or any save before it): the started
-                    # state must only be visible under the lock, to unprepares of this domain.
-                    self.checkpoint.apply(start)
-                else:
-                    await self._update_checkpoint(start)
-            except StalePrepareError as exc:
-                raise PermanentClaimError(str(exc)) from None
-            joined_now, index = False, None
-            if not membership_held:
-                put = asyncio.ensure_future(self.store.put(record_key, started_record()))
-                try:
-                    joined_now, index = await self._join(config.domain_id, ref.namespace, node)
-                finally:
-                    await put
-        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=config.domain_id, node=node.name)
+            step = plan_start(plan, self.checkpoint.get(ref.uid), held_by_other)
+            joined_now, index = await self._start(plan, step, record_key, node)
+        bound = log.bind(claim_uid=ref.uid, namespace=ref.namespace, cd_uid=plan.domain_uid, node=node.name)
         if joined_now:
             bound.info("prepare: node joined domain")
-
-        if fabric:
-            remaining = max(deadline - self._clock(), 0.0)
-            if not await self.daemons.wait_ready(config.domain_id, remaining, node_id=index):
-                raise RetryableClaimError(await self._not_ready_message(config.domain_id, node.name))
-            await self._ensure_channels(channels)
-
-        cdi_id = claim_cdi_device_id(ref.uid)
-        completed = pb.PreparedClaim(
-            claim_uid=ref.uid,
-            namespace=ref.namespace,
-            name=ref.name,
-            node_name=node.name,
-            domain_uid=config.domain_id,
-            state=pb.PreparedState.PREPARE_COMPLETED,
-            cdi_device_ids=[cdi_id],
-            updated_unix_ms=_now_ms(),
+        if plan.fabric:
+            await self._wait_for_daemon(plan, index, deadline)
+            await self._ensure_channels(plan.channels)
+        entry = await self._complete(plan, record_key, major)
+        bound.info(
+            "claim prepared",
+            mode=request.config.allocation_mode,
+            channels=len(plan.channels),
+            cdi_device_id=plan.cdi_device_id,
         )
+        return devices_of(entry)
+
+    async def _start(
+        self, plan: PreparePlan, step: StartStep, record_key: str, node: pb.Node
+    ) -> tuple[bool, int | None]:
+        """Record the prepare as started and join as ``step`` says: (joined now, IMEX node index
+        when joined). The caller holds the domain lock."""
+        try:
+            if step is StartStep.RIDE_ALONG:
+                self.checkpoint.apply(plan.start)  # saved with the completion (see StartStep)
+                return False, None
+            await self._update_checkpoint(plan.start)
+        except StalePrepareError as exc:
+            raise PermanentClaimError(str(exc)) from None
+        put = asyncio.ensure_future(self.store.put(record_key, plan.started_record(_now_ms())))
+        try:
+            return await self._join(plan.domain_uid, plan.request.ref.namespace, node)
+        finally:
+            await put
+
+    async def _wait_for_daemon(self, plan: PreparePlan, index: int | None, deadline: float) -> None:
+        remaining = max(deadline - self._clock(), 0.0)
+        if not await self.daemons.wait_ready(plan.domain_uid, remaining, node_id=index):
+            raise RetryableClaimError(await self._not_ready_message(plan.domain_uid, plan.node_name))
+
+    async def _complete(self, plan: PreparePlan, record_key: str, major: int | None) -> ClaimEntry:
+        """CDI spec, checkpoint PrepareCompleted and PreparedClaim PREPARE_COMPLETED; on failure the
+        record says started again."""
+        uid = plan.request.ref.uid
         # The store write travels while the local files are written. Should the agent die in
         # between, the reconcile at start settles it: a completed record whose spec exists is
         # taken as completed, one without its spec as started.
-        put = asyncio.ensure_future(self.batch.put(record_key, completed))
+        put = asyncio.ensure_future(self.batch.put(record_key, plan.completed_record(_now_ms())))
         try:
             # On the loop, as the checkpoint below: a small write and a rename, no fsync; a hop to
             # the shared thread pool waited behind every other blocking call of the process.
-            self.cdi.write(ref.uid, channels=channels, major=major)
-            entry = await self._update_checkpoint(
-                lambda checkpoint: checkpoint.mark_prepare_completed(
-                    ref.uid,
-                    [cdi_id],
-                    request_names=tuple(dict.fromkeys(r.request for r in results)),
-                    claim_version=claim.version,
-                )
-            )
+            self.cdi.write(uid, channels=plan.channels, major=major)
+            entry = await self._update_checkpoint(plan.complete)
         except BaseException as exc:
-            await self._revert_completed_record(put, record_key, started_record())
+            await self._revert_completed_record(put, record_key, plan.started_record(_now_ms()))
             if isinstance(exc, StalePrepareError):  # unprepared meanwhile: do not resurrect it
-                self.cdi.remove(ref.uid)
+                self.cdi.remove(uid)
                 raise PermanentClaimError(str(exc)) from None
             if isinstance(exc, OSError):
                 raise RetryableClaimError(
-                    f"cannot write CDI spec or checkpoint for claim {ref.uid}: {exc}"
+                    f"cannot write CDI spec or checkpoint for claim {uid}: {exc}"
                 ) from exc
             raise
         await put
-        bound.info(
-            "claim prepared", mode=config.allocation_mode, channels=len(channels), cdi_device_id=cdi_id
-        )
-        return self._devices_of(entry)
+        return entry
 
     async def _revert_completed_record(
         self, put: asyncio.Future[int], key: str, started: pb.PreparedClaim
@@ -332,23 +293,8 @@ class DeviceState:
             await self.store.put(key, started)
 
     def held_domain(self) -> str | None:
-        """The domain of this node's completed claims, if any (claims taken over from NVIDIA's
-        checkpoint do not count: they made no membership of ours)."""
-        for entry in self.checkpoint.entries.values():
-            if entry.state is ClaimState.PREPARE_COMPLETED and entry.migrated_from is None:
-                return entry.domain_uid
-        return None
-
-    def _holds_completed(self, domain_uid: str, besides: str) -> bool:
-        """Another completed claim of ours stands for the membership (a migrated one does not:
-        a new claim of its domain must still join)."""
-        return any(
-            e.domain_uid == domain_uid
-            and e.state is ClaimState.PREPARE_COMPLETED
-            and e.claim_uid != besides
-            and e.migrated_from is None
-            for e in self.checkpoint.entries.values()
-        )
+        """The domain of this node's completed claims, if any (see ``core/prepareplan.py``)."""
+        return held_domain(self.checkpoint.entries.values())
 
     async def _get_domain(self, domain_uid: str) -> DomainHeader | None:
         key = self.store.keys.domain(domain_uid)
@@ -363,23 +309,6 @@ class DeviceState:
         header = decode_domain_header(found.value, key)
         self._domain_headers = {key: (found.mod_revision, header)}  # the node's one domain
         return header
-
-    def _channel_config(self, claim: ResolvedClaim, requests: Sequence[str]) -> ChannelConfig:
-        """The claim's one channel config; `PermanentClaimError` naming what is wrong with it."""
-        decoded: ChannelConfig | None = None
-        try:
-            for request in requests:
-                opaque = claim.config_for(DRIVER_NAME, request)
-                if opaque is None:
-                    raise ConfigError(f"no opaque config for request {request!r} of claim {claim.ref.name}")
-                config = decode_channel_config(opaque.parameters)
-                if decoded is not None and config != decoded:
-                    raise ConfigError("the claim's requests name different ComputeDomain channel configs")
-                decoded = config
-        except ConfigError as exc:
-            raise PermanentClaimError(str(exc)) from None
-        assert decoded is not None
-        return decoded
 
     async def _join(self, domain_uid: str, namespace: str, node: pb.Node) -> tuple[bool, int]:
         """Make this node an active member: (joined now, its index). One read when it already is
@@ -398,19 +327,12 @@ class DeviceState:
         return result.joined_now, result.member.index
 
     async def _not_ready_message(self, domain_uid: str, node_name: str) -> str:
-        base = f"IMEX daemon for domain {domain_uid} on node {node_name} not READY within {self.prepare_budget_s:g}s"
         try:
             status = await self.store.get(self.store.keys.daemon(domain_uid, node_name), pb.DaemonStatus)
         except STORE_FAILURES:
-            return base
-        if status is None:
-            return base + " (no daemon status yet)"
-        state = pb.DaemonState(status.value.state).name
-        if status.value.reason == REASON_DRIVER_TOO_OLD:
-            base = f"IMEX daemon for domain {domain_uid} cannot run on node {node_name}"
-        reason = f", {status.value.reason}" if status.value.reason else ""
-        detail = f"; {status.value.last_error}" if status.value.last_error else ""
-        return f"{base} (daemon {state}{reason}{detail})"
+            return not_ready_message(domain_uid, node_name, self.prepare_budget_s, None, read=False)
+        value = None if status is None else status.value
+        return not_ready_message(domain_uid, node_name, self.prepare_budget_s, value)
 
     def _major(self) -> int:
         if self._channel_major is None:
@@ -439,16 +361,6 @@ class DeviceState:
             self.hardware.ensure_imex_channel_device(channel)
             self._ensured_channels.add(channel)
 
-    def _devices_of(self, entry: ClaimEntry) -> list[PreparedDevice]:
-        return [
-            PreparedDevice(
-                request_names=entry.request_names or ("channel",),
-                pool_name=entry.node,
-                device_name=CHANNEL_DEVICE,
-                cdi_device_ids=entry.cdi_device_ids,
-            )
-        ]
-
     def _update_checkpoint(self, mutate: Callable[[Checkpoint], T]) -> Coroutine[Any, Any, T]:
         """Change the checkpoint now (``mutate``) and return what to await for its save: it gives
         ``mutate``'s result once the change is in the file, or raises :class:`RetryableClaimError`
@@ -457,8 +369,6 @@ class DeviceState:
 
     def _saved(self) -> None:
         self.metrics.prepared_claims.set(len(self.checkpoint.entries))
-
-    # ---- unprepare -------------------------------------------------------------------------
 
     async def unprepare(self, ref: ClaimRef) -> None:
         """Release one claim; unknown claims succeed. Raises :class:`RetryableClaimError`."""
@@ -477,43 +387,39 @@ class DeviceState:
         except ValueError:  # not a valid UID: we never wrote anything for it
             return
         entry = self.checkpoint.get(claim_uid)
-        if entry is None:
-            if claim_uid in self.checkpoint.tombstones:
-                # Unprepared before; a retry after a failed store delete finishes it.
-                await self.store.delete(self.store.keys.preparation(self.identity.node.name, claim_uid))
-            else:
-                # Unknown claim: success, and a tombstone in case its prepare is still on the way.
-                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
-            return
-        if not entry.domain_uid:
-            # Taken over from NVIDIA's checkpoint without a domain: no record, no membership.
-            await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
+        step = plan_unprepare(entry, claim_uid in self.checkpoint.tombstones)
+        if step is UnprepareStep.DELETE_RECORD:
+            # Unprepared before; a retry after a failed store delete finishes it.
+            await self.store.delete(self.store.keys.preparation(self.identity.node.name, claim_uid))
+        elif step is UnprepareStep.TOMBSTONE:
+            await self._update_checkpoint(forget(claim_uid))
+        elif entry is not None and step is UnprepareStep.FORGET_MIGRATED:
+            await self._update_checkpoint(forget(claim_uid))
             log.info(
                 "claim unprepared",
                 claim_uid=claim_uid,
                 namespace=entry.namespace,
                 migrated_from=entry.migrated_from,
             )
-            return
-        record_key = self.store.keys.preparation(entry.node or self.identity.node.name, claim_uid)
+        elif entry is not None:
+            await self._release(entry)
+
+    async def _release(self, entry: ClaimEntry) -> None:
+        """Unprepare a claim of a domain: the last one of the domain on this node leaves it."""
+        claim_uid = entry.claim_uid
+        node = entry.node or self.identity.node.name
+        record_key = self.store.keys.preparation(node, claim_uid)
         removed: Coroutine[Any, Any, ClaimEntry | None] | None = None
         async with self._domain_locks.hold(entry.domain_uid):
-            last = not any(
-                e.domain_uid == entry.domain_uid and e.claim_uid != claim_uid
-                for e in self.checkpoint.entries.values()
-            )
-            if last:
+            if leaves_domain(self.checkpoint.entries.values(), entry):
                 await self.store.delete(record_key)
-                left = await leave_domain(self.store, entry.domain_uid, entry.node or self.identity.node.name)
-                if left:
+                if await leave_domain(self.store, entry.domain_uid, node):
                     log.info("unprepare: node left domain", cd_uid=entry.domain_uid, node=entry.node)
-                await self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
+                await self._update_checkpoint(forget(claim_uid))
             else:
-                # Another claim keeps the membership: decided and recorded here, under the lock
-                # (a concurrent unprepare of that claim then sees this one gone and leaves); the
-                # writes below need no lock, so unprepares of a domain do not queue behind each
-                # other's round trips.
-                removed = self._update_checkpoint(lambda checkpoint: checkpoint.remove(claim_uid))
+                # Decided and recorded here, under the lock; the writes below need no lock, so
+                # unprepares of a domain do not queue behind each other's round trips.
+                removed = self._update_checkpoint(forget(claim_uid))
         if removed is not None:
             # The store delete travels while the checkpoint is written (if the delete fails,
             # the retry finds the tombstone and deletes; if the write fails, the retry finds
@@ -524,8 +430,6 @@ class DeviceState:
             finally:
                 await delete
         log.info("claim unprepared", claim_uid=claim_uid, namespace=entry.namespace, cd_uid=entry.domain_uid)
-
-    # ---- start-up reconcile ----------------------------------------------------------------
 
     async def reconcile(self) -> ReconcileReport:
         """Bring checkpoint, store records, CDI directory and memberships into agreement.
@@ -543,22 +447,18 @@ class DeviceState:
         self.cdi.remove_stale_temps()
         records, _ = await self.store.list(self.store.keys.preparations(node_name), pb.PreparedClaim)
         on_disk = set(self.cdi.claim_uids())
-        for item in records:
-            prep = item.value
-            if prep.claim_uid in self.checkpoint.entries:
-                continue
-            if prep.claim_uid in self.checkpoint.tombstones:
-                await self.store.delete(item.key)  # unprepared; the record outlived a crash
-                report.dropped_store_records.append(prep.claim_uid)
-                continue
-            await self._rebuild_entry(prep, prep.claim_uid in on_disk)
-            report.rebuilt_from_store.append(prep.claim_uid)
+        items = [(item.key, item.value) for item in records]
+        for step in plan_records(items, self.checkpoint.entries, self.checkpoint.tombstones, on_disk):
+            if isinstance(step, DropRecord):
+                await self.store.delete(step.key)  # unprepared; the record outlived a crash
+                report.dropped_store_records.append(step.claim_uid)
+            else:
+                await self._rebuild_entry(step)
+                report.rebuilt_from_store.append(step.record.claim_uid)
         if report.rebuilt_from_store:
             log.warning("checkpoint rebuilt from the store", node=node_name, claims=report.rebuilt_from_store)
 
-        for entry in list(self.checkpoint.entries.values()):
-            if entry.state is not ClaimState.PREPARE_STARTED:
-                continue
+        for entry in half_prepared(list(self.checkpoint.entries.values())):
             try:
                 await self.claims.resolve(ClaimRef(entry.namespace, entry.name, entry.claim_uid))
             except ClaimGone:
@@ -570,16 +470,16 @@ class DeviceState:
                     "reconcile: cannot check half-prepared claim", claim_uid=entry.claim_uid, error=str(exc)
                 )
 
-        for uid in self.cdi.claim_uids():
-            if uid not in self.checkpoint.entries:
-                self.cdi.remove(uid)
-                report.removed_cdi_specs.append(uid)
+        for uid in stale_specs(self.cdi.claim_uids(), self.checkpoint.entries):
+            self.cdi.remove(uid)
+            report.removed_cdi_specs.append(uid)
 
-        held = {e.domain_uid for e in self.checkpoint.entries.values()}
         binding = await self.store.get(self.store.keys.node_binding(node_name), pb.NodeBinding)
-        if binding is not None and binding.value.domain_uid not in held:
-            await leave_domain(self.store, binding.value.domain_uid, node_name)
-            report.left_domains.append(binding.value.domain_uid)
+        bound = None if binding is None else binding.value.domain_uid
+        leave = domain_to_leave(bound, self.checkpoint.entries.values())
+        if leave is not None:
+            await leave_domain(self.store, leave, node_name)
+            report.left_domains.append(leave)
         for action in ("rebuilt_from_store", "unprepared_gone", "removed_cdi_specs", "left_domains"):
             count = len(getattr(report, action))
             if count:
@@ -589,7 +489,16 @@ class DeviceState:
         self.reconciled.set()
         return report
 
-    # ---- records lost from the store -------------------------------------------------------
+    async def _rebuild_entry(self, step: RebuildEntry) -> None:
+        request_names: tuple[str, ...] | None = None
+        if step.wants_request_names:
+            prep = step.record
+            try:
+                claim = await self.claims.resolve(ClaimRef(prep.namespace, prep.name, prep.claim_uid))
+                request_names = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
+            except ClaimError:
+                pass  # gone or unreachable: stays PrepareStarted, handled below or by kubelet
+        await self._update_checkpoint(lambda checkpoint: step.rebuild(checkpoint, request_names))
 
     async def restore_record(self, claim_uid: str) -> str | None:
         """Write a held claim's PreparedClaim again if the store lost it (deleted, undecodable,
@@ -603,7 +512,7 @@ class DeviceState:
         the claim source (the controller dropped it with its claim) is not written again: the
         claim is unprepared here instead."""
         entry = self.checkpoint.get(claim_uid)
-        if entry is None or not entry.domain_uid or entry.migrated_from is not None:
+        if not needs_record(entry):
             return None
         gone = ""
         async with self._domain_locks.hold(entry.domain_uid):
@@ -614,35 +523,19 @@ class DeviceState:
             key = self.store.keys.preparation(node, claim_uid)
             (found,) = (await self.store.txn([], [Read(key)])).reads
             read_at = found[0].mod_revision if found else 0
+            problem: str | None
             try:
                 item = self.store.decode_kv(found[0], pb.PreparedClaim, strict=True) if found else None
             except UndecodableValue as exc:
                 problem = f"was overwritten with an undecodable value ({exc.reason})"
             else:
-                if item is None:
-                    problem = "is missing (deleted)"
-                elif (item.value.domain_uid, item.value.node_name) != (entry.domain_uid, node):
-                    problem = f"names domain {item.value.domain_uid} on node {item.value.node_name}"
-                else:
+                problem = record_problem(entry, node, None if item is None else item.value)
+                if problem is None:
                     return None
             gone = await self._claim_gone(entry.namespace, entry.name, claim_uid)
             if not gone:
-                completed = entry.state is ClaimState.PREPARE_COMPLETED
                 written = await self.store.compare_and_swap(
-                    key,
-                    pb.PreparedClaim(
-                        claim_uid=claim_uid,
-                        namespace=entry.namespace,
-                        name=entry.name,
-                        node_name=node,
-                        domain_uid=entry.domain_uid,
-                        state=pb.PreparedState.PREPARE_COMPLETED
-                        if completed
-                        else pb.PreparedState.PREPARE_STARTED,
-                        cdi_device_ids=list(entry.cdi_device_ids) if completed else [],
-                        updated_unix_ms=_now_ms(),
-                    ),
-                    read_at,
+                    key, restored_record(entry, node, _now_ms()), read_at
                 )
                 return problem if written else None
         # The controller drops a lost node's records whose claims the API server no longer has
@@ -668,32 +561,6 @@ class DeviceState:
             return ""  # unreachable or unusable: the checkpoint stays the truth
         return ""
 
-    async def _rebuild_entry(self, prep: pb.PreparedClaim, has_cdi_spec: bool) -> None:
-        completed: tuple[str, ...] | None = None  # the request names, when it is completed
-        if prep.state == pb.PreparedState.PREPARE_COMPLETED and has_cdi_spec and prep.cdi_device_ids:
-            # Finished before the checkpoint was lost, and the spec is still there: the claim's
-            # own request names make the repeat answer exact.
-            try:
-                claim = await self.claims.resolve(ClaimRef(prep.namespace, prep.name, prep.claim_uid))
-                completed = tuple(r.request for r in claim.results_for(DRIVER_NAME, prep.node_name))
-            except ClaimError:
-                pass  # gone or unreachable: stays PrepareStarted, handled below or by kubelet
-
-        def rebuild(checkpoint: Checkpoint) -> None:
-            checkpoint.mark_prepare_started(
-                prep.claim_uid,
-                namespace=prep.namespace,
-                name=prep.name,
-                domain_uid=prep.domain_uid,
-                node=prep.node_name,
-            )
-            if completed is not None:
-                checkpoint.mark_prepare_completed(
-                    prep.claim_uid, prep.cdi_device_ids, request_names=completed
-                )
-
-        await self._update_checkpoint(rebuild)
-
 
 async def _checkpoint_written(written: Awaitable[T]) -> T:
     """The result of a checkpoint update once written; a failed write is retryable for the claim."""
@@ -701,19 +568,3 @@ async def _checkpoint_written(written: Awaitable[T]) -> T:
         return await written
     except (OSError, TimeoutError) as exc:
         raise RetryableClaimError(f"cannot write the checkpoint: {exc or 'timed out'}") from exc
-
-
-def _check_domain(ref: ClaimRef, config: ChannelConfig, domain: DomainHeader | None) -> None:
-    """The claim may use the domain: it exists, is in the claim's namespace, is not going away."""
-    if domain is None:
-        raise PermanentClaimError(
-            f"ComputeDomain {config.domain_id} named by claim {ref.namespace}/{ref.name} does not exist"
-        )
-    if domain.namespace != ref.namespace:
-        # Do not tell which namespace it is in: that is the other tenant's business.
-        raise PermanentClaimError(
-            f"ComputeDomain {config.domain_id} is not in namespace {ref.namespace} of claim "
-            f"{ref.namespace}/{ref.name}; a claim may only use a ComputeDomain of its own namespace"
-        )
-    if domain.deleting:
-        raise PermanentClaimError(f"ComputeDomain {domain.namespace}/{domain.name} is being deleted")

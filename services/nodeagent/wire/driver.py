@@ -22,12 +22,12 @@ from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.textlimits import clip, too_long
-from services.nodeagent.claimsource import ClaimRef
-from services.nodeagent.errors import ClaimError, PermanentClaimError
-from services.nodeagent.keyedlocks import KeyedLocks
-from services.nodeagent.metrics import AgentMetrics
-from services.nodeagent.state import PreparedDevice
-from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
+from services.nodeagent.core.claim import ClaimRef
+from services.nodeagent.core.errors import ClaimError, PermanentClaimError
+from services.nodeagent.core.prepareplan import PreparedDevice
+from services.nodeagent.shell.keyedlocks import KeyedLocks
+from services.nodeagent.shell.metrics import AgentMetrics
+from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
 
 log = structlog.get_logger(__name__)
 

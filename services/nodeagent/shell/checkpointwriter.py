@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from libs.fsio.atomic import write_atomic
-from services.nodeagent.checkpoint import Change, Checkpoint, sign
+from services.nodeagent.core.checkpoint import Change, Checkpoint, sign
 
 # A write that takes longer (a hung disk) fails its waiters; they may retry.
 DEFAULT_WRITE_TIMEOUT_S = 10.0

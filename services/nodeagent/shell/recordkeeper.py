@@ -24,8 +24,8 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.keys import Keys
 from libs.state.watch import PrefixWatcher, Resync, watch_prefix
-from services.nodeagent.nodeview import NodeView
-from services.nodeagent.state import STORE_FAILURES, DeviceState
+from services.nodeagent.shell.nodeview import NodeView
+from services.nodeagent.shell.state import STORE_FAILURES, DeviceState
 
 log = structlog.get_logger(__name__)
 
