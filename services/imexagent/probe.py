@@ -8,7 +8,7 @@ namespace (libs/imex/hostsns.py), so every call runs there:
 
 * ``ExecCtl``: the ctl as a process, started with ``nsenter`` into the daemon's namespace
   (``--imex-backend=nvidia``);
-* ``SimulatorCtl``: the simulator's ctl (libs/imex/simulator/ctl.py) called in-process with its
+* ``SimulatorCtl``: the simulator's ctl (tools/sim/imex/ctl.py) called in-process with its
   root at ``/proc/<daemon pid>/root``, which shows the files as the daemon's namespace does. The
   same program on the same files, minus an interpreter start per probe (see docs/operations.md,
   "Running against the real nvidia-imex").
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Protocol
 
 from libs.imex import hostsns
-from libs.imex.simulator import ctl as simctl
-from libs.imex.simulator import protocol as simproto
+from tools.sim.imex import ctl as simctl
+from tools.sim.imex import protocol as simproto
 
 STATE_READY = simproto.STATE_READY
 STATE_UNAVAILABLE = simproto.STATE_UNAVAILABLE

@@ -42,8 +42,6 @@ from libs.hardware import ImexBackendName
 from libs.imex.config import MeshTlsFiles
 from libs.imex.driver import host_names_refusal
 from libs.imex.hostsns import private_hosts_argv
-from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
-from libs.imex.simulator.protocol import STATE_WAITING_FOR_RECOVERY
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import PrefixWatcher, watch_prefix
@@ -61,6 +59,8 @@ from services.imexagent.slotmap import (
     disconnected_nodes,
     recently_connected,
 )
+from tools.sim.imex.launch import fork_server, simulator_daemon_argv
+from tools.sim.imex.protocol import STATE_WAITING_FOR_RECOVERY
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from libs.imex import meshpki
-from libs.imex.simulator import client
 from services.imexagent.probe import CtlProbe, SimulatorCtl
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_mesh_tls import (
@@ -21,6 +20,7 @@ from tests.imex.test_imex_mesh_tls import (
     tls_domain,
     write_credentials,
 )
+from tools.sim.imex import client
 
 ESTABLISHED = "Connection established to node"
 

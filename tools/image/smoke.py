@@ -136,8 +136,8 @@ class Smoke:
         )
         # An IMEX agent gives each daemon a mount namespace of its own (as in docker-compose.yml).
         # An IMEX agent's fork server of simulated daemons ends with its agent; the daemons it forks
-        # must be gone once their domain is (libs/imex/simulator/forkserver.py).
-        helpers = ("libs/imex/simulator/forkserver.py",) if sys_admin else ()
+        # must be gone once their domain is (tools/sim/imex/forkserver.py).
+        helpers = ("tools/sim/imex/forkserver.py",) if sys_admin else ()
         c = (
             DockerContainer(*args, sys_admin=sys_admin, helpers=helpers)
             if self.runtime == "docker"

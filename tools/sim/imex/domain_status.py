@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.imex.simulator import protocol as proto
 from libs.imex.slots import PLACEHOLDER_ADDRESS
+from tools.sim.imex import protocol as proto
 
 DOMAIN_UP = "UP"
 DOMAIN_DEGRADED = "DEGRADED"

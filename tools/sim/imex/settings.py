@@ -6,7 +6,7 @@ import os
 
 from libs.imex import config as keys
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
-from libs.imex.simulator.recovery import PERSIST_FILE
+from tools.sim.imex.recovery import PERSIST_FILE
 
 DEFAULT_LOG_FILE = "/var/log/nvidia-imex.log"
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 
-from libs.imex.simulator import protocol as proto
-from libs.imex.simulator.links import CMD, INCOMING, OPEN, PeerMesh
+from tools.sim.imex import protocol as proto
+from tools.sim.imex.links import CMD, INCOMING, OPEN, PeerMesh
 
 
 class CredentialReload(PeerMesh):

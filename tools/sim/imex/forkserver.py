@@ -1,5 +1,5 @@
 """Fork server of the simulated IMEX daemon, run as a script:
-``python -I -S <repo>/libs/imex/simulator/forkserver.py --title-room <padding>``.
+``python -I -S <repo>/tools/sim/imex/forkserver.py --title-room <padding>``.
 
 A fresh interpreter costs the simulated daemon 30 ms of CPU before its first line of work, 65 ms
 with the TLS mesh (``ssl``), a cost the real ``nvidia-imex`` (a native binary) does not have: a
@@ -29,8 +29,8 @@ import sys
 import traceback
 
 if __name__ == "__main__":
-    # This file is <root>/libs/imex/simulator/forkserver.py; put <root> on the path (-I omits it).
-    sys.path.insert(0, __file__[: -len("libs/imex/simulator/forkserver.py")] or ".")
+    # This file is <root>/tools/sim/imex/forkserver.py; put <root> on the path (-I omits it).
+    sys.path.insert(0, __file__[: -len("tools/sim/imex/forkserver.py")] or ".")
 
 # Reaped children whose status nobody asked for yet; bounded (an answer nobody asks for is dropped).
 _MAX_KEPT_STATUSES = 4096
@@ -142,7 +142,7 @@ class _Server:
 
 def main() -> int:
     from libs.imex import hostsns
-    from libs.imex.simulator import daemon, meshtls  # noqa: F401  (meshtls: ssl, paid once here)
+    from tools.sim.imex import daemon, meshtls  # noqa: F401  (meshtls: ssl, paid once here)
 
     hostsns.load_libc()  # ctypes and libc, paid once here too
 

@@ -21,8 +21,8 @@ import socket
 
 from libs.imex import config as keys
 from libs.imex.config import parse_imex_config, parse_nodes_config
-from libs.imex.simulator import protocol as proto
-from libs.imex.simulator.domain_status import DaemonStatus, Import
+from tools.sim.imex import protocol as proto
+from tools.sim.imex.domain_status import DaemonStatus, Import
 
 __all__ = [
     "CommandEndpointError",

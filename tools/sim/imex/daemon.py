@@ -1,4 +1,4 @@
-"""Simulated nvidia-imex daemon: ``python -m libs.imex.simulator.daemon -c <config.cfg>``.
+"""Simulated nvidia-imex daemon: ``python -m tools.sim.imex.daemon -c <config.cfg>``.
 
 At least as strict as the real daemon, so that what works against it works against nvidia-imex:
 
@@ -21,12 +21,12 @@ At least as strict as the real daemon, so that what works against it works again
   ignored): re-resolve every name, close and re-dial every outgoing link at once, heal
   drop-peer faults. The nodes config is NOT re-read; imports are unaffected. With TLS it first
   reloads the credentials and tells the peers to reload theirs; a failed reload changes nothing
-  (``libs.imex.simulator.reload``).
+  (``tools.sim.imex.reload``).
 * Imports (``IMPORT``/``IMPORTS``/``UNIMPORT`` on the command service): what local jobs imported
   from which node ID's daemon instance. Invalid once a handshake shows that node running another
   instance (it restarted) or it said BYE (SIGTERM); never on a plain reconnect. With
   ``IMEX_NODE_DISCONNECTED_GRACE_TIME`` set, also once that node stayed disconnected that long
-  (``libs.imex.simulator.grace``).
+  (``tools.sim.imex.grace``).
 * SIGTERM, SIGINT, SIGQUIT: BYE to every peer, exit 0. A new instance ID at every start.
   SIGHUP is logged and otherwise ignored.
 * Persistence file and recovery (``recovery.py``): the nodes that imported this daemon's memory
@@ -55,15 +55,15 @@ import time
 
 from libs.imex.config import QUORUM_RECOVERY, parse_imex_config, parse_nodes_config
 from libs.imex.driver import host_names_refusal
-from libs.imex.simulator import protocol as proto
-from libs.imex.simulator import recovery as persist
-from libs.imex.simulator.daemonlog import DaemonLog
-from libs.imex.simulator.grace import DisconnectClock
-from libs.imex.simulator.imports import ImportTable
-from libs.imex.simulator.links import CMD, OPEN, Conn
-from libs.imex.simulator.reload import CredentialReload
-from libs.imex.simulator.resolver import HostsResolver, is_ip
-from libs.imex.simulator.settings import ConfigError, Settings
+from tools.sim.imex import protocol as proto
+from tools.sim.imex import recovery as persist
+from tools.sim.imex.daemonlog import DaemonLog
+from tools.sim.imex.grace import DisconnectClock
+from tools.sim.imex.imports import ImportTable
+from tools.sim.imex.links import CMD, OPEN, Conn
+from tools.sim.imex.reload import CredentialReload
+from tools.sim.imex.resolver import HostsResolver, is_ip
+from tools.sim.imex.settings import ConfigError, Settings
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # bad configuration, own ID not found, bind failure, injected crash

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 
-from libs.imex.simulator.settings import ConfigError, MeshTlsPaths
+from tools.sim.imex.settings import ConfigError, MeshTlsPaths
 
 
 class MeshTls:

@@ -1,6 +1,6 @@
 """Ctl tool of the simulated IMEX daemon, shaped like ``nvidia-imex-ctl``.
 
-``python -m libs.imex.simulator.ctl [-c <config.cfg> | -i <IP> <PORT>] <query, command or fault>``
+``python -m tools.sim.imex.ctl [-c <config.cfg> | -i <IP> <PORT>] <query, command or fault>``
 
 * ``-q``: print the local daemon's state (``READY``, ...) and exit 0; when the daemon cannot be
   reached print ``UNAVAILABLE``, give the reason on stderr and exit 1. Local only.
@@ -20,7 +20,7 @@
 A command the daemon declines, or a daemon that cannot be reached, exits 1 with the reason on
 stderr. A config file that cannot be read, or names no usable command service, exits 255 (as
 nvidia-imex-ctl does when it cannot read its configuration). ``--timeout`` (seconds) bounds the
-call. The same calls are available in-process in ``libs.imex.simulator.client``.
+call. The same calls are available in-process in ``tools.sim.imex.client``.
 
 `run` is the ctl in-process, as if started with its root directory at ``root``: the IMEX agent
 passes ``/proc/<daemon pid>/root``, which shows the files as the daemon's mount namespace does
@@ -42,10 +42,10 @@ from typing import TextIO
 from libs.imex import config as keys
 from libs.imex import slots
 from libs.imex.config import parse_imex_config, parse_nodes_config
-from libs.imex.simulator import client
-from libs.imex.simulator import protocol as proto
-from libs.imex.simulator.domain_status import build_nodes_report, format_imports_table, format_nodes_table
-from libs.imex.simulator.resolver import is_ip
+from tools.sim.imex import client
+from tools.sim.imex import protocol as proto
+from tools.sim.imex.domain_status import build_nodes_report, format_imports_table, format_nodes_table
+from tools.sim.imex.resolver import is_ip
 
 EXIT_OK = 0
 EXIT_FAILED = 1
