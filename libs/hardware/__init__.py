@@ -1,7 +1,7 @@
 """Hardware abstraction: GPUs, NVLink fabric and clique, IMEX channel devices, health.
 
 Import the port and its data from here; backends from ``libs.hardware.nvml`` /
-``libs.hardware.simulated`` (or through ``libs.hardware.factory.open_node_hardware``).
+``tools.sim.hardware.simulated`` (or through ``libs.hardware.factory.open_node_hardware``).
 """
 
 from libs.hardware.clique import (

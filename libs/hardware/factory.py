@@ -34,7 +34,7 @@ def open_node_hardware(
     if kind == "simulated":
         if sim_cluster is None or not node:
             raise ValueError("simulated hardware needs a cluster description file and a node name")
-        from libs.hardware.simulated import SimulatedNodeHardware
+        from tools.sim.hardware.simulated import SimulatedNodeHardware
 
         return SimulatedNodeHardware.from_cluster_file(sim_cluster, node, sim_state_base)
     raise ValueError(f"unknown hardware backend {kind!r} (one of {', '.join(HARDWARE_KINDS)})")

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Put, Store
 from tools.bench import simenv
@@ -23,6 +22,7 @@ from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 from tools.scalesim.agent import AgentOptions
 from tools.scalesim.host import ScaleHost, kube_client, spread_nodes
 from tools.scalesim.main import parse_args, shard_of
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from libs.hardware.cluster import ClusterDescription
 from tests.cdsim.cli import cdsim
 from tools.cdsim import procscan
 from tools.cdsim.kubeplane import DEFAULT_TRAYS, extender_config, kubernetes_specs, set_flag
@@ -22,6 +21,7 @@ from tools.kubelet.inotify import (
     InotifyBudget,
     InotifyBudgetExceeded,
 )
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 def _value(argv: list[str], flag: str) -> str:

@@ -44,8 +44,6 @@ from typing import Any
 
 import yaml
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
@@ -64,6 +62,8 @@ from tools.kubelet.inotify import current_budget
 from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"

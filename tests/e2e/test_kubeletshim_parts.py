@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from libs.gen import pluginregistration as reg
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.health import Health
 from services.nodeagent.registration import RegistrationServer, RegistrationService
 from services.nodeagent.unixsocket import start_unix_server, stop_unix_server
@@ -34,6 +33,7 @@ from tools.kubeletshim.nodes import (
 from tools.kubeletshim.objects import event_name, node_status, pod_event, running_pod_status
 from tools.kubeletshim.pods import ClaimRef, NotReadyYet, claim_for_driver, claim_names, is_running
 from tools.kubeletshim.release import KubeletRelease, minor_of
+from tools.sim.hardware.cluster import ClusterDescription
 
 DRIVER = "compute-domain.nvidia.com"
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

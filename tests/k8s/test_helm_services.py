@@ -47,8 +47,6 @@ from grpclib.config import Configuration
 from grpclib.exceptions import StreamTerminatedError
 
 from libs.gen.computedomain.placement import v1 as pp
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.keys import Keys
 from libs.state.store import Store
@@ -61,6 +59,8 @@ from tools.cdsim import procscan
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, die_with_parent
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 pytestmark = pytest.mark.timeout(240)
 

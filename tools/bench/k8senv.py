@@ -29,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from libs.hardware.cluster import ClusterDescription
 from tools.bench import simenv
 from tools.cdsim.kubeplane import CRD_NAME, base_objects, extender_config
 from tools.controlplane.binaries import Binaries
@@ -38,6 +37,7 @@ from tools.kubeletshim.nodes import CLIQUE_LABEL, ShimNode, nodes_document
 from tools.netports import free_port
 from tools.scalesim.agent import AgentLayout
 from tools.scalesim.host import spread_nodes
+from tools.sim.hardware.cluster import ClusterDescription
 
 # Only writes are audited: reads are most of the traffic and none of the question.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.hardware.cluster import ClusterDescription
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from tools.cdsim import procscan
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")

@@ -38,7 +38,6 @@ import structlog
 import yaml
 
 from libs.contract.names import DRIVER_NAME
-from libs.hardware.cluster import ClusterDescription
 from services.nodeagent.resourceslice import CLIQUE_LABEL
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
@@ -50,6 +49,7 @@ from tools.kubelet.addresses import NodeAddresses, node_ip
 from tools.kubelet.inotify import current_budget
 from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
 from tools.cachedtool import BuildError
 from tools.cdsim import control, credentials, procscan
@@ -31,6 +29,8 @@ from tools.cdsim.services import AGENT_HEALTH_PORT
 from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries
 from tools.kubelet.addresses import NodeAddressError, node_ip, remove_leftovers
 from tools.kubelet.inotify import InotifyBudgetExceeded
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 UP_TIMEOUT_S = 150.0
 # `up --kubernetes` also starts a control plane (tools.cdsim.kubeplane.STARTUP_TIMEOUT_S, plus slack).

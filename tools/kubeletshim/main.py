@@ -18,7 +18,6 @@ import structlog
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from libs.hardware.cluster import ClusterDescription
 from libs.kube.resourceapi import ResourceApiUnavailable
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
@@ -27,6 +26,7 @@ from tools.kubeletshim.node import API_ERRORS, NodeKubelet
 from tools.kubeletshim.nodes import NodesFileError, ShimNode, load_nodes_file, nodes_of_cluster
 from tools.kubeletshim.release import KubeletRelease, discover_release
 from tools.kubeletshim.settings import ShimSettings
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

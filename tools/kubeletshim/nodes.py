@@ -7,7 +7,7 @@ Nodes file (JSON)::
                 "capacity": {"cpu": "72", "memory": "480Gi", "pods": "110"}}]}
 
 ``address`` and ``labels`` and ``capacity`` are optional. From a simulated cluster
-(``libs.hardware.cluster``) every node gets its loopback address, its clique label, and the
+(``tools.sim.hardware.cluster``) every node gets its loopback address, its clique label, and the
 kubelet directory ``<nodes dir>/<node>/kubelet`` (the layout ``cdsim`` uses).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.hardware.cluster import ClusterDescription
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

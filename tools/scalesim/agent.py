@@ -44,8 +44,6 @@ from pathlib import Path
 import structlog
 from kubernetes_asyncio.client import ApiClient
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
 from libs.runtime.health import Health
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store
@@ -62,6 +60,8 @@ from services.nodeagent.registration import registration_socket_path
 from services.nodeagent.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.state import DeviceState
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import SimulatedNodeHardware, SimulatedNodePaths, prepare_node_dirs
 
 log = structlog.get_logger(__name__)
 

@@ -23,7 +23,6 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import load_kube_config
 
-from libs.hardware.cluster import ClusterDescription
 from libs.kube.client import without_env_lookups
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
@@ -32,6 +31,7 @@ from tools.cdsim import procscan
 from tools.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
 from tools.scalesim.pollfeed import PrefixPoller
 from tools.scalesim.watchhub import WatchHub
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

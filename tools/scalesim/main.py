@@ -23,12 +23,12 @@ from pathlib import Path
 import structlog
 
 from libs.fsio.atomic import write_atomic
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.logging import configure_logging
 from libs.state.config import EtcdConfig
 from services.imexagent.settings import ImexSettings
 from tools.scalesim.agent import AgentOptions
 from tools.scalesim.host import ScaleHost, spread_nodes
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

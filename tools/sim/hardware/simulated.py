@@ -7,7 +7,7 @@ A node's simulated host lives in its *state directory*::
         dev/nvidia-caps-imex-channels/        dev root = the state directory itself; channel<N> is a
                                               regular file, or with the cluster's
                                               imex_channel_device_nodes a real char device
-        hardware-faults.json                  injected faults (see libs.hardware.faults)
+        hardware-faults.json                  injected faults (see tools.sim.hardware.faults)
 
 The backend derives the GPUs from the cluster description and overlays the fault file on every
 query, so a fault injected by another process (``cdsim``) is seen on the next query or poll.
@@ -21,9 +21,7 @@ from pathlib import Path
 
 from libs.fsio.atomic import write_atomic
 from libs.hardware.clique import CliqueResult
-from libs.hardware.cluster import ClusterDescription, SimulatedNode
 from libs.hardware.errors import HardwareError
-from libs.hardware.faults import FaultFile, NodeFaults, apply_faults
 from libs.hardware.health import poll_health_events
 from libs.hardware.imex_channels import (
     DEFAULT_PROC_DEVICES,
@@ -36,6 +34,8 @@ from libs.hardware.imex_channels import (
 from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendName
 from libs.hardware.model import FabricState, GpuHealth, GpuInfo
 from libs.hardware.offloop import OffLoopCalls
+from tools.sim.hardware.cluster import ClusterDescription, SimulatedNode
+from tools.sim.hardware.faults import FaultFile, NodeFaults, apply_faults
 
 FAULTS_FILE_NAME = "hardware-faults.json"
 DEFAULT_SIM_POLL_INTERVAL = 0.25
