@@ -15,13 +15,13 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.main import build_parser
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, all_specs
-from tools.kubelet.inotify import (
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubelet.inotify import (
     INSTANCES_PER_CONTROL_PLANE,
     INSTANCES_PER_KUBELET,
     InotifyBudget,
     InotifyBudgetExceeded,
 )
-from tools.sim.hardware.cluster import ClusterDescription
 
 
 def _value(argv: list[str], flag: str) -> str:

@@ -271,7 +271,7 @@ def start_host(
     timeout_s: float = 600.0,
     processes: int = 1,
 ) -> HostGroup:
-    """`processes` `tools.scalesim` processes (each hosting a contiguous part of the nodes, so
+    """`processes` `tools.sim.scalesim` processes (each hosting a contiguous part of the nodes, so
     that they use as many cores), returned once every agent serves (all ready files written)."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
@@ -281,7 +281,7 @@ def start_host(
             suffix = "" if processes == 1 else f"-{shard}"
             ready, log = workdir / f"host-ready{suffix}.json", workdir / f"host{suffix}.log"
             argv = [
-                sys.executable, "-m", "tools.scalesim",
+                sys.executable, "-m", "tools.sim.scalesim",
                 f"--racks={racks}", f"--nodes={nodes}", f"--shard={shard}/{processes}",
                 f"--address-block={address_block}",
                 f"--seed=bench-{workdir.name}", f"--state-dir={workdir / 'n'}",

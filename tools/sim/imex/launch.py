@@ -115,7 +115,7 @@ class ForkServer:
             proc.stdin.write(line)
             proc.stdin.flush()
             # poll, not select: select refuses descriptors >= 1024, and a process hosting
-            # hundreds of nodes (tools/scalesim) holds more than that.
+            # hundreds of nodes (tools/sim/scalesim) holds more than that.
             poller = select.poll()
             poller.register(proc.stdout, select.POLLIN)
             ready = poller.poll(_ANSWER_TIMEOUT_S * 1000)

@@ -1,6 +1,6 @@
-"""``python -m tools.scalesim``: host many simulated nodes (both programs each) in this process.
+"""``python -m tools.sim.scalesim``: host many simulated nodes (both programs each) in this process.
 
-    python -m tools.scalesim --racks 15 --nodes 256 --state-dir DIR --etcd-endpoint HOST:PORT \\
+    python -m tools.sim.scalesim --racks 15 --nodes 256 --state-dir DIR --etcd-endpoint HOST:PORT \\
         [--etcd-prefix /cd/v1/] [--inventory-only] [--ready-file FILE] [--kubeconfig FILE]
 
 Starts both programs of each node (the first ``--nodes`` nodes spread over the racks, or every node),
@@ -26,9 +26,9 @@ from libs.fsio.atomic import write_atomic
 from libs.runtime.logging import configure_logging
 from libs.state.config import EtcdConfig
 from services.imexagent.settings import ImexSettings
-from tools.scalesim.agent import AgentOptions
-from tools.scalesim.host import ScaleHost, spread_nodes
 from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.scalesim.agent import AgentOptions
+from tools.sim.scalesim.host import ScaleHost, spread_nodes
 
 log = structlog.get_logger(__name__)
 

@@ -23,8 +23,8 @@ import structlog
 from libs.gen import pluginregistration as reg
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
-from tools.kubeletshim.pods import ClaimRef
-from tools.kubeletshim.release import DRA_V1, DRA_V1BETA1
+from tools.sim.kubeletshim.pods import ClaimRef
+from tools.sim.kubeletshim.release import DRA_V1, DRA_V1BETA1
 
 log = structlog.get_logger(__name__)
 

@@ -6,5 +6,5 @@ resource claims of pods bound to the node through the plugin's DRA socket (retry
 reporting them as pod Events, as kubelet does), marks the pods Running, and on deletion
 unprepares their claims and removes them. There are no containers.
 
-    python -m tools.kubeletshim --kubeconfig KUBECONFIG --nodes-file nodes.json
+    python -m tools.sim.kubeletshim --kubeconfig KUBECONFIG --nodes-file nodes.json
 """

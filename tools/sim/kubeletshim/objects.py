@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from tools.kubeletshim.nodes import ShimNode
+from tools.sim.kubeletshim.nodes import ShimNode
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 COMPONENT = "kubelet"
 # Kubelet's reason for a failed NodePrepareResources (pkg/kubelet/events: FailedPrepareDynamicResources).
 FAILED_PREPARE_REASON = "FailedPrepareDynamicResources"
-# When the control plane's release is not known (see tools.kubeletshim.release).
+# When the control plane's release is not known (see tools.sim.kubeletshim.release).
 KUBELET_VERSION = "v1.37.2-kubeletshim"
 
 

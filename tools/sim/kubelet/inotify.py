@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_USER_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
-# Measured with tools/kubelet/node.py's configuration (count of anon_inode:inotify fds per
+# Measured with tools/sim/kubelet/node.py's configuration (count of anon_inode:inotify fds per
 # process): kubelet 4 (cAdvisor's cgroup watcher, the plugin watcher, the FlexVolume prober, one
 # without a watch; the serving-certificate watch is switched off), crisim 0.
 INSTANCES_PER_KUBELET = 4

@@ -1,4 +1,4 @@
-"""Entry point: ``python -m tools.kubeletshim`` plays the kubelet of every listed node in one process.
+"""Entry point: ``python -m tools.sim.kubeletshim`` plays the kubelet of every listed node in one process.
 
 Each node runs in its own task; one that fails is logged and restarted with capped backoff, so a
 bad node does not take the others down. SIGTERM/SIGINT stop everything (Nodes stay registered,
@@ -22,11 +22,11 @@ from libs.kube.resourceapi import ResourceApiUnavailable
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
-from tools.kubeletshim.node import API_ERRORS, NodeKubelet
-from tools.kubeletshim.nodes import NodesFileError, ShimNode, load_nodes_file, nodes_of_cluster
-from tools.kubeletshim.release import KubeletRelease, discover_release
-from tools.kubeletshim.settings import ShimSettings
 from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubeletshim.node import API_ERRORS, NodeKubelet
+from tools.sim.kubeletshim.nodes import NodesFileError, ShimNode, load_nodes_file, nodes_of_cluster
+from tools.sim.kubeletshim.release import KubeletRelease, discover_release
+from tools.sim.kubeletshim.settings import ShimSettings
 
 log = structlog.get_logger(__name__)
 
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ShimSettings,
         argv,
         env_prefix="KUBELET_SHIM_",
-        prog="python -m tools.kubeletshim",
+        prog="python -m tools.sim.kubeletshim",
         description="Plays kubelet for simulated nodes: Node, Lease, DRA plugin calls, pod status.",
     )
     configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Kubelet runs in a private mount namespace (util-linux `unshare --mount --propaga
 which its hard-coded host paths are the node's own: /var/lib/kubelet (device-plugins) is its root
 dir, /var/log (containers, pods) a folder of the node, and each /proc/sys value it sets at start a
 private copy. Nothing it writes reaches the host; the namespace ends with the process. Its node IP
-comes from tools.kubelet.addresses, its ports are kubelet's usual ones on that IP.
+comes from tools.sim.kubelet.addresses, its ports are kubelet's usual ones on that IP.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import structlog
 import yaml
 
 from tools.controlplane.cluster import die_with_parent
-from tools.kubelet.inotify import INSTANCES_PER_KUBELET
+from tools.sim.kubelet.inotify import INSTANCES_PER_KUBELET
 
 log = structlog.get_logger(__name__)
 
@@ -60,7 +60,7 @@ done
 exec "$@"
 """
 NAMESPACE_SETUP_ENV = {"CD_KERNEL_TUNABLES": " ".join(KERNEL_TUNABLES)}
-# Kubelet fails at start when the user has no inotify instance left (tools.kubelet.inotify).
+# Kubelet fails at start when the user has no inotify instance left (tools.sim.kubelet.inotify).
 INOTIFY_EXHAUSTED = "inotify_init: too many open files"
 _STOP_GRACE_S = 10.0
 _PROBE_TIMEOUT_S = 1.0
@@ -103,7 +103,7 @@ def kubelet_configuration(ip: str, runtime_socket: Path, state_dir: Path, minor:
         "clusterDomain": "cluster.local",
     }
     # The serving certificate is generated once and never changes: no file watch for it, which
-    # saves an inotify instance per kubelet (tools.kubelet.inotify).
+    # saves an inotify instance per kubelet (tools.sim.kubelet.inotify).
     gates: dict[str, bool] = {"ReloadKubeletServerCertificateFile": False}
     if minor < 34:
         gates["DynamicResourceAllocation"] = True

@@ -11,7 +11,7 @@ from libs.runtime.settings import positive, setting
 @dataclass(frozen=True)
 class ShimSettings:
     kubeconfig: str = setting("", "kubeconfig file (empty = in-cluster config)")
-    nodes_file: str = setting("", "JSON file listing the nodes to play (see tools.kubeletshim.nodes)")
+    nodes_file: str = setting("", "JSON file listing the nodes to play (see tools.sim.kubeletshim.nodes)")
     sim_cluster: str = setting(
         "", "instead of --nodes-file: play every node of this simulated cluster description"
     )

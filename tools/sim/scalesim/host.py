@@ -28,10 +28,10 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.nodeagent.unixsocket import MAX_SOCKET_PATH
 from tools.cdsim import procscan
-from tools.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
-from tools.scalesim.pollfeed import PrefixPoller
-from tools.scalesim.watchhub import WatchHub
 from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
+from tools.sim.scalesim.pollfeed import PrefixPoller
+from tools.sim.scalesim.watchhub import WatchHub
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +188,7 @@ class ScaleHost:
         self.agents: dict[str, SimAgent] = {}
         self.start_s = 0.0
         # The shared directory feeds (a domain's members) are read every `directory_poll_s` on a
-        # client of their own (tools/scalesim/watchhub.py says why).
+        # client of their own (tools/sim/scalesim/watchhub.py says why).
         self.feed_store = Store(etcd) if share_watches else None
         self.hub = (
             WatchHub(directory_watch=PrefixPoller(directory_poll_s), directory_store=self.feed_store)

@@ -26,10 +26,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.kube.resourceapi import typed_api
 from libs.runtime.backoff import Backoff
-from tools.kubeletshim import plugin
-from tools.kubeletshim.apijson import TRANSPORT_ERRORS, read_json, watch_events
-from tools.kubeletshim.nodes import ShimNode
-from tools.kubeletshim.objects import (
+from tools.sim.kubeletshim import plugin
+from tools.sim.kubeletshim.apijson import TRANSPORT_ERRORS, read_json, watch_events
+from tools.sim.kubeletshim.nodes import ShimNode
+from tools.sim.kubeletshim.objects import (
     FAILED_PREPARE_REASON,
     NODE_LEASE_NAMESPACE,
     node_lease,
@@ -40,7 +40,7 @@ from tools.kubeletshim.objects import (
     running_pod_status,
     timestamp,
 )
-from tools.kubeletshim.pods import (
+from tools.sim.kubeletshim.pods import (
     ClaimRef,
     NotReadyYet,
     PodKey,
@@ -52,8 +52,8 @@ from tools.kubeletshim.pods import (
     is_terminating,
     pod_key,
 )
-from tools.kubeletshim.release import KubeletRelease
-from tools.kubeletshim.settings import ShimSettings
+from tools.sim.kubeletshim.release import KubeletRelease
+from tools.sim.kubeletshim.settings import ShimSettings
 
 log = structlog.get_logger(__name__)
 

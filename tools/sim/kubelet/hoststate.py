@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.kubelet.addresses import addresses_in_range
-from tools.kubelet.node import KERNEL_TUNABLES
+from tools.sim.kubelet.addresses import addresses_in_range
+from tools.sim.kubelet.node import KERNEL_TUNABLES
 
 # Kubelet's hard-coded host paths; in its namespace they are the node's own folders.
 KUBELET_HOST_PATHS = (
