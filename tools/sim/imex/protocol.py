@@ -33,21 +33,22 @@ STATUS also carries ``cred_error=<why>`` while the last TLS credential reload fa
 
 from __future__ import annotations
 
-# Daemon states, as printed by `nvidia-imex-ctl -q` (names from NVIDIA's documented set).
-STATE_INITIALIZING = "INITIALIZING"
-STATE_WAITING_FOR_PEERS = "WAITING_FOR_PEERS"
-# After an unclean stop, until the nodes that imported its memory reconnected (recovery.py).
-STATE_WAITING_FOR_RECOVERY = "WAITING_FOR_RECOVERY"
-STATE_READY = "READY"
-STATE_SHUTTING_DOWN = "SHUTTING_DOWN"
-STATE_UNAVAILABLE = "UNAVAILABLE"  # printed by ctl when the daemon cannot be reached
+from libs.imex import daemonstate
 
-# Connection statuses, named after the legend of `nvidia-imex-ctl -N`.
-CONN_CONNECTED = "CONNECTED"  # C
-CONN_INVALID = "INVALID"  # I: no status available (node not reachable)
-CONN_NEVER_CONNECTED = "NEVER_CONNECTED"  # N
-CONN_DISCONNECTED = "DISCONNECTED"  # D
-CONN_NODE_MAP_MISMATCH = "NODE_MAP_MISMATCH"  # !M!: peer belongs to another domain
+# The daemon states and link statuses are the port's, the words nvidia-imex-ctl prints: the
+# simulator reports the same ones (WAITING_FOR_RECOVERY: see recovery.py).
+STATE_INITIALIZING = daemonstate.STATE_INITIALIZING
+STATE_READY = daemonstate.STATE_READY
+STATE_SHUTTING_DOWN = daemonstate.STATE_SHUTTING_DOWN
+STATE_UNAVAILABLE = daemonstate.STATE_UNAVAILABLE
+STATE_WAITING_FOR_PEERS = daemonstate.STATE_WAITING_FOR_PEERS
+STATE_WAITING_FOR_RECOVERY = daemonstate.STATE_WAITING_FOR_RECOVERY
+CONN_CONNECTED = daemonstate.CONN_CONNECTED
+CONN_DISCONNECTED = daemonstate.CONN_DISCONNECTED
+CONN_INVALID = daemonstate.CONN_INVALID
+CONN_NEVER_CONNECTED = daemonstate.CONN_NEVER_CONNECTED
+CONN_NODE_MAP_MISMATCH = daemonstate.CONN_NODE_MAP_MISMATCH
+
 CONN_LEGEND = {
     CONN_CONNECTED: "C",
     CONN_INVALID: "I",
