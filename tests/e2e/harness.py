@@ -9,8 +9,9 @@
 3. the nodes' kubelets: per node the upstream kubelet on crisim, the simulated container runtime
    (tools.sim.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
    kubelets="containerd", the upstream kubelet on containerd and runc, running real containers
-   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim (tools.sim.kubeletshim, one process for every node: Node objects,
-   leases), kept for the differential test and the 256-node benchmark, where kubelets do not fit;
+   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim
+   (tools.sim.kubeletshim, one process for every node: Node objects, leases), kept for the
+   differential test and the 256-node benchmark, where kubelets do not fit;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
    of them start in seconds on two cores;

@@ -1,9 +1,10 @@
 """nvidia-imex resolves the slot names through the domain's hosts file, in a mount namespace of its own.
 
 The real daemon uses the system resolver, so it is started with the domain's `hosts` bind-mounted
-over /etc/hosts (`ExecLauncher`, the IMEX daemon port's nvidia-imex side). A stand-in for nvidia-imex, started exactly that way,
-resolves a slot name with getent (libc, as nvidia-imex would) over and over: it must see the
-slot's address, see a rewrite made in place, and leave this machine's /etc/hosts alone.
+over /etc/hosts (`ExecLauncher`, the IMEX daemon port's nvidia-imex side). A stand-in for
+nvidia-imex, started exactly that way, resolves a slot name with getent (libc, as nvidia-imex
+would) over and over: it must see the slot's address, see a rewrite made in place, and leave this
+machine's /etc/hosts alone.
 """
 
 from __future__ import annotations
