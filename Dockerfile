@@ -48,7 +48,7 @@ COPY build/image/etcd /usr/local/bin/etcd
 ARG SIM_RACKS=1
 ARG SIM_TRAYS=4
 ENV CD_SIM_DIR=/var/lib/cdsim
-RUN python -c 'import os, pathlib; from libs.hardware.cluster import ClusterDescription; from libs.hardware.simulated import prepare_node_dirs; base = pathlib.Path(os.environ["CD_SIM_DIR"]); cluster = ClusterDescription(racks=int(os.environ["SIM_RACKS"]), trays_per_rack=int(os.environ["SIM_TRAYS"])); base.mkdir(parents=True, exist_ok=True); cluster.save(base / "cluster.json"); [prepare_node_dirs(cluster, name, base / "nodes") for name in cluster.node_names()]'
+RUN python -c 'import os, pathlib; from tools.sim.hardware.cluster import ClusterDescription; from tools.sim.hardware.simulated import prepare_node_dirs; base = pathlib.Path(os.environ["CD_SIM_DIR"]); cluster = ClusterDescription(racks=int(os.environ["SIM_RACKS"]), trays_per_rack=int(os.environ["SIM_TRAYS"])); base.mkdir(parents=True, exist_ok=True); cluster.save(base / "cluster.json"); [prepare_node_dirs(cluster, name, base / "nodes") for name in cluster.node_names()]'
 
 # No entry point: each compose service names its program (see docker-compose.yml).
 CMD ["cdctl", "--help"]

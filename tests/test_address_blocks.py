@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from libs.hardware.cluster import ClusterDescription
 from tests import address_blocks
 from tests.e2e import harness
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 def test_the_e2e_environment_takes_no_fixed_block() -> None:

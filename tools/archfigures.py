@@ -7,8 +7,8 @@ the largest class in services, libs and tools (without libs/gen) by lines; the p
 helpers defined in tests (functions named `eventually`, `wait_for` or `wait_until`) and the
 inline deadline loops outside them (a loop whose condition, or an `if` or `assert` directly
 in its body, reads a deadline or a clock);
-every import of one service by another (services/<a> importing services.<b>), and every import of
-a service from libs/.
+every import of one service by another (services/<a> importing services.<b>), every import of
+a service from libs/, and every import of the rig (tools) from the product (libs/, services/).
 """
 
 from __future__ import annotations
@@ -94,6 +94,21 @@ def library_service_imports(root: Path) -> list[CrossImport]:
     return sorted(found, key=lambda c: (c.path, c.line, c.imported))
 
 
+def rig_imports(root: Path) -> list[CrossImport]:
+    """Every static import of tools.* from libs/ or services/: the product reaches the rig only
+    through its ports, which load a stand-in by name (libs/runtime/standins.py)."""
+    found: dict[tuple[str, int], CrossImport] = {}
+    for top in ("libs", "services"):
+        for path in python_files(root, top, skip=("libs/gen",)):
+            rel = path.relative_to(root).as_posix()
+            for line, target in imported_modules(parse(path), module_name(root, path)):
+                seen = found.get((rel, line))
+                # `from tools.sim import imex` yields tools.sim and tools.sim.imex: name the first.
+                if target.split(".")[0] == "tools" and (seen is None or len(target) < len(seen.imported)):
+                    found[rel, line] = CrossImport(rel, line, top, target)
+    return sorted(found.values(), key=lambda c: (c.path, c.line))
+
+
 def largest_classes(root: Path, count: int = 5) -> list[tuple[int, str]]:
     sizes: list[tuple[int, str]] = []
     for top in ("services", "libs", "tools"):
@@ -162,6 +177,10 @@ def main(argv: list[str]) -> int:
     print(f"imports of a service from libs/: {len(upward)}")
     for crossing in upward:
         print(f"  {crossing.path}:{crossing.line} libs -> services.{crossing.imported}")
+    rig = rig_imports(root)
+    print(f"imports of the rig (tools) from libs/ or services/: {len(rig)}")
+    for crossing in rig:
+        print(f"  {crossing.path}:{crossing.line} {crossing.importer} -> {crossing.imported}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Hardware abstraction: GPUs, NVLink fabric and clique, IMEX channel devices, health.
 
-Import the port and its data from here; backends from ``libs.hardware.nvml`` /
-``libs.hardware.simulated`` (or through ``libs.hardware.factory.open_node_hardware``).
+Import the port and its data from here; a backend through ``libs.hardware.factory``: real NVML
+(``libs.hardware.nvml``) or the simulated hardware of the rig (``tools/sim/hardware``), which the
+factory loads by name.
 """
 
 from libs.hardware.clique import (

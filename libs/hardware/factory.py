@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Protocol, get_args
+from typing import Literal, Protocol, cast, get_args
 
 from libs.hardware.imex_channels import DEFAULT_PROC_DEVICES
 from libs.hardware.interface import NodeHardware
+from libs.runtime.standins import load_standin
 
 HardwareKind = Literal["nvml", "simulated"]
 HARDWARE_KINDS: tuple[str, ...] = get_args(HardwareKind)
+
+# The simulated backend is part of the rig (tools/sim), which the product does not import: it is
+# named here and loaded only when a program is told --hardware simulated.
+SIMULATED_HARDWARE = "tools.sim.hardware.simulated:SimulatedNodeHardware.from_cluster_file"
+OpenSimulated = Callable[[Path, str, Path | None], NodeHardware]
 
 
 def open_node_hardware(
@@ -34,9 +41,8 @@ def open_node_hardware(
     if kind == "simulated":
         if sim_cluster is None or not node:
             raise ValueError("simulated hardware needs a cluster description file and a node name")
-        from libs.hardware.simulated import SimulatedNodeHardware
-
-        return SimulatedNodeHardware.from_cluster_file(sim_cluster, node, sim_state_base)
+        open_simulated = cast(OpenSimulated, load_standin(SIMULATED_HARDWARE))
+        return open_simulated(sim_cluster, node, sim_state_base)
     raise ValueError(f"unknown hardware backend {kind!r} (one of {', '.join(HARDWARE_KINDS)})")
 
 

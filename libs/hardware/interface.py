@@ -1,8 +1,9 @@
 """The hardware port: what a node agent may ask of its node's GPUs and driver.
 
 Two backends implement :class:`NodeHardware`: ``libs.hardware.nvml`` (real NVML) and
-``libs.hardware.simulated`` (one node of a simulated NVL72 cluster). Queries are synchronous and
-cheap (NVML calls and small local files); only the health event stream is async.
+``tools.sim.hardware.simulated`` (one node of a simulated NVL72 cluster, loaded by name through
+``libs.hardware.factory``). Queries are synchronous and cheap (NVML calls and small local files);
+only the health event stream is async.
 """
 
 from __future__ import annotations

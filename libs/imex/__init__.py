@@ -1,1 +1,4 @@
-"""IMEX daemon configuration and the simulated IMEX daemon."""
+"""IMEX daemon configuration, driver support and the IMEX daemon port (libs/imex/daemonport.py).
+
+The simulated daemon that implements the port lives with the rest of the rig in tools/sim/imex.
+"""

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# The simulated IMEX daemon's entry script (libs/imex/simulator/run_daemon.py).
+# The simulated IMEX daemon's entry script (tools/sim/imex/run_daemon.py).
 IMEX_DAEMON_MARKER = "run_daemon.py"
 
 

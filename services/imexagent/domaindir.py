@@ -25,7 +25,6 @@ from pathlib import Path
 from libs.fsio.atomic import write_atomic
 from libs.imex import config as imexcfg
 from libs.imex import slots
-from libs.imex.hostsns import private_hosts_argv
 from services.imexagent.meshcreds import mesh_files
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Identity
@@ -179,14 +178,3 @@ def _without_driver_directive(config: str) -> str:
     render it (or before a driver change, which restarts the node) is still this domain's."""
     marker = f"# {imexcfg.SIM_DRIVER_VERSION}="
     return "".join(line for line in config.splitlines(keepends=True) if not line.startswith(marker))
-
-
-def nvidia_daemon_argv(imex_binary: str, config: Path, hosts: Path) -> list[str]:
-    """argv that runs nvidia-imex resolving slot names through `hosts`.
-
-    nvidia-imex resolves nodes config names with the system resolver (libc reads /etc/hosts at
-    every lookup). The daemon gets a mount namespace of its own in which the domain's hosts file
-    is bind-mounted over /etc/hosts; the node's and the container's /etc/hosts are untouched.
-    Needs CAP_SYS_ADMIN (the IMEX agent's container is privileged) and util-linux `unshare`.
-    """
-    return private_hosts_argv([imex_binary, "-c", str(config)], str(hosts))

@@ -4,14 +4,9 @@ nvidia-imex's command protocol is not public, so the probe is what an operator w
 ``nvidia-imex-ctl -q -c <config>`` for the state (local only: READY once the daemon is up), and
 once READY ``nvidia-imex-ctl -N -j -c <config>`` for this daemon's connection to every node of
 its map. ``-N`` resolves the node names itself, and they resolve only in the daemon's mount
-namespace (libs/imex/hostsns.py), so every call runs there:
-
-* ``ExecCtl``: the ctl as a process, started with ``nsenter`` into the daemon's namespace
-  (``--imex-backend=nvidia``);
-* ``SimulatorCtl``: the simulator's ctl (libs/imex/simulator/ctl.py) called in-process with its
-  root at ``/proc/<daemon pid>/root``, which shows the files as the daemon's namespace does. The
-  same program on the same files, minus an interpreter start per probe (see docs/operations.md,
-  "Running against the real nvidia-imex").
+namespace (libs/imex/hostsns.py), so every call runs there. The ctl is the IMEX daemon port's
+`CtlRunner` (libs/imex/daemonport.py): nvidia-imex-ctl started with ``nsenter``
+(``--imex-backend=nvidia``), or the simulator's ctl called in-process.
 
 Both print the same text, which the same parsers read. The parsers take what they can and never
 raise: a probe that cannot tell says UNAVAILABLE or reports no connections.
@@ -19,23 +14,16 @@ raise: a probe that cannot tell says UNAVAILABLE or reports no connections.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from libs.imex import hostsns
-from libs.imex.simulator import ctl as simctl
-from libs.imex.simulator import protocol as simproto
-
-STATE_READY = simproto.STATE_READY
-STATE_UNAVAILABLE = simproto.STATE_UNAVAILABLE
-STATE_WAITING_FOR_RECOVERY = simproto.STATE_WAITING_FOR_RECOVERY
-CONNECTED = simproto.CONN_CONNECTED
+from libs.imex.daemonport import CtlOutput, CtlRunner
+from libs.imex.daemonstate import CONN_CONNECTED as CONNECTED
+from libs.imex.daemonstate import STATE_READY, STATE_UNAVAILABLE, STATE_WAITING_FOR_RECOVERY
 
 # The letters of nvidia-imex-ctl -N's connectivity table, by their names.
 CTL_LEGEND = {
@@ -74,59 +62,6 @@ class ProbeResult:
 
 class ReadinessProbe(Protocol):
     async def probe(self, config_path: Path, pid: int, timeout_s: float) -> ProbeResult: ...
-
-
-# (stdout, stderr) of a ctl call, or the text of why it gave nothing.
-CtlOutput = tuple[str, str] | str
-
-
-class CtlRunner(Protocol):
-    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput: ...
-
-
-class ExecCtl:
-    """The ctl program, run in the mount namespace of the daemon `pid` with nsenter."""
-
-    def __init__(self, command: Sequence[str]) -> None:
-        self.command = list(command)
-
-    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput:
-        argv = hostsns.in_namespace_argv(pid, [*self.command, *args])
-        name = " ".join(self.command)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-            )
-        except OSError as exc:
-            return f"cannot run {argv[0]}: {exc.strerror or exc}"
-        try:
-            async with asyncio.timeout(timeout_s):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            return f"{name} {' '.join(args[:2])} gave no answer within {timeout_s:g} s"
-        finally:
-            if proc.returncode is None:  # timed out, or the probe was cancelled: no orphan
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        text, why = out.decode(errors="replace"), err.decode(errors="replace")
-        if not text.strip() and proc.returncode != 0 and why.strip().startswith("nsenter"):
-            return f"ctl in the daemon's mount namespace: {why.strip()[-300:]}"
-        return text, why
-
-
-class SimulatorCtl:
-    """The simulator's ctl, in-process, seeing the files through the daemon's root directory."""
-
-    async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput:
-        try:
-            async with asyncio.timeout(timeout_s):
-                done = await simctl.run(
-                    [*args, "--timeout", f"{timeout_s:g}"], root=hostsns.namespace_root(pid)
-                )
-        except TimeoutError:
-            return f"the simulator's ctl {' '.join(args[:2])} gave no answer within {timeout_s:g} s"
-        return done.stdout, done.stderr
 
 
 def parse_ctl_query(text: str) -> str:

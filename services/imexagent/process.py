@@ -14,14 +14,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
 from libs.fsio.atomic import write_atomic
+from libs.imex.daemonport import StartedProcess
 
 log = structlog.get_logger(__name__)
 
@@ -95,16 +94,6 @@ def tail_lines(path: Path, count: int) -> list[str]:
     return lines[-count:] if count > 0 else []
 
 
-class StartedProcess(Protocol):
-    """A process this agent started (`subprocess.Popen`, or a daemon of the simulator's fork
-    server): `wait` reaps it once it exited and sets `returncode` (None if it cannot be known)."""
-
-    pid: int
-    returncode: int | None
-
-    def wait(self) -> int | None: ...
-
-
 class DaemonProcess:
     """A daemon process watched through a pidfd: started here, or adopted from a previous agent."""
 
@@ -171,25 +160,6 @@ class DaemonProcess:
     def close(self) -> None:
         """Stop watching (the process keeps running)."""
         self._unwatch()
-
-
-def spawn_daemon(argv: Sequence[str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """Start a daemon in its own session with output appended to its log (blocking: fork/exec).
-
-    OSError if the log cannot be opened or the program not started."""
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            cwd=cwd,
-            start_new_session=True,  # outlives an agent restart; adopted by the next one
-            close_fds=True,
-        )
-    finally:
-        os.close(log_fd)
 
 
 def write_pidfile(domain_dir: Path, pid: int) -> None:

@@ -38,12 +38,10 @@ import structlog
 
 from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware import ImexBackendName
 from libs.imex.config import MeshTlsFiles
+from libs.imex.daemonport import DaemonLauncher, StartedProcess
+from libs.imex.daemonstate import STATE_WAITING_FOR_RECOVERY
 from libs.imex.driver import host_names_refusal
-from libs.imex.hostsns import private_hosts_argv
-from libs.imex.simulator.launch import fork_server, simulator_daemon_argv
-from libs.imex.simulator.protocol import STATE_WAITING_FOR_RECOVERY
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import PrefixWatcher, watch_prefix
@@ -68,7 +66,7 @@ T = TypeVar("T")
 _STATUS_RETRY_S = 1.0  # a status write that failed (store unreachable) is tried again after this
 
 
-Launcher = Callable[[list[str], Path, Path], proc.StartedProcess]
+Launcher = Callable[[list[str], Path, Path], StartedProcess]
 
 
 def _start_in_dir(
@@ -78,7 +76,7 @@ def _start_in_dir(
     mesh: MeshTlsFiles | None,
     argv: list[str],
     launch: Launcher,
-) -> tuple[str, proc.StartedProcess, OSError | None]:
+) -> tuple[str, StartedProcess, OSError | None]:
     """Write the config and hosts files, start the daemon, record its pidfile (blocking; one
     trip to a worker thread for all three: under load each trip waits for the GIL).
 
@@ -132,7 +130,7 @@ class DomainDaemon:
         self,
         store: Store,
         settings: ImexSettings,
-        backend: ImexBackendName,
+        launcher: DaemonLauncher,
         probe: ReadinessProbe,
         domain_dir: DomainDir,
         desired: DesiredDaemon,
@@ -143,7 +141,7 @@ class DomainDaemon:
         self.store = store
         self.keys = store.keys
         self.settings = settings
-        self.backend = backend
+        self.launcher = launcher
         self.probe = probe
         self.dir = domain_dir
         self.desired = desired
@@ -340,24 +338,13 @@ class DomainDaemon:
         async with asyncio.timeout(self.settings.io_timeout_s):
             return await asyncio.to_thread(fn, *args)
 
-    def _forked(self) -> bool:
-        return self.backend == "simulated" and not self.settings.daemon_command
-
-    def _launcher(self) -> Launcher:
-        """The simulated daemon starts from the simulator's fork server (no interpreter start-up
-        per daemon, which nvidia-imex does not pay either); anything else is exec'd. Either way
-        in a mount namespace of its own with the domain's hosts file over /etc/hosts."""
-        if self._forked():
-            server, hosts = fork_server(), self.dir.hosts
-            return lambda argv, cwd, log_path: server.spawn(argv, cwd, log_path, hosts)
-        return proc.spawn_daemon
+    def _launch(self, argv: list[str], cwd: Path, log_path: Path) -> StartedProcess:
+        """Start the daemon through the IMEX daemon port, in a mount namespace of its own with
+        the domain's hosts file over /etc/hosts."""
+        return self.launcher.spawn(argv, cwd, log_path, self.dir.hosts)
 
     def _argv(self) -> list[str]:
-        config = str(self.dir.config)
-        if self._forked():
-            return simulator_daemon_argv(config)
-        command = self.settings.daemon_command or (self.settings.nvidia_imex_binary,)
-        return private_hosts_argv([*command, "-c", config], str(self.dir.hosts))
+        return self.launcher.argv(self.dir.config, self.dir.hosts)
 
     async def _replace(self) -> None:
         assert self.process is not None and self.identity is not None
@@ -399,7 +386,7 @@ class DomainDaemon:
         d = self.desired
         try:
             hosts, popen, pidfile_error = await self._blocking(
-                _start_in_dir, self.dir, d, self.settings, self.mesh.files(), self._argv(), self._launcher()
+                _start_in_dir, self.dir, d, self.settings, self.mesh.files(), self._argv(), self._launch
             )
         except (OSError, TimeoutError, ValueError) as exc:
             reason = (

@@ -29,18 +29,32 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName, NodeHardware
+from libs.imex.daemonport import ImexDaemon, open_imex_daemon
+from libs.imex.nvidiaimex import ExecCtl, ExecLauncher
 from libs.runtime.backoff import Backoff
 from libs.state.keys import Keys
 from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import M, PrefixWatcher, Resync, WatchEvent, watch_prefix
 from services.imexagent import process as proc
 from services.imexagent.domaindir import DomainDir, domain_dirs
-from services.imexagent.probe import CtlProbe, CtlRunner, ExecCtl, ReadinessProbe, SimulatorCtl
+from services.imexagent.probe import CtlProbe, ReadinessProbe
 from services.imexagent.runner import DomainDaemon
 from services.imexagent.settings import ImexSettings
 from services.imexagent.slotmap import DesiredDaemon, Membership, membership_of
 
 log = structlog.get_logger(__name__)
+
+
+def imex_daemon_for(backend: ImexBackendName, settings: ImexSettings) -> ImexDaemon:
+    """The IMEX daemon port's implementation for `backend`, with its daemon or ctl replaced by
+    the command the settings give (tests run stand-ins that way)."""
+    port = open_imex_daemon(
+        backend, daemon_binary=settings.nvidia_imex_binary, ctl_binary=settings.nvidia_imex_ctl_binary
+    )
+    return ImexDaemon(
+        ExecLauncher(settings.daemon_command) if settings.daemon_command else port.launcher,
+        ExecCtl(settings.ctl_command) if settings.ctl_command else port.ctl,
+    )
 
 
 async def _resilient(
@@ -85,6 +99,7 @@ class ImexSupervisor:
         self.settings = settings
         self.hardware = hardware
         self.backend: ImexBackendName = settings.backend or hardware.imex_backend
+        self.daemon = imex_daemon_for(self.backend, settings)
         self._runners: dict[str, DomainDaemon] = {}
         self._membership = Membership(None)
         self._wake = asyncio.Event()
@@ -108,16 +123,8 @@ class ImexSupervisor:
     # ---- public -------------------------------------------------------------------------
 
     def make_probe(self) -> ReadinessProbe:
-        """A daemon's probe: its ctl in its mount namespace; the simulator's ctl in-process."""
-        s = self.settings
-        run: CtlRunner
-        if s.ctl_command:
-            run = ExecCtl(s.ctl_command)
-        elif self.backend == "simulated":
-            run = SimulatorCtl()
-        else:
-            run = ExecCtl([s.nvidia_imex_ctl_binary])
-        return CtlProbe(run, placeholder=s.placeholder_address)
+        """A daemon's probe: its ctl in its mount namespace (the simulator's in-process)."""
+        return CtlProbe(self.daemon.ctl, placeholder=self.settings.placeholder_address)
 
     def nudge(self, domain_uid: str) -> None:
         """Act now (e.g. right after this node joined or left `domain_uid`)."""
@@ -357,7 +364,7 @@ class ImexSupervisor:
         runner = DomainDaemon(
             self.store,
             self.settings,
-            self.backend,
+            self.daemon.launcher,
             self.make_probe(),
             DomainDir(self.work_dir / desired.domain_uid),
             desired,

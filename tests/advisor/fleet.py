@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Iterable, Sequence
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store, with_retries
 from services.advisor.inventory import Inventory
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 def node_record(

@@ -15,13 +15,13 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.settings import AdvisorSettings
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
 from tools.controlplane.pki import CertKeyPair, issue_from_ca, new_ca
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=18, seed="auth-test")
 CAP = 20

@@ -14,7 +14,6 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
@@ -31,6 +30,7 @@ from services.advisor.inventory import Inventory
 from services.advisor.inventory_feeds import start_feeds
 from services.advisor.reservation_ids import ExtenderIds
 from tests.advisor.fleet import bind, cluster_records, put_nodes
+from tools.sim.hardware.cluster import ClusterDescription
 
 PAYLOADS = Path(__file__).parent / "payloads"
 CLUSTER = ClusterDescription(racks=4, trays_per_rack=18, seed="extender-test")

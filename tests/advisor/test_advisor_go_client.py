@@ -15,7 +15,6 @@ from grpclib.health.v1.health_grpc import HealthStub
 from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.standard_services import standard_services
@@ -23,6 +22,7 @@ from services.advisor.transport import CorkedServer
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
 from tools.cachedtool import cached_tool
+from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=18, seed="go-client")

@@ -11,11 +11,11 @@ from grpclib.exceptions import GRPCError
 
 from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=10, trays_per_rack=18, seed="grpc-test")
 

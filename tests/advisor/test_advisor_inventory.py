@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
@@ -21,6 +20,7 @@ from services.advisor.inventory_feeds import start_feeds
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName, Reason
 from services.advisor.reservations import write_reservation
 from tests.advisor.fleet import bind, cluster_records, filled_inventory, node_record, put_nodes
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=6, trays_per_rack=18, partitions_per_rack=2, seed="inv-test")
 

@@ -14,10 +14,10 @@ import aiohttp
 from grpclib.client import Channel
 
 from libs.gen.computedomain.placement import v1 as pp
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
+from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]
 

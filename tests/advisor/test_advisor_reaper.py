@@ -21,7 +21,6 @@ import pytest
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
@@ -36,6 +35,7 @@ from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 from tests.advisor.harness import Running, running_advisor, settings_for
 from tests.polling import VirtualClock, eventually
+from tools.sim.hardware.cluster import ClusterDescription
 
 PAYLOADS = Path(__file__).parent / "payloads"
 RACK = ClusterDescription(racks=1, trays_per_rack=18, seed="reaper-rack")

@@ -16,7 +16,6 @@ from grpclib.exceptions import GRPCError
 
 from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.codec import encode
 from libs.state.config import EtcdConfig
 from libs.state.store import Absent, Compare, Op, Put, Store
@@ -27,6 +26,7 @@ from services.advisor.reservations import guard_values, write_reservation
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import advisor_on_store, running_advisor, settings_for
 from tests.polling import eventually
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=40, trays_per_rack=18, seed="batcher-test")
 

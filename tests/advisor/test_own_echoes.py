@@ -13,7 +13,6 @@ import pytest
 
 import libs.state.watch
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.codec import encode
 from libs.state.store import Compare, Op, Store
 from libs.state.watch import WatchEvent
@@ -23,6 +22,7 @@ from services.advisor.model import Mode, PlacementRequest
 from services.advisor.own_echoes import OwnEchoes
 from tests.advisor.fleet import cluster_records, filled_inventory
 from tests.advisor.harness import advisor_on_store
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=4, trays_per_rack=18, seed="own-echoes")
 KEY = "/cd/reservations/r1"

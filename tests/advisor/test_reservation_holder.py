@@ -17,7 +17,6 @@ from grpclib.exceptions import GRPCError
 
 from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
@@ -29,6 +28,7 @@ from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
 from tests.advisor.test_advisor_auth import Pki, secured
 from tools.controlplane.pki import issue_from_ca
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=18, seed="holder-test")
 

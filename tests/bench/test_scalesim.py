@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Put, Store
 from tools.bench import simenv
 from tools.cdsim import kubelet, procscan
 from tools.cdsim.jobbook import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
-from tools.scalesim.agent import AgentOptions
-from tools.scalesim.host import ScaleHost, kube_client, spread_nodes
-from tools.scalesim.main import parse_args, shard_of
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.scalesim.agent import AgentOptions
+from tools.sim.scalesim.host import ScaleHost, kube_client, spread_nodes
+from tools.sim.scalesim.main import parse_args, shard_of
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ async def test_inventory_only_agents_keep_their_node_records_on_leases(
 
 def test_scale_settings_are_valid_imex_settings_at_any_size() -> None:
     from services.imexagent.settings import ImexSettings
-    from tools.scalesim.main import scale_poll_interval, scale_waiting_interval
+    from tools.sim.scalesim.main import scale_poll_interval, scale_waiting_interval
 
     for nodes in (1, 18, 128, 256, 1008, 10008):
         ImexSettings(  # raises on an invalid combination, naming it

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import config as imexcfg
-from libs.imex.simulator import client as simclient
 from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, run_state, status
 from tests.polling import eventually, wait_until
@@ -36,6 +35,7 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.procscan import cluster_processes
 from tools.cdsim.workload import missing_pairs
 from tools.netports import free_port
+from tools.sim.imex import client as simclient
 
 TRAYS = 6
 ADDRESS_BLOCK = address_blocks.CDSIM_FAULTS

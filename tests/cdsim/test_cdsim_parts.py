@@ -14,7 +14,6 @@ import pytest
 
 from libs.contract.channelconfig import parse_parameters_json
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
@@ -30,6 +29,7 @@ from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec, imex_agent_spec
 from tools.cdsim.status import tray_cell
 from tools.cdsim.timeline import SubmitTimeline
+from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=3, address_block=77)
 

@@ -39,12 +39,12 @@ from tools.cdsim.procscan import KUBE_MARKERS, cluster_processes
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import AGENT_HEALTH_PORT, IMEX_AGENT_HEALTH_PORT
 from tools.controlplane.binaries import ensure_binaries
-from tools.kubelet.addresses import NODE_IP_NETWORK, addresses_in_range
+from tools.sim.kubelet.addresses import NODE_IP_NETWORK, addresses_in_range
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # Two cliques of 5: every example fits one (at most 5 nodes), and 10 kubelets with their control
-# plane hold 53 of the 128 inotify instances a user gets (tools/kubelet/inotify.py).
+# plane hold 53 of the 128 inotify instances a user gets (tools/sim/kubelet/inotify.py).
 RACKS, TRAYS = 2, 5
 ADDRESS_BLOCK = address_blocks.CDSIM
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

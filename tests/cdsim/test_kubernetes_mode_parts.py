@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from libs.hardware.cluster import ClusterDescription
 from tests.cdsim.cli import cdsim
 from tools.cdsim import procscan
 from tools.cdsim.kubeplane import DEFAULT_TRAYS, extender_config, kubernetes_specs, set_flag
@@ -16,7 +15,8 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.main import build_parser
 from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import Ports, all_specs
-from tools.kubelet.inotify import (
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubelet.inotify import (
     INSTANCES_PER_CONTROL_PLANE,
     INSTANCES_PER_KUBELET,
     InotifyBudget,

@@ -27,8 +27,6 @@ from typing import Any
 import pytest
 import yaml
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import SimulatedNodeHardware
 from libs.runtime.settings import load_settings
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState, SimConfig
@@ -37,6 +35,8 @@ from tools.dashboard.cdsim_hook import dashboard_spec
 from tools.etcd.server import etcd_binary
 from tools.gen_settings_docs import settings_of_entry_point
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import SimulatedNodeHardware
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.dashboard import records
 from tools.dashboard.main import DashboardService, resolve_target
 from tools.dashboard.settings import DashboardSettings
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
+from tools.sim.hardware.cluster import ClusterDescription
 
 READY = pb.Readiness.READY
 NOT_READY = pb.Readiness.NOT_READY

@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from tests.dashboard import records
 from tests.dashboard.conftest import Served
@@ -24,6 +23,7 @@ from tools.dashboard import cdsim_hook
 from tools.dashboard.main import DashboardConfigError, main, resolve_target
 from tools.dashboard.page import PAGE_HTML
 from tools.dashboard.settings import DashboardSettings
+from tools.sim.hardware.cluster import ClusterDescription
 
 UID = "11111111-2222-3333-4444-555555555555"
 TIMEOUT = aiohttp.ClientTimeout(total=10)

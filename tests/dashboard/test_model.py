@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.keys import Keys
 from tests.dashboard import records
 from tools.dashboard.model import PALETTE, DashboardView, Resource
+from tools.sim.hardware.cluster import ClusterDescription
 
 KEYS = Keys("/cd/v1/")
 CLUSTER = ClusterDescription(racks=2, trays_per_rack=18, seed="dash-model")

@@ -5,7 +5,7 @@ started on first use.
 
 Why 2 racks of 4 trays and not 36 nodes: real kubelets are bounded by inotify instances, not by
 memory or CPU. The kernel gives a user 128 (fs.inotify.max_user_instances, left as it is), each
-kubelet holds 4 and each control plane 13 (tools.kubelet.inotify, counted from /proc/*/fd), and
+kubelet holds 4 and each control plane 13 (tools.sim.kubelet.inotify, counted from /proc/*/fd), and
 while this environment runs a module may start its own (kubelet_env: a control plane and 4
 kubelets). 36 kubelets alone would need 144. Eight nodes hold 45 instances with the control
 plane, 74 while kubelet_env runs, leaving more than 50 to other programs of the same user; two
@@ -33,7 +33,7 @@ from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
 from tools.cachedtool import BuildError
 from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries, supported_minors
-from tools.kubelet.hoststate import host_state
+from tools.sim.kubelet.hoststate import host_state
 
 E2E_RACKS = 2
 E2E_TRAYS = 4
@@ -123,7 +123,7 @@ def shim_env() -> Iterator[E2EEnvironment]:
 @pytest.fixture(scope="module")
 def kubelet_env() -> Iterator[E2EEnvironment]:
     """A small environment (one rack of four trays) whose nodes run the upstream kubelet on crisim;
-    after it stops, the host is as before (tools.kubelet.hoststate)."""
+    after it stops, the host is as before (tools.sim.kubelet.hoststate)."""
     before = host_state()
     env = E2EEnvironment(newest_binaries(), racks=1, trays=4, kubelets="real")
     with running(env):

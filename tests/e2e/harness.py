@@ -7,10 +7,11 @@
    older than 1.34, which serves no resource.k8s.io/v1);
 2. our etcd (tools.etcd);
 3. the nodes' kubelets: per node the upstream kubelet on crisim, the simulated container runtime
-   (tools.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
+   (tools.sim.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
    kubelets="containerd", the upstream kubelet on containerd and runc, running real containers
-   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim (tools.kubeletshim, one process for every node: Node objects,
-   leases), kept for the differential test and the 256-node benchmark, where kubelets do not fit;
+   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim
+   (tools.sim.kubeletshim, one process for every node: Node objects, leases), kept for the
+   differential test and the 256-node benchmark, where kubelets do not fit;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
    of them start in seconds on two cores;
@@ -44,8 +45,6 @@ from typing import Any
 
 import yaml
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
@@ -59,11 +58,13 @@ from tools.containerd.node import ContainerdKubeletNode
 from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
-from tools.kubelet.addresses import NodeAddresses, node_ip
-from tools.kubelet.inotify import current_budget
-from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
-from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
+from tools.sim.kubelet.addresses import NodeAddresses, node_ip
+from tools.sim.kubelet.inotify import current_budget
+from tools.sim.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
+from tools.sim.kubeletshim.nodes import nodes_document, nodes_of_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS_BASE = REPO_ROOT / "manifests" / "base"
@@ -80,13 +81,13 @@ AGENT_TARGET = "services.nodeagent.main:main"  # the kubelet plugin
 IMEX_AGENT_TARGET = "services.imexagent.main:main"
 CONTROLLER_TARGET = "services.controller.main:main"
 ADVISOR_TARGET = "services.advisor.main:main"
-SHIM_TARGET = "tools.kubeletshim.main:main"
+SHIM_TARGET = "tools.sim.kubeletshim.main:main"
 PRELOAD = (
     "services.nodeagent.main",
     "services.imexagent.main",
     "services.controller.main",
     "services.advisor.main",
-    "tools.kubeletshim.main",
+    "tools.sim.kubeletshim.main",
 )
 
 AGENT_HEALTH_PORT = 9400
@@ -245,8 +246,8 @@ class E2EEnvironment:
     cluster: ClusterDescription = field(init=False)
     layout: StateLayout = field(init=False)
     forks: ForkServer | None = None
-    # "real": one upstream kubelet per node (tools.kubelet) on crisim; "containerd": the same on
-    # containerd (tools.containerd); "shim": tools.kubeletshim plays them.
+    # "real": one upstream kubelet per node (tools.sim.kubelet) on crisim; "containerd": the same on
+    # containerd (tools.containerd); "shim": tools.sim.kubeletshim plays them.
     kubelets: str = "real"
     kubelet_nodes: dict[str, KubeletNode] = field(default_factory=dict)
     pod_network: PodNetworkNamespace | None = None
@@ -429,7 +430,7 @@ class E2EEnvironment:
 
     def start_kubelets(self) -> None:
         """One kubelet and container runtime per node, each on a node IP of its own; refused up
-        front, naming the inotify budget, when they cannot all start (tools.kubelet.inotify)."""
+        front, naming the inotify budget, when they cannot all start (tools.sim.kubelet.inotify)."""
         bin_dir = ensure_node_binaries(minor=f"1.{self.binaries.minor}")
         nodes = nodes_of_cluster(self.cluster, self.layout.nodes_dir)
         current_budget().require(len(nodes), headroom=0)

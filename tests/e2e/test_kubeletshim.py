@@ -35,7 +35,7 @@ from tests.e2e.scenario import (
     wait_cd_ready,
     wait_job_running,
 )
-from tools.kubelet.record import created_containers
+from tools.sim.kubelet.record import created_containers
 
 pytestmark = pytest.mark.e2e
 

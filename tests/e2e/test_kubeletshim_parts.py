@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from libs.gen import pluginregistration as reg
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.health import Health
 from services.nodeagent.wire.registration import RegistrationServer, RegistrationService
 from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
-from tools.kubeletshim import plugin
-from tools.kubeletshim.nodes import (
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubeletshim import plugin
+from tools.sim.kubeletshim.nodes import (
     CLIQUE_LABEL,
     NodesFileError,
     ShimNode,
@@ -31,9 +31,9 @@ from tools.kubeletshim.nodes import (
     nodes_of_cluster,
     parse_nodes,
 )
-from tools.kubeletshim.objects import event_name, node_status, pod_event, running_pod_status
-from tools.kubeletshim.pods import ClaimRef, NotReadyYet, claim_for_driver, claim_names, is_running
-from tools.kubeletshim.release import KubeletRelease, minor_of
+from tools.sim.kubeletshim.objects import event_name, node_status, pod_event, running_pod_status
+from tools.sim.kubeletshim.pods import ClaimRef, NotReadyYet, claim_for_driver, claim_names, is_running
+from tools.sim.kubeletshim.release import KubeletRelease, minor_of
 
 DRIVER = "compute-domain.nvidia.com"
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

@@ -35,8 +35,8 @@ from tools.cdsim import workload
 from tools.chaos import continuity
 from tools.chaoskube.soak import FAULTS as CHAOS_FAULTS
 from tools.chaoskube.soak import KubeSoak, KubeSoakOptions
-from tools.kubelet.addresses import is_local_only
-from tools.kubelet.record import created_containers, records
+from tools.sim.kubelet.addresses import is_local_only
+from tools.sim.kubelet.record import created_containers, records
 
 pytestmark = pytest.mark.e2e
 

@@ -28,8 +28,8 @@ from tests.e2e.scenario import apply_example_cd, wait_cd_ready
 from tools.containerd.config import BRIDGE_NAME, pod_range
 from tools.containerd.node import ContainerdKubeletNode
 from tools.containers.engine import CGROUP_ROOT
-from tools.kubelet.addresses import addresses_in_range
-from tools.kubelet.hoststate import host_state
+from tools.sim.kubelet.addresses import addresses_in_range
+from tools.sim.kubelet.hoststate import host_state
 
 pytestmark = pytest.mark.e2e
 

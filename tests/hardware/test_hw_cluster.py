@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.hardware.clique import parse_clique_id
-from libs.hardware.cluster import ClusterDescription
 from libs.hardware.errors import UnknownNodeError
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 @st.composite

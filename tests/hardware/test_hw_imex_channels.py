@@ -16,7 +16,7 @@ from libs.hardware.imex_channels import (
     parse_imex_channel_major,
     read_imex_channel_major,
 )
-from libs.hardware.simulated import render_proc_devices
+from tools.sim.hardware.simulated import render_proc_devices
 
 GB200_PROC_DEVICES = """\
 Character devices:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from libs.hardware.clique import CliqueStatus
-from libs.hardware.cluster import ClusterDescription
 from libs.hardware.errors import HardwareError, ImexChannelsUnavailableError, UnknownNodeError
 from libs.hardware.factory import open_node_hardware
-from libs.hardware.faults import NodeFaults
 from libs.hardware.imex_channels import imex_channel_container_path
 from libs.hardware.interface import NodeHardware
 from libs.hardware.model import ZERO_CLUSTER_UUID, FabricState, GpuHealth
-from libs.hardware.simulated import (
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.faults import NodeFaults
+from tools.sim.hardware.simulated import (
     FAULTS_FILE_NAME,
     FaultInjector,
     SimulatedNodeHardware,
@@ -188,7 +188,7 @@ def test_fault_from_another_process_is_seen(cluster: ClusterDescription, state_b
     assert agent.clique().status is CliqueStatus.FABRIC
     script = (
         "import sys; from pathlib import Path;"
-        "from libs.hardware.simulated import FaultInjector;"
+        "from tools.sim.hardware.simulated import FaultInjector;"
         "from libs.hardware.model import FabricState;"
         "FaultInjector(Path(sys.argv[1]), 4).set_fabric_state(FabricState.IN_PROGRESS, gpu=0)"
     )

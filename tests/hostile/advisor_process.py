@@ -18,11 +18,11 @@ from pathlib import Path
 
 import aiohttp
 
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.polling import wait_until
+from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 1.5

@@ -26,10 +26,10 @@ from libs.imex.config import (
     render_imex_config,
     render_nodes_config,
 )
-from libs.imex.simulator import client
-from libs.imex.simulator.launch import simulator_daemon_argv
-from libs.imex.simulator.recovery import PERSIST_FILE
 from tests.polling import eventually
+from tools.sim.imex import client
+from tools.sim.imex.launch import simulator_daemon_argv
+from tools.sim.imex.recovery import PERSIST_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIQUE = "clique-a.1"
@@ -140,7 +140,7 @@ class SimNode:
 
     def spawn(self, *, via_module: bool = False) -> subprocess.Popen[bytes]:
         if via_module:
-            argv = [sys.executable, "-m", "libs.imex.simulator.daemon", "-c", str(self.config_path)]
+            argv = [sys.executable, "-m", "tools.sim.imex.daemon", "-c", str(self.config_path)]
         else:
             argv = simulator_daemon_argv(str(self.config_path))
         self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

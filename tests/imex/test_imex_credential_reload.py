@@ -9,8 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from libs.imex import meshpki
-from libs.imex.simulator import client
-from services.imexagent.probe import CtlProbe, SimulatorCtl
+from services.imexagent.probe import CtlProbe
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_mesh_tls import (
     DOMAIN,
@@ -21,6 +20,8 @@ from tests.imex.test_imex_mesh_tls import (
     tls_domain,
     write_credentials,
 )
+from tools.sim.imex import client
+from tools.sim.imex.port import SimulatorCtl
 
 ESTABLISHED = "Connection established to node"
 

@@ -16,8 +16,6 @@ import pytest
 from libs.imex import slots
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.imex.hostsns import private_hosts_argv
-from libs.imex.simulator import client
-from libs.imex.simulator import protocol as proto
 from tests.imex.simdomain import (
     REPO_ROOT,
     SimCluster,
@@ -26,6 +24,8 @@ from tests.imex.simdomain import (
     slot_addresses,
     start,
 )
+from tools.sim.imex import client
+from tools.sim.imex import protocol as proto
 
 READY = "READY"
 
@@ -37,7 +37,7 @@ async def ctl(
     ``inside``: in a mount namespace with the node's hosts file (or `hosts`) over /etc/hosts,
     where the daemon's names resolve (the IMEX agent runs every ctl call in the daemon's)."""
     target = [] if node is None else ["-c", str(node.config_path)]
-    argv = [sys.executable, "-m", "libs.imex.simulator.ctl", *target, *args]
+    argv = [sys.executable, "-m", "tools.sim.imex.ctl", *target, *args]
     if inside:
         assert node is not None
         argv = private_hosts_argv(argv, str(hosts or node.hosts_path))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from libs.imex.simulator.launch import ForkServer, ForkServerError, simulator_daemon_argv
 from libs.invariants.processes import IMEX_DAEMON_MARKER, imex_daemons_under
 from services.imexagent.process import leftover_pids, proc_cmdline
 from tests.imex.simdomain import SimCluster
 from tests.polling import wait_until
+from tools.sim.imex.launch import ForkServer, ForkServerError, simulator_daemon_argv
 
 
 def _gone(pid: int) -> bool:

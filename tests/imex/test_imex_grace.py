@@ -11,10 +11,10 @@ import asyncio
 import pytest
 
 from libs.imex.config import DEFAULT_CMD_PORT
-from libs.imex.simulator import client
-from libs.imex.simulator.grace import DisconnectClock
-from libs.imex.simulator.imports import ImportTable
 from tests.imex.simdomain import SimCluster, SimNode, start
+from tools.sim.imex import client
+from tools.sim.imex.grace import DisconnectClock
+from tools.sim.imex.imports import ImportTable
 
 PORT = DEFAULT_CMD_PORT
 HEARTBEAT_S = 0.2  # a silent link is dead after 3 heartbeats

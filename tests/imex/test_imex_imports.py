@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.imex.config import DEFAULT_CMD_PORT
-from libs.imex.simulator import client
-from libs.imex.simulator.imports import ImportTable
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_daemon import ctl
+from tools.sim.imex import client
+from tools.sim.imex.imports import ImportTable
 
 PORT = DEFAULT_CMD_PORT
 

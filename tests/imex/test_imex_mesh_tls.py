@@ -15,8 +15,8 @@ from cryptography.x509.oid import NameOID
 
 from libs.imex import meshpki
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT, MeshTlsFiles
-from libs.imex.simulator import client
 from tests.imex.simdomain import SimCluster, SimNode, start
+from tools.sim.imex import client
 
 PORT = DEFAULT_CMD_PORT
 DOMAIN = "cd-uid-1"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libs.imex.simulator import protocol as proto
-from libs.imex.simulator.domain_status import DaemonStatus, build_nodes_report, format_nodes_table
+from tools.sim.imex import protocol as proto
+from tools.sim.imex.domain_status import DaemonStatus, build_nodes_report, format_nodes_table
 
 field_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz.0123456789", min_size=1, max_size=20)
 

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.imex.config import DEFAULT_CMD_PORT, QUORUM_NONE
-from libs.imex.simulator import client
-from libs.imex.simulator import recovery as persist
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_daemon import ctl
+from tools.sim.imex import client
+from tools.sim.imex import recovery as persist
 
 PORT = DEFAULT_CMD_PORT
 KEY = "digest-1"

@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from libs.imex.simulator.resolver import HostsResolver, is_ip
+from tools.sim.imex.resolver import HostsResolver, is_ip
 
 
 def replace(path: Path, text: str) -> None:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription, SimulatedNode
-from libs.hardware.simulated import SimulatedNodeHardware
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.state.store import Delete, Put, Store
 from services.imexagent.settings import ImexSettings
 from services.imexagent.supervisor import ImexSupervisor
 from tests.polling import eventually
+from tools.sim.hardware.cluster import ClusterDescription, SimulatedNode
+from tools.sim.hardware.simulated import SimulatedNodeHardware
 
 FAST = ImexSettings(
     backend="simulated",

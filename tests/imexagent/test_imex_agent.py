@@ -20,10 +20,8 @@ import aiohttp
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.imex import slots
 from libs.imex.config import SIM_HOSTS_FILE
-from libs.imex.simulator import client as simclient
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from libs.state.watch import Resync, watch_prefix
@@ -34,6 +32,8 @@ from services.imexagent.supervisor import ImexSupervisor
 from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under, pid_alive
 from tests.polling import eventually
 from tools.netports import free_port
+from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
+from tools.sim.imex import client as simclient
 
 UID = "cd-0001"
 REPO = Path(__file__).resolve().parents[2]

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
-from libs.imex.simulator import client as simclient
-from libs.imex.simulator.recovery import PERSIST_FILE
 from libs.state.store import Store
 from tests.imexagent.imex_rack import (
     FAST,
@@ -24,6 +22,8 @@ from tests.imexagent.imex_rack import (
     pid_alive,
 )
 from tests.polling import eventually
+from tools.sim.imex import client as simclient
+from tools.sim.imex.recovery import PERSIST_FILE
 
 UID = "cd-0001"
 # The daemons outlive their agent (as after an agent crash): a node is killed by killing both.

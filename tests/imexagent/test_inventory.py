@@ -15,8 +15,6 @@ import pytest
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.runtime.health import Health
 from libs.state.noderecord import clique_settled
 from libs.state.store import Store
@@ -27,6 +25,8 @@ from services.imexagent.inventory import (
     node_address,
 )
 from tests.polling import eventually
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).
 TTL_S = 2

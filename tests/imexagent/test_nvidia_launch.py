@@ -1,22 +1,23 @@
 """nvidia-imex resolves the slot names through the domain's hosts file, in a mount namespace of its own.
 
 The real daemon uses the system resolver, so it is started with the domain's `hosts` bind-mounted
-over /etc/hosts (`nvidia_daemon_argv`). A stand-in for nvidia-imex, started exactly that way,
-resolves a slot name with getent (libc, as nvidia-imex would) over and over: it must see the
-slot's address, see a rewrite made in place, and leave this machine's /etc/hosts alone.
+over /etc/hosts (`ExecLauncher`, the IMEX daemon port's nvidia-imex side). A stand-in for
+nvidia-imex, started exactly that way, resolves a slot name with getent (libc, as nvidia-imex
+would) over and over: it must see the slot's address, see a rewrite made in place, and leave this
+machine's /etc/hosts alone.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from libs.imex import slots
-from services.imexagent.domaindir import DomainDir, nvidia_daemon_argv
+from libs.imex.nvidiaimex import ExecLauncher
+from services.imexagent.domaindir import DomainDir
 from tests.polling import wait_until
 
 UID = "0f0e0d0c-1111-2222-3333-444455556666"
@@ -88,7 +89,9 @@ def daemon(tmp_path: Path) -> Iterator[DomainDir]:
     binary = tmp_path / "nvidia-imex"
     binary.write_text(STAND_IN.format(name=NAME))
     binary.chmod(0o755)
-    process = subprocess.Popen(nvidia_daemon_argv(str(binary), directory.config, directory.hosts))
+    launcher = ExecLauncher([str(binary)])
+    argv = launcher.argv(directory.config, directory.hosts)
+    process = launcher.spawn(argv, directory.path, directory.path / "nvidia-imex.log", directory.hosts)
     try:
         yield directory
     finally:

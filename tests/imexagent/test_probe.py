@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from libs.imex.hostsns import private_hosts_argv
+from libs.imex.nvidiaimex import ExecCtl
 from services.imexagent.probe import (
     CtlProbe,
-    ExecCtl,
     parse_ctl_nodes_json,
     parse_ctl_nodes_table,
     parse_ctl_query,

@@ -20,8 +20,6 @@ from pathlib import Path
 import pytest
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from libs.invariants.checker import check_inventory
 from libs.runtime.health import Health
 from libs.state.config import EtcdConfig
@@ -33,6 +31,8 @@ from tests.advisor.fleet import node_record
 from tests.advisor.harness import advisor_on_store
 from tests.nodeagent.agent_procs import ImexAgentProcess, sim_cluster
 from tests.polling import eventually
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 
 NODES = 2
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).

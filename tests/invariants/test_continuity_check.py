@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.imex.simulator.client import Import
 from libs.state.store import Store
 from tests.imex.simdomain import CLIQUE, SimCluster, SimNode
 from tests.invariants.rig import new_uid
 from tools.cdsim import workload
 from tools.cdsim.jobbook import Importer
+from tools.sim.imex.client import Import
 
 JOB = "job-a"
 ME = Importer("node-a", "127.0.0.1", (1, 2))

@@ -10,7 +10,7 @@ services run here as processes with the command, arguments, environment and moun
   agent's node record written, a ComputeDomain created in Kubernetes mirrored by the controller;
   the advisor, rendered with placementAdvisor.tls on, answers a Place call made with the client
   certificate the chart issued for cd-scheduler and refuses one made without;
-  then, with kubelet played on the node by tools/kubeletshim (as `cdsim up --kubernetes` does), a
+  then, with kubelet played on the node by tools/sim/kubeletshim (as `cdsim up --kubernetes` does), a
   pod of the domain's channel claim: the domain turns Ready with the node.
 
 What a pod has that a process here does not is stood in for, and only that: each mount path is a
@@ -47,8 +47,6 @@ from grpclib.config import Configuration
 from grpclib.exceptions import StreamTerminatedError
 
 from libs.gen.computedomain.placement import v1 as pp
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.keys import Keys
 from libs.state.store import Store
@@ -61,6 +59,8 @@ from tools.cdsim import procscan
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, die_with_parent
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -295,7 +295,7 @@ def start_service(
 
 
 def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, address: str) -> None:
-    """kubelet (tools/kubeletshim, as `cdsim up --kubernetes` plays it) on the node, a pod of
+    """kubelet (tools/sim/kubeletshim, as `cdsim up --kubernetes` plays it) on the node, a pod of
     the domain's channel claim: the domain turns Ready with the node."""
     nodes_file = host.root / "nodes.json"
     kubelet_dir = host.host("/var/lib/kubelet")  # what the plugin's --kubelet-dir is here
@@ -304,7 +304,7 @@ def form_domain(procs: Processes, host: Host, cp: ControlPlane, node_name: str, 
     )
     procs.start(
         "kubeletshim",
-        [sys.executable, "-m", "tools.kubeletshim", f"--kubeconfig={cp.kubeconfig}", f"--nodes-file={nodes_file}",
+        [sys.executable, "-m", "tools.sim.kubeletshim", f"--kubeconfig={cp.kubeconfig}", f"--nodes-file={nodes_file}",
          "--log-format=json"],
         {"PYTHONPATH": str(REPO_ROOT)},
     )  # fmt: skip

@@ -15,7 +15,7 @@ import yaml
 from tests.polling import wait_until
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, ControlPlane
-from tools.kubeletshim.nodes import CLIQUE_LABEL
+from tools.sim.kubeletshim.nodes import CLIQUE_LABEL
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.settings import load_settings
 from services.advisor.settings import AdvisorSettings
 from services.controller.settings import ControllerSettings
@@ -26,6 +25,7 @@ from tests.manifests.objects import (
     pod_spec,
     undefined_references,
 )
+from tools.sim.hardware.cluster import ClusterDescription
 
 IN_CLUSTER_ETCD = f"cd-etcd.{NAMESPACE}.svc:2379"
 HA_ETCD_MEMBERS = ",".join(f"cd-etcd-{i}.cd-etcd.{NAMESPACE}.svc:2379" for i in range(3))

@@ -25,8 +25,6 @@ import aiohttp
 from grpclib.client import Channel
 
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import FaultInjector, prepare_node_dirs
 from libs.invariants.checker import NodeLocalPaths
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
@@ -35,6 +33,8 @@ from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.wire.driver import dra_socket_path
 from tests.polling import eventually
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import FaultInjector, prepare_node_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,8 +27,6 @@ from pathlib import Path
 
 from aetcd import rpc
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.cdsim import procscan
@@ -38,6 +36,8 @@ from tools.cdsim.services import Ports, ServiceSpec, all_specs
 from tools.controlplane.pki import CertKeyPair, generate_pki, issue_from_ca
 from tools.etcd.server import EtcdServer
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "/cd/v1/"

@@ -34,7 +34,7 @@ from libs.state.watch import Resync, watch_prefix
 from services.nodeagent.core.checkpoint import CHECKPOINT_FILENAME
 from tools.bench import formation, simenv
 from tools.etcd.server import EtcdCluster, EtcdServer, etcd_binary
-from tools.scalesim.agent import AgentLayout
+from tools.sim.scalesim.agent import AgentLayout
 
 pytestmark = pytest.mark.slow
 

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench.advisor_load import (
@@ -69,6 +68,7 @@ from tools.bench.advisor_process import AdvisorProcess, start_advisor, wait_quie
 from tools.bench.extender_calls import bench_extender
 from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir, stop_process
 from tools.bench.stats import percentile
+from tools.sim.hardware.cluster import ClusterDescription
 
 TARGET_P99_MS = 1.0
 TARGET_RATE = 200.0

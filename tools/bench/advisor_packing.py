@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from services.advisor.advisor import Advisor
 from services.advisor.inventory import Inventory
 from services.advisor.model import Mode, PlacementRequest, PolicyName
+from tools.sim.hardware.cluster import ClusterDescription
 
 TARGET_STRANDED_REDUCTION = 0.30
 TARGET_FIT_RATE = 0.99

@@ -18,11 +18,11 @@ import time
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench.advisor_process import AdvisorProcess, wait_quiet
 from tools.bench.stats import percentile
+from tools.sim.hardware.cluster import ClusterDescription
 
 NAMESPACE = "bench"
 

@@ -1,7 +1,7 @@
 """Benchmark: ComputeDomain formation, submit to Ready, for an 18-node rack and a 256-node job.
 
 Set-up per scenario: a private etcd, one `cd-controller` process (leader, simulation mode) and one
-scale-mode host process (`tools.scalesim`) that runs, per node, the two node programs as their
+scale-mode host process (`tools.sim.scalesim`) that runs, per node, the two node programs as their
 own composition roots build them (the IMEX agent and the kubelet plugin), each node with its own
 DRA socket, checkpoint, CDI root and a real simulated IMEX daemon process per domain. This
 process plays the user and kubelet.
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "formation",
         "settings": {
             **simenv.storage_settings(),
-            # tools/scalesim keeps each node's CDI root under its node directory.
+            # tools/sim/scalesim keeps each node's CDI root under its node directory.
             "cdi_root": "disk (under the node directories)",
             "mesh": args.mesh,
             **{f"reps_{size}": s.reps for size, s in scenarios.items()},

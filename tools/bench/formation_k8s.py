@@ -58,7 +58,7 @@ from tools.bench.k8senv import KubeEnvironment, KubeSettings
 from tools.bench.k8sfloor import run_plain_job
 from tools.cdsim import procscan
 from tools.controlplane.binaries import ensure_binaries
-from tools.kubeletshim.apijson import read_json, watch_events
+from tools.sim.kubeletshim.apijson import read_json, watch_events
 
 TARGET_S = 30.0
 TARGET_WRITES_PER_NODE = 2.0

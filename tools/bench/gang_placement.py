@@ -62,8 +62,8 @@ from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_tr
 from tools.bench.k8senv import KubeEnvironment, KubeSettings, tail, wait_for
 from tools.controlplane.binaries import ensure_binaries
 from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, workload_scheduling_args
-from tools.kubeletshim.nodes import CLIQUE_LABEL
 from tools.netports import free_port
+from tools.sim.kubeletshim.nodes import CLIQUE_LABEL
 
 TARGET_FEWER_STRANDED = 0.30
 MODES = ("native", "advisor", "plugin", "plugin-gang")

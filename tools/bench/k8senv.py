@@ -4,9 +4,9 @@
   every write, kube-controller-manager, kube-scheduler with the placement advisor's extender) and
   manifests/base without its workloads (CRD, DeviceClass, RBAC, admission policies);
 - our etcd, a `cd-controller` in Kubernetes mode, a `cd-placement-advisor` serving the extender;
-- the kubelet shim (tools/kubeletshim) playing kubelet for every node: Node, Lease, pod sync, the
+- the kubelet shim (tools/sim/kubeletshim) playing kubelet for every node: Node, Lease, pod sync, the
   DRA calls to each node's socket;
-- scale-mode hosts (tools/scalesim) running each node's IMEX agent and kubelet plugin in
+- scale-mode hosts (tools/sim/scalesim) running each node's IMEX agent and kubelet plugin in
   Kubernetes mode: claims read from the API server, a ResourceSlice and clique label per node.
 
 The control plane's etcd keeps its data on disk and fsyncs, as a production control plane's does
@@ -29,15 +29,15 @@ from typing import Any
 
 import yaml
 
-from libs.hardware.cluster import ClusterDescription
 from tools.bench import simenv
 from tools.cdsim.kubeplane import CRD_NAME, base_objects, extender_config
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.kubeletshim.nodes import CLIQUE_LABEL, ShimNode, nodes_document
 from tools.netports import free_port
-from tools.scalesim.agent import AgentLayout
-from tools.scalesim.host import spread_nodes
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubeletshim.nodes import CLIQUE_LABEL, ShimNode, nodes_document
+from tools.sim.scalesim.agent import AgentLayout
+from tools.sim.scalesim.host import spread_nodes
 
 # Only writes are audited: reads are most of the traffic and none of the question.
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -120,7 +120,7 @@ class KubeEnvironment:
     def __post_init__(self) -> None:
         s = self.settings
         self.block = simenv.free_address_block(s.racks)
-        # tools.scalesim builds the same cluster from these (simenv.start_host's seed).
+        # tools.sim.scalesim builds the same cluster from these (simenv.start_host's seed).
         self.cluster = ClusterDescription(
             racks=s.racks, trays_per_rack=18, seed=f"bench-{self.base.name}", address_block=self.block
         )
@@ -278,7 +278,7 @@ class KubeEnvironment:
         self._spawn(
             "kubeletshim",
             [
-                "-m", "tools.kubeletshim", f"--kubeconfig={self.plane.kubeconfig}", f"--nodes-file={nodes_file}",
+                "-m", "tools.sim.kubeletshim", f"--kubeconfig={self.plane.kubeconfig}", f"--nodes-file={nodes_file}",
                 f"--retry-initial-s={s.shim_retry_initial_s}", f"--retry-cap-s={s.shim_retry_cap_s}",
                 "--log-format=json", f"--log-level={simenv.log_level()}",
             ],

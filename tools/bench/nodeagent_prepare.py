@@ -51,8 +51,6 @@ from libs.contract.names import DRIVER_NAME
 from libs.contract.storeclaims import store_claim
 from libs.gen.computedomain.state import v1 as pb
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import kubeclaims, simenv
@@ -61,6 +59,8 @@ from tools.bench.proccpu import cpu_seconds
 from tools.controlplane.binaries import ensure_binaries
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "rack0-tray0"

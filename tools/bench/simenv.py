@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.hardware.cluster import ClusterDescription
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from tools.cdsim import procscan
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")
@@ -271,7 +271,7 @@ def start_host(
     timeout_s: float = 600.0,
     processes: int = 1,
 ) -> HostGroup:
-    """`processes` `tools.scalesim` processes (each hosting a contiguous part of the nodes, so
+    """`processes` `tools.sim.scalesim` processes (each hosting a contiguous part of the nodes, so
     that they use as many cores), returned once every agent serves (all ready files written)."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
@@ -281,7 +281,7 @@ def start_host(
             suffix = "" if processes == 1 else f"-{shard}"
             ready, log = workdir / f"host-ready{suffix}.json", workdir / f"host{suffix}.log"
             argv = [
-                sys.executable, "-m", "tools.scalesim",
+                sys.executable, "-m", "tools.sim.scalesim",
                 f"--racks={racks}", f"--nodes={nodes}", f"--shard={shard}/{processes}",
                 f"--address-block={address_block}",
                 f"--seed=bench-{workdir.name}", f"--state-dir={workdir / 'n'}",

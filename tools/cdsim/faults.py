@@ -7,7 +7,6 @@ import asyncio
 import signal
 from typing import Any, TextIO
 
-from libs.hardware.cluster import ClusterDescription
 from libs.hardware.errors import UnknownNodeError
 from services.imexagent.settings import DEFAULT_DISCONNECTED_GRACE_S
 from tools.cdsim import control, linkcut, procscan
@@ -15,6 +14,7 @@ from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, controller_name, imex_agent_name
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 def _check_node(layout: StateLayout, node: str) -> None:

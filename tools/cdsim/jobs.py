@@ -20,7 +20,6 @@ from typing import TextIO
 
 from libs.contract.storeclaims import store_claim, store_domain
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.kube.names import subdomain_problem
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.keys import Keys
@@ -33,6 +32,7 @@ from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.progress import Progress
 from tools.cdsim.runstate import RunState
 from tools.cdsim.timeline import SubmitTimeline
+from tools.sim.hardware.cluster import ClusterDescription
 
 # etcd refuses transactions with more operations than this (its --max-txn-ops default).
 _MAX_TXN_OPS = 128

@@ -19,7 +19,7 @@ import grpclib.exceptions
 
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.runtime.backoff import Backoff
-from tools.kubeletshim.plugin import connection_errors
+from tools.sim.kubeletshim.plugin import connection_errors
 
 # One call may legitimately take the agent's whole prepare budget (waiting for IMEX READY, 45 s).
 CALL_TIMEOUT_S = 60.0

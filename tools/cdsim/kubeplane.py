@@ -8,8 +8,8 @@ The supervisor runs, besides what `cdsim up` runs:
 - from manifests/base, everything but the workloads: Namespace, CRD, DeviceClass, ServiceAccounts
   and RBAC, admission policies (our services run here as processes, not as pods);
 - per simulated node the upstream kubelet of the control plane's release on crisim, the simulated
-  container runtime (tools/kubelet), each on a node IP of its own; the node lifecycle controller
-  runs. How many fit is bounded by the user's inotify instances (tools/kubelet/inotify.py): `up`
+  container runtime (tools/sim/kubelet), each on a node IP of its own; the node lifecycle controller
+  runs. How many fit is bounded by the user's inotify instances (tools/sim/kubelet/inotify.py): `up`
   refuses more nodes than fit, naming that budget;
 
 and runs our services in Kubernetes mode: the controller mirrors ComputeDomain CRs, the kubelet
@@ -38,7 +38,6 @@ import structlog
 import yaml
 
 from libs.contract.names import DRIVER_NAME
-from libs.hardware.cluster import ClusterDescription
 from services.nodeagent.wire.resourceslice import CLIQUE_LABEL
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
@@ -46,10 +45,11 @@ from tools.cdsim.runstate import SimConfig
 from tools.cdsim.services import AGENT_KIND, ServiceSpec
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.kubelet.addresses import NodeAddresses, node_ip
-from tools.kubelet.inotify import current_budget
-from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.kubelet.addresses import NodeAddresses, node_ip
+from tools.sim.kubelet.inotify import current_budget
+from tools.sim.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +74,7 @@ BASE_KINDS = frozenset(
 )
 PRELOAD_MODULES: tuple[str, ...] = ()  # nothing beyond the simulation's services
 # `up --kubernetes` without --trays: one rack of 8 trays. 8 kubelets and the control plane hold 45
-# of the user's 128 inotify instances (tools/kubelet/inotify.py), leaving room for the desktop,
+# of the user's 128 inotify instances (tools/sim/kubelet/inotify.py), leaving room for the desktop,
 # editors and another cluster; every example of examples/ fits (at most 5 nodes in one clique).
 DEFAULT_TRAYS = 8
 # A node's kubelet reports to the node lifecycle controller every NODE_LEASE_DURATION_S / 4.

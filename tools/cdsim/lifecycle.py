@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
 from tools.cachedtool import BuildError
 from tools.cdsim import control, credentials, procscan
@@ -29,8 +27,10 @@ from tools.cdsim.runstate import (
 )
 from tools.cdsim.services import AGENT_HEALTH_PORT
 from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries
-from tools.kubelet.addresses import NodeAddressError, node_ip, remove_leftovers
-from tools.kubelet.inotify import InotifyBudgetExceeded
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
+from tools.sim.kubelet.addresses import NodeAddressError, node_ip, remove_leftovers
+from tools.sim.kubelet.inotify import InotifyBudgetExceeded
 
 UP_TIMEOUT_S = 150.0
 # `up --kubernetes` also starts a control plane (tools.cdsim.kubeplane.STARTUP_TIMEOUT_S, plus slack).
@@ -264,7 +264,7 @@ def _tail(layout: StateLayout, process: str, lines: int = 20) -> str:
 
 def _remove_leftover_node_ips(layout: StateLayout) -> list[str]:
     """The kubelets' node IPs of a Kubernetes-mode run whose supervisor was killed before it could
-    remove them (tools/kubelet/addresses.py)."""
+    remove them (tools/sim/kubelet/addresses.py)."""
     config = SimConfig.load(layout) if (layout.root / CONFIG_FILE_NAME).exists() else None
     if config is None or not config.kubernetes or not layout.cluster_file.exists():
         return []

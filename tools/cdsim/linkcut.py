@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from libs.imex.simulator import client as simclient
 from libs.invariants.processes import ProcessEntry, imex_daemons_under
+from tools.sim.imex import client as simclient
 
 MAX_CUT_S = 3600.0
 COMMAND_TIMEOUT_S = 2.0

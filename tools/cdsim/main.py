@@ -29,7 +29,6 @@ from typing import Any, TextIO
 
 import aetcd.exceptions
 
-from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
 from libs.kube.names import label_problem, subdomain_problem
 from libs.runtime.logging import configure_logging
@@ -44,6 +43,7 @@ from tools.cdsim.runstate import RunState
 from tools.cdsim.services import IMEX_AGENT_KIND
 from tools.cdsim.status import collect, render
 from tools.dashboard.cdsim_hook import dashboard_url
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 def _state_dir_option(parser: argparse.ArgumentParser, default: Any) -> None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import TextIO
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store
 from tools.cdsim import advisor, credentials, kubelet, workload
 from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
@@ -37,6 +36,7 @@ from tools.cdsim.jobs import (
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.runstate import RunState
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 @dataclass(frozen=True)

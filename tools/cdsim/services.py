@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from libs.hardware.cluster import ClusterDescription
 from tools.cdsim.credentials import Credentials
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
+from tools.sim.hardware.cluster import ClusterDescription
 
 AGENT_TARGET = "services.nodeagent.main:main"
 IMEX_AGENT_TARGET = "services.imexagent.main:main"

@@ -7,13 +7,13 @@ from collections import Counter
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.store import Store
 from tools.cdsim import workload
 from tools.cdsim.jobbook import JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import agent_name, imex_agent_name
+from tools.sim.hardware.cluster import ClusterDescription
 
 READINESS = {pb.Readiness.READY: "Ready", pb.Readiness.NOT_READY: "NotReady"}
 DAEMON_STATES = {

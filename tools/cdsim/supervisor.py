@@ -38,7 +38,6 @@ from typing import Any
 import aiohttp
 import structlog
 
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from tools.cdsim import procscan
@@ -61,6 +60,7 @@ from tools.cdsim.services import (
 from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
 from tools.etcd.server import EtcdServer
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

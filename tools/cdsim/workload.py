@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import config as imexcfg
-from libs.imex.simulator import client as simclient
 from libs.runtime.backoff import Backoff
 from libs.state.store import Store
 from tools.cdsim.jobbook import Importer
+from tools.sim.imex import client as simclient
 
 QUERY_TIMEOUT_S = 2.0
 

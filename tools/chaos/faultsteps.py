@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, imex_agent_name
 from tools.chaos import checks, continuity, injectors, jobops
@@ -28,6 +27,7 @@ from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.injectors import ClusterHandle, NotApplicable
 from tools.chaos.tracking import SoakOptions, Tracked, failover_time
+from tools.sim.hardware.cluster import ClusterDescription
 
 MAX_NODES_DOWN = 2
 # The IMEX agent kills a daemon that has not answered for 20 s; beyond that on a busy machine.

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
-from libs.imex.simulator import client as simclient
 from libs.state.store import TRANSIENT_ERRORS, Store
 from tools.cdsim import control, linkcut, procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import agent_name, imex_agent_name
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.imex import client as simclient
 
 CONTROLLER_ELECTION = "cd-controller"
 CONTROL_TIMEOUT_S = 60.0

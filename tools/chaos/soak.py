@@ -32,7 +32,6 @@ from typing import Any, TextIO
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.invariants import checker as invariants
 from tools.cdsim import jobs, lifecycle
 from tools.cdsim.jobbook import Job
@@ -44,6 +43,7 @@ from tools.chaos.faultsteps import FaultSteps
 from tools.chaos.importwatch import ImportWatch
 from tools.chaos.injectors import ClusterHandle
 from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 Debian's runc) under the upstream kubelet, instead of crisim.
 
 Both run in one private mount namespace per node, held by a process of ours (the node's "host"):
-kubelet's hard-coded host paths are the node's own as in tools.kubelet.node, and /run is a tmpfs
+kubelet's hard-coded host paths are the node's own as in tools.sim.kubelet.node, and /run is a tmpfs
 of its own, because containerd's shims and the pods' network namespaces live under fixed paths
 there. Kubelet stays in the host's network namespace (its node IP, the API server on loopback);
 containerd, its shims and so the CNI bridge run in the environment's pod network namespace
@@ -30,7 +30,7 @@ import structlog
 from tools.containerd.config import ContainerdPaths, write_node_config
 from tools.containerd.network import PodNetworkNamespace, end_process, wait_for_exec
 from tools.containers.engine import CGROUP_ROOT, mount_points_under, namespace_members, remove_cgroup_tree
-from tools.kubelet.node import NAMESPACE_SETUP_ENV, KubeletNode, _Running
+from tools.sim.kubelet.node import NAMESPACE_SETUP_ENV, KubeletNode, _Running
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from libs.hardware.cluster import ClusterDescription
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit
@@ -32,6 +31,7 @@ from tools.dashboard.metrics import DashboardMetrics
 from tools.dashboard.model import RESOURCES, DashboardView
 from tools.dashboard.server import add_routes
 from tools.dashboard.settings import DEFAULT_ETCD_ENDPOINT, ENV_PREFIX, DashboardSettings
+from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any, Literal
 import betterproto
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.hardware.cluster import ClusterDescription
 from libs.state.keys import Keys
+from tools.sim.hardware.cluster import ClusterDescription
 
 Resource = Literal["domains", "members", "daemons", "nodes"]
 RESOURCES: tuple[Resource, ...] = ("domains", "members", "daemons", "nodes")

@@ -38,8 +38,6 @@ from pathlib import Path
 
 import structlog
 
-from libs.hardware.cluster import ClusterDescription
-from libs.hardware.simulated import prepare_node_dirs
 from libs.runtime.logging import configure_logging
 from tools.bench.simenv import free_address_block
 from tools.cdsim import jobs
@@ -63,6 +61,8 @@ from tools.containers.engine import Engine, EngineError
 from tools.containers.images import load_built_image
 from tools.image.container import Container, ContainerError, buildah
 from tools.netports import free_port
+from tools.sim.hardware.cluster import ClusterDescription
+from tools.sim.hardware.simulated import prepare_node_dirs
 
 log = structlog.get_logger(__name__)
 
@@ -136,8 +136,8 @@ class Smoke:
         )
         # An IMEX agent gives each daemon a mount namespace of its own (as in docker-compose.yml).
         # An IMEX agent's fork server of simulated daemons ends with its agent; the daemons it forks
-        # must be gone once their domain is (libs/imex/simulator/forkserver.py).
-        helpers = ("libs/imex/simulator/forkserver.py",) if sys_admin else ()
+        # must be gone once their domain is (tools/sim/imex/forkserver.py).
+        helpers = ("tools/sim/imex/forkserver.py",) if sys_admin else ()
         c = (
             DockerContainer(*args, sys_admin=sys_admin, helpers=helpers)
             if self.runtime == "docker"

@@ -1,7 +1,7 @@
 """The kubelet plugin's parts on a given store, hardware and claim source: its composition root.
 
 ``run_agent`` (the ``cd-node-agent`` process) and tools that host many simulated nodes in one
-process (``tools.scalesim``) build the plugin here, so nothing is wired twice. What stays with the
+process (``tools.sim.scalesim``) build the plugin here, so nothing is wired twice. What stays with the
 caller is what a process owns and a host shares or does without: the etcd client, the hardware
 handle, the health server, signal handlers, the Kubernetes client and the ResourceSlice.
 

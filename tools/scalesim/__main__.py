@@ -1,3 +1,0 @@
-from tools.scalesim.main import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from tools.sim.scalesim.main import main
+
+raise SystemExit(main())
