@@ -38,7 +38,7 @@ from services.advisor.model import (
     Reason,
     ReservationInfo,
 )
-from services.advisor.policies import Demand, Infeasible, Plan
+from services.advisor.policies import Demand, Infeasible, PlacementPlan
 from services.advisor.reservations import (
     NotHolder,
     ReservationConflict,
@@ -214,7 +214,7 @@ class Advisor:
         return decision
 
     def _judge(
-        self, req: PlacementRequest, demand: Demand, view: View, outcome: Plan | Infeasible
+        self, req: PlacementRequest, demand: Demand, view: View, outcome: PlacementPlan | Infeasible
     ) -> Decision:
         inv = self.inventory
         frag_before = inv.fragmentation()
@@ -224,7 +224,7 @@ class Advisor:
             if reason is not Reason.NO_SINGLE_CLIQUE_FIT:
                 sick_view = view.with_sick()
                 retry = policies.plan(demand, sick_view, PolicyName.BEST_FIT, largest_clique=view.largest)
-                if isinstance(retry, Plan):
+                if isinstance(retry, PlacementPlan):
                     sick_cliques = sorted(retry.cliques)
                     reason = Reason.UNHEALTHY_FABRIC
                     message = (

@@ -12,7 +12,7 @@ from libs.imex import config as imexcfg
 from libs.imex import slots
 from libs.runtime.settings import positive, setting
 from libs.state.config import EtcdSettings
-from services.imexagent.lifecycle import LifecyclePolicy
+from services.imexagent.daemon_lifecycle import LifecyclePolicy
 
 BackendChoice = Literal["auto", "nvidia", "simulated"]
 

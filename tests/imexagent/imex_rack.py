@@ -18,8 +18,8 @@ from libs.hardware.cluster import ClusterDescription, SimulatedNode
 from libs.hardware.simulated import SimulatedNodeHardware
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.state.store import Delete, Put, Store
+from services.imexagent.daemon_supervisor import ImexSupervisor
 from services.imexagent.settings import ImexSettings
-from services.imexagent.supervisor import ImexSupervisor
 from tests.polling import eventually
 
 FAST = ImexSettings(
