@@ -1,10 +1,10 @@
 """`cd-placement-advisor`: the PlacementAdvisor gRPC service and the kube-scheduler extender.
 
-One process: the store-fed inventory, gRPC on TCP (and/or a unix socket) with the standard
+One process: the store-fed fleet index, gRPC on TCP (and/or a unix socket) with the standard
 health and reflection services beside the API, the extender over HTTP (with the reaper that
 releases its reservations once bound or once their domain is gone), and the /healthz,
 /readyz, /metrics side server. Ready once
-the inventory has listed the store. SIGTERM/SIGINT stop the listeners, let
+the fleet index has listed the store. SIGTERM/SIGINT stop the listeners, let
 in-flight calls finish (bounded), then stop the watches.
 """
 
@@ -41,9 +41,9 @@ from services.advisor.domain_sources import (
     TemplateDomainSource,
 )
 from services.advisor.extender import CappedAppRunner, Extender, build_extender_app
+from services.advisor.fleet_feeds import start_feeds
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.grpc_service import PlacementService
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import start_feeds
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
@@ -67,12 +67,12 @@ class AdvisorService:
         self.settings = settings
         self.metrics = metrics or AdvisorMetrics()
         self.health = Health()
-        self.grpc_serving = ServiceStatus()  # grpc.health.v1: SERVING once the inventory is synced
+        self.grpc_serving = ServiceStatus()  # grpc.health.v1: SERVING once the fleet index is synced
         self.grpc_serving.set(False)
         self.store = Store(settings.etcd_config())
-        self.inventory = Inventory(healthy_only=settings.healthy_only)
+        self.fleet = FleetIndex(healthy_only=settings.healthy_only)
         self.advisor = Advisor(
-            self.inventory,
+            self.fleet,
             self.store,
             AdvisorConfig(
                 default_ttl_s=settings.default_reservation_ttl_s,
@@ -109,7 +109,7 @@ class AdvisorService:
     def _on_synced(self) -> None:
         self.health.set_ready("inventory-synced", True)
         self.grpc_serving.set(True)
-        # The synced inventory (10,000 node records and their index) hardly changes from now on.
+        # The synced fleet index (10,000 node records and their index) hardly changes from now on.
         # Moving it out of the collector's view keeps full collections, which would otherwise walk
         # all of it, from pausing decisions for tens of milliseconds.
         gc.collect()
@@ -118,9 +118,9 @@ class AdvisorService:
 
     async def _update_gauges(self) -> None:
         while True:
-            self.metrics.free_nodes.set(self.inventory.free_count)
-            self.metrics.inventory_nodes.set(len(self.inventory.nodes))
-            self.metrics.fragmentation.set(self.inventory.fragmentation())
+            self.metrics.free_nodes.set(self.fleet.tally.free_count)
+            self.metrics.inventory_nodes.set(len(self.fleet.nodes))
+            self.metrics.fragmentation.set(self.fleet.tally.fragmentation())
             await asyncio.sleep(_GAUGE_PERIOD_S)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -134,7 +134,7 @@ class AdvisorService:
         grpc_servers: list[Server] = []
         extender_runner: web.AppRunner | None = None
         try:
-            feeds = start_feeds(self.inventory, self.store, on_ready=self._on_synced)
+            feeds = start_feeds(self.fleet, self.store, on_ready=self._on_synced)
             for feed in feeds:
                 self.health.watch_task(feed.get_name(), feed)
             tasks.extend(feeds)

@@ -7,10 +7,10 @@ that the service, the extender and the benchmark judge placements the same way.
 
 Policies:
 - BEST_FIT: the clique with the fewest free nodes that still holds the job (ties: the
-  fuller clique, then inventory order), so large free blocks stay whole. Jobs larger
+  fuller clique, then node order), so large free blocks stay whole. Jobs larger
   than any free block take whole blocks largest-first and best-fit the remainder,
   which uses the fewest cliques possible.
-- FIRST_FIT: the first clique in inventory order that holds the job, else walk the
+- FIRST_FIT: the first clique in node order that holds the job, else walk the
   cliques in order.
 - RANDOM: a random clique that holds the job, else walk the cliques in random order.
 - SPREAD: topology-blind spreading (the baseline a scheduler without clique knowledge
