@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,8 +25,7 @@ from grpclib.server import Server
 from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.state.store import Store, with_retries
 from services.advisor.advisor import Advisor, AdvisorConfig
 from services.advisor.auth import server_tls_context, track_client_identity
@@ -258,22 +256,10 @@ class AdvisorService:
 
 
 async def _amain(settings: AdvisorSettings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await AdvisorService(settings).run(stop)
+    await AdvisorService(settings).run(stop_on_signals())
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = load_settings_or_exit(
-        AdvisorSettings,
-        argv,
-        env_prefix="CD_ADVISOR_",
-        prog="cd-placement-advisor",
-        description="Clique-aware placement advisor (gRPC) and kube-scheduler extender",
-    )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+def _log_start(settings: AdvisorSettings) -> None:
     log.info(
         "cd-placement-advisor starting",
         identity=settings.holder,
@@ -284,8 +270,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         extender=f"{settings.extender_host}:{settings.extender_port}" if settings.extender_enabled else None,
         event_loop=settings.event_loop,
     )
-    with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
-        runner.run(_amain(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_service(
+        AdvisorSettings,
+        argv,
+        env_prefix="CD_ADVISOR_",
+        prog="cd-placement-advisor",
+        description="Clique-aware placement advisor (gRPC) and kube-scheduler extender",
+        name="placement advisor",
+        run=_amain,
+        on_start=_log_start,
+        loop_factory=lambda settings: _loop_factory(settings.event_loop),
+    )
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

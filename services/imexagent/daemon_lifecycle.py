@@ -112,8 +112,6 @@ class DaemonLifecycle:
     _attempted: bool = False  # some process was started or adopted before
     _backoff_attempt: int = 0
 
-    # ---- events -------------------------------------------------------------------------
-
     def start_due(self, now: float) -> bool:
         return not self.running and now >= self.next_start_at
 
@@ -210,8 +208,6 @@ class DaemonLifecycle:
             self.last_error = detail or "daemon not ready"
         return ProbeAction.NOTHING
 
-    # ---- derived ------------------------------------------------------------------------
-
     @property
     def ready(self) -> bool:
         return self.running and self.state == READY
@@ -221,8 +217,6 @@ class DaemonLifecycle:
         if self.state != READY or self.not_ready_since is None:
             return None
         return self.not_ready_since + self.policy.not_ready_debounce_s
-
-    # ---- internals ----------------------------------------------------------------------
 
     def _begin(self, now: float) -> None:
         self.running = True

@@ -105,8 +105,6 @@ class ImexSupervisor:
         self._state_changed = asyncio.Event()
         self._recovered = False
 
-    # ---- public -------------------------------------------------------------------------
-
     def make_probe(self) -> ReadinessProbe:
         """A daemon's probe: its ctl in its mount namespace; the simulator's ctl in-process."""
         s = self.settings
@@ -196,8 +194,6 @@ class ImexSupervisor:
             return
         self.settings = dataclasses.replace(self.settings, node_driver_version=version)
         log.info("driver version", node=self.node_name, driver_version=version)
-
-    # ---- watches ------------------------------------------------------------------------
 
     async def _watch_binding(self) -> None:
         key = self.keys.node_binding(self.node_name)
@@ -291,8 +287,6 @@ class ImexSupervisor:
             self._members_task = asyncio.create_task(
                 self._watch_members(domain_uid), name=f"imex-members-{domain_uid}"
             )
-
-    # ---- reconcile ----------------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(initial=0.05, cap=2.0)

@@ -27,10 +27,10 @@ from prometheus_client.registry import Collector
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware_from
 from libs.hardware.interface import NodeHardware
-from libs.runtime.health import Health, start_health_server
-from libs.runtime.service import run_service, stop_on_signals
+from libs.runtime.health import Health
+from libs.runtime.service import run_service, serving, stop_on_signals
 from libs.runtime.tasks import keep_running
-from libs.state.store import Store, with_retries
+from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent.daemon_lifecycle import READY
 from services.imexagent.daemon_supervisor import ImexSupervisor
@@ -133,45 +133,36 @@ async def run_imex_agent(
     health.set_ready("registered", False)
     registry = CollectorRegistry()
     hardware = open_node_hardware_from(settings)
-    store = Store(settings.etcd_config())
-    health_runner = None
-    agent_task: asyncio.Task[None] | None = None
     try:
-        health_runner, health_port = await start_health_server(
-            health, settings.health_host, settings.health_port, registry
-        )
-        # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
-        await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
-        agent = compose_imex_agent(
-            store,
-            node_name,
-            hardware,
-            Path(settings.imex_work_dir),
-            imex or settings.imex_settings(),
-            RecordKeeperSettings(
-                lease_ttl_s=settings.lease_ttl_s,
-                node_ip=settings.node_ip,
-                kubelet_dir=settings.kubelet_dir,
-                cdi_root=settings.cdi_root,
-            ),
-        )
-        registry.register(DaemonCollector(agent.supervisor))
-        agent_task = asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}")
-        log.info("IMEX agent running", node=node_name, health_port=health_port, hardware=settings.hardware)
-        registered = asyncio.create_task(_warn_until_registered(agent.record_keeper))
-        try:
-            await stop.wait()
-        finally:
-            registered.cancel()
-        log.info("shutting down", node=node_name)
+        async with serving(settings, health, registry, gate="registered") as service:
+            agent = compose_imex_agent(
+                service.store,
+                node_name,
+                hardware,
+                Path(settings.imex_work_dir),
+                imex or settings.imex_settings(),
+                RecordKeeperSettings(
+                    lease_ttl_s=settings.lease_ttl_s,
+                    node_ip=settings.node_ip,
+                    kubelet_dir=settings.kubelet_dir,
+                    cdi_root=settings.cdi_root,
+                ),
+            )
+            registry.register(DaemonCollector(agent.supervisor))
+            service.background.append(asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}"))
+            log.info(
+                "IMEX agent running",
+                node=node_name,
+                health_port=service.health_port,
+                hardware=settings.hardware,
+            )
+            registered = asyncio.create_task(_warn_until_registered(agent.record_keeper))
+            try:
+                await stop.wait()
+            finally:
+                registered.cancel()
+            log.info("shutting down", node=node_name)
     finally:
-        health.set_ready("registered", False)
-        if agent_task is not None:
-            agent_task.cancel()
-            await asyncio.gather(agent_task, return_exceptions=True)
-        if health_runner is not None:
-            await health_runner.cleanup()
-        await store.close()
         hardware.close()
         log.info("IMEX agent stopped", node=node_name)
 

@@ -203,8 +203,6 @@ class NodeRecordKeeper:
         # Records rewritten because they went missing or were overwritten (tests, metrics).
         self.rewrites = 0
 
-    # ---- public --------------------------------------------------------------
-
     @property
     def node(self) -> pb.Node:
         """The latest record (as written, or about to be written)."""
@@ -242,8 +240,6 @@ class NodeRecordKeeper:
         """Remove the record now (decommissioning); a plain shutdown lets it expire instead."""
         await self.lease.revoke()
         self._set_registered(False, "deregistered")
-
-    # ---- internals -----------------------------------------------------------
 
     def _build(self) -> pb.Node:
         return build_node_record(
