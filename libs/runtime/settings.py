@@ -13,6 +13,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
 T = TypeVar("T")
@@ -47,6 +48,25 @@ def fraction(value: Any) -> str | None:
 
 def non_negative(value: Any) -> str | None:
     return None if value >= 0 else "must be >= 0"
+
+
+def required(value: Any) -> str | None:
+    return None if value else "is required"
+
+
+def port(value: Any) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
+
+
+@dataclass(frozen=True, repr=False)
+class ProcessSettings:
+    """The settings of a node program's process: its health server and its logs. A settings class
+    that extends it declares `health_port` again with the program's own default port."""
+
+    health_host: str = setting("0.0.0.0", "Address of the /healthz /readyz /metrics server.")
+    health_port: int = setting(0, "Port of the health server (0 = any free port).", validate=port)
+    log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
 
 
 def _flag(name: str) -> str:

@@ -1,6 +1,6 @@
 """Readings of a node record (``nodes/<node>``) that more than one service makes.
 
-The IMEX agent writes the record (services/imexagent/inventory.py); the node agent reads it.
+The IMEX agent writes the record (services/imexagent/node_record_keeper.py); the node agent reads it.
 """
 
 from __future__ import annotations

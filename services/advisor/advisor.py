@@ -1,9 +1,9 @@
 """The advisor's core: validate a request, decide a placement, reserve it (the policy input is
 built in `views`, capacity reports in `capacity`, explanations in `explanation`).
 
-`decide` is synchronous: it reads the inventory and runs a policy without
+`decide` is synchronous: it reads the fleet index and runs a policy without
 awaiting, so in one process two decisions never interleave. `place` with
-reserve=true marks the chosen nodes as held in the inventory *before* its first
+reserve=true marks the chosen nodes as held in the fleet index *before* its first
 await and writes the reservation; a conflict with another advisor (or a
 binding the watch has not delivered yet) hides the taken nodes and decides again.
 """
@@ -26,7 +26,7 @@ from services.advisor import policies
 from services.advisor.capacity import CapacityReport, capacity_report
 from services.advisor.commit_batcher import CommitBatcher
 from services.advisor.explanation import Explanation, explain
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.model import (
     SELECTOR_KEYS,
@@ -38,7 +38,7 @@ from services.advisor.model import (
     Reason,
     ReservationInfo,
 )
-from services.advisor.policies import Demand, Infeasible, Plan
+from services.advisor.policies import Demand, Infeasible, PlacementPlan
 from services.advisor.reservations import (
     NotHolder,
     ReservationConflict,
@@ -84,13 +84,13 @@ class AdvisorConfig:
 class Advisor:
     def __init__(
         self,
-        inventory: Inventory,
+        fleet: FleetIndex,
         store: Store | None = None,
         config: AdvisorConfig | None = None,
         metrics: AdvisorMetrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.inventory = inventory
+        self.fleet = fleet
         self.store = store
         self.config = config or AdvisorConfig()
         self.metrics = metrics or AdvisorMetrics()
@@ -107,7 +107,7 @@ class Advisor:
         cap = self.config.max_nodes_per_holder
         if not capped or not cap:
             return
-        held = sum(len(r.node_names) for r in self.inventory.reservations.values() if r.holder == holder)
+        held = sum(len(r.node_names) for r in self.fleet.reservations.values() if r.holder == holder)
         if held + more > cap:
             self.metrics.reservations.labels("over-cap").inc()
             raise HolderOverCap(
@@ -135,7 +135,7 @@ class Advisor:
                 raise InvalidRequest(field_name, f"a node name is {problem} (--max-field-bytes)")
 
     def _check_selector(self, selector: Mapping[str, str]) -> None:
-        inv = self.inventory
+        inv = self.fleet
         for key, value in selector.items():
             name = f'node_selector["{clip(key, 64)}"]'
             if key not in SELECTOR_KEYS:
@@ -151,7 +151,7 @@ class Advisor:
                 raise InvalidRequest(name, f"unknown node {clip(repr(value))}")
 
     def validate(self, req: PlacementRequest) -> None:
-        inv = self.inventory
+        inv = self.fleet
         if req.num_nodes <= 0:
             raise InvalidRequest("num_nodes", f"must be > 0, got {req.num_nodes}")
         if req.num_nodes > len(inv.nodes):
@@ -200,9 +200,9 @@ class Advisor:
         """Validate and decide (no writes). InvalidRequest for bad input."""
         started = time.perf_counter()
         self.check(req)
-        inv = self.inventory
+        inv = self.fleet
         inv.expire_hints()
-        view = view_for(self.inventory, req)
+        view = view_for(self.fleet, req)
         rng = random.Random(req.seed) if req.seed else self.rng
         demand = Demand(req.num_nodes, req.mode, req.segment_size)
         outcome = policies.plan(demand, view.index, req.policy, largest_clique=view.largest, rng=rng)
@@ -214,17 +214,17 @@ class Advisor:
         return decision
 
     def _judge(
-        self, req: PlacementRequest, demand: Demand, view: View, outcome: Plan | Infeasible
+        self, req: PlacementRequest, demand: Demand, view: View, outcome: PlacementPlan | Infeasible
     ) -> Decision:
-        inv = self.inventory
-        frag_before = inv.fragmentation()
-        block_before = inv.largest_free_block()
+        inv = self.fleet
+        frag_before = inv.tally.fragmentation()
+        block_before = inv.tally.largest_free_block()
         if isinstance(outcome, Infeasible):
             reason, message = outcome.reason, outcome.message
             if reason is not Reason.NO_SINGLE_CLIQUE_FIT:
                 sick_view = view.with_sick()
                 retry = policies.plan(demand, sick_view, PolicyName.BEST_FIT, largest_clique=view.largest)
-                if isinstance(retry, Plan):
+                if isinstance(retry, PlacementPlan):
                     sick_cliques = sorted(retry.cliques)
                     reason = Reason.UNHEALTHY_FABRIC
                     message = (
@@ -242,7 +242,7 @@ class Advisor:
         taken: Counter[str] = Counter()
         for segment in segments:
             taken[segment.clique_id] += len(segment.node_names)
-        frag_after, block_after = inv.after_taking(taken)
+        frag_after, block_after = inv.tally.after_taking(inv.cliques, taken)
         return Decision(
             policy=req.policy,
             segments=segments,
@@ -295,7 +295,7 @@ class Advisor:
         retry_on_conflict: bool,
     ) -> Written | None:
         """Hold the nodes locally, write the reservation; None after a conflict (taken nodes hidden)."""
-        inv = self.inventory
+        inv = self.fleet
         rid = reservation_id or new_reservation_id()
         token = inv.hold(nodes)
         inv.begin_write(rid)
@@ -340,7 +340,7 @@ class Advisor:
         capped: bool = False,
     ) -> ReservationInfo:
         """Reserve explicit nodes. InvalidRequest, NodeUnavailable, ReservationConflict or ReservationExists."""
-        inv = self.inventory
+        inv = self.fleet
         if not nodes:
             raise InvalidRequest("node_names", "at least one node is needed")
         self._check_lengths({"holder": holder, "domain_uid": domain_uid, "reservation_id": reservation_id})
@@ -393,7 +393,7 @@ class Advisor:
         self._check_lengths({"reservation_id": reservation_id, "holder": caller})
         caller = caller or self.config.holder
         store = self._require_store()
-        inv = self.inventory
+        inv = self.fleet
         record = inv.reservations.get(reservation_id)
         revision = inv.reservation_revision(reservation_id)
         if record is not None and record.holder != caller:
@@ -424,11 +424,11 @@ class Advisor:
     def capacity(self, selector: Mapping[str, str] | None = None) -> CapacityReport:
         selector = selector or {}
         self._check_selector(selector)
-        self.inventory.expire_hints()
-        return capacity_report(self.inventory, selector)
+        self.fleet.expire_hints()
+        return capacity_report(self.fleet, selector)
 
     def explain(self, req: PlacementRequest, limit: int = 5) -> Explanation:
-        return explain(req, self.decide(req), view_for(self.inventory, req), limit)
+        return explain(req, self.decide(req), view_for(self.fleet, req), limit)
 
 
 def _info(written: Written) -> ReservationInfo:

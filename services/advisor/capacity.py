@@ -1,5 +1,5 @@
 """The capacity report: what the inventory holds per clique, for GetCapacity and WatchCapacity
-(a pure function of the inventory)."""
+(a pure function of the fleet index)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.advisor import policies
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class CapacityReport:
     generation: int
 
 
-def capacity_report(inv: Inventory, selector: Mapping[str, str]) -> CapacityReport:
+def capacity_report(inv: FleetIndex, selector: Mapping[str, str]) -> CapacityReport:
     """Per clique (in rank order) and in total: nodes, healthy, free, reserved and bound, of the
     nodes matching `selector` (already checked); cliques without such nodes are left out."""
     rows = []

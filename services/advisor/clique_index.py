@@ -1,10 +1,10 @@
 """Free capacity per clique, bucketed by free count, so policies avoid scanning every clique.
 
 Cliques with at least one free node sit in the bucket of their free count, each
-bucket sorted by inventory order (rank). With at most a few hundred trays per
+bucket sorted by node order (rank). With at most a few hundred trays per
 clique there are few buckets, so "the smallest clique that fits" or "the first
 clique that fits" costs a walk over buckets, not over 500+ cliques. The
-inventory keeps one index current as nodes come and go; a request with a
+fleet index keeps one current as nodes come and go; a request with a
 selector builds a small one from its filtered view (`from_cliques`).
 """
 
@@ -26,7 +26,7 @@ RankKey = Any
 class CliqueFree:
     clique_id: str
     free: int
-    # Nodes of the clique in the inventory, free or not (the block size when all are free).
+    # Nodes of the clique in the fleet index, free or not (the block size when all are free).
     size: int
     rank: RankKey
 

@@ -29,6 +29,7 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from services.advisor.advisor import Advisor, ReservationContention
 from services.advisor.domain_presence import DomainPresence
+from services.advisor.fleet_feeds import wait_until
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName
 from services.advisor.reservation_ids import ExtenderIds
 from services.advisor.reservations import ReservationExists
@@ -104,7 +105,7 @@ class DomainPlacer:
             del self._placed_in[next(iter(self._placed_in))]
 
     def _cliques_of(self, nodes: Iterable[str]) -> tuple[str, ...]:
-        inv = self.advisor.inventory
+        inv = self.advisor.fleet
         found = {inv.nodes[n].clique for n in nodes if n in inv.nodes and inv.nodes[n].clique}
         return tuple(sorted(found))
 
@@ -128,17 +129,17 @@ class DomainPlacer:
             return Allowance(frozenset(), (), f"ComputeDomain {domain_uid}: reservation keeps racing; retry")
 
     async def _wait_for_reservation(self, rid: str) -> None:
-        inv = self.advisor.inventory
+        inv = self.advisor.fleet
 
         def seen() -> bool:
             return rid in inv.reservations
 
-        await inv.wait_for(seen, 2.0)
+        await wait_until(inv, seen, 2.0)
 
     async def _allowed_nodes(
         self, domain_uid: str, size: int | None, candidates: Collection[str]
     ) -> Allowance:
-        inv = self.advisor.inventory
+        inv = self.advisor.fleet
         candidate_set = frozenset(candidates)
         held = inv.domain_nodes(domain_uid)
         known = frozenset(n for n in candidate_set if n in inv.nodes)
@@ -229,7 +230,7 @@ class DomainPlacer:
     def _wider_than(self, candidates: frozenset[str]) -> list[frozenset[str] | None]:
         """Larger candidate sets to try, smallest first: every node of the candidates' cliques,
         then every node (None)."""
-        inv = self.advisor.inventory
+        inv = self.advisor.fleet
         cliques = set(self._cliques_of(candidates))
         same_cliques = frozenset(name for name, entry in inv.nodes.items() if entry.clique in cliques)
         out: list[frozenset[str] | None] = []
@@ -247,7 +248,7 @@ class DomainPlacer:
 
     def scores(self, domain_uid: str, size: int | None, candidates: Collection[str]) -> dict[str, int]:
         """0..10 per candidate: held by the domain 10, same clique 5; else the clique's best-fit score."""
-        inv = self.advisor.inventory
+        inv = self.advisor.fleet
         held = inv.domain_nodes(domain_uid)
         cliques = set(self._cliques_of(held))
         out: dict[str, int] = {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from services.advisor import policies
 from services.advisor.model import Decision, PlacementRequest, PolicyName, Segment
-from services.advisor.policies import Demand, Plan
+from services.advisor.policies import Demand, PlacementPlan
 from services.advisor.views import View
 
 
@@ -35,7 +35,7 @@ def explain(req: PlacementRequest, decision: Decision, view: View, limit: int) -
     chosen_key = tuple((s.clique_id, len(s.node_names)) for s in decision.segments)
     found: dict[tuple[tuple[str, int], ...], Alternative] = {}
 
-    def add(outcome: Plan, description: str) -> None:
+    def add(outcome: PlacementPlan, description: str) -> None:
         if outcome.parts in found:
             return
         segments = policies.pick_nodes(outcome, {c: view.names(c) for c in outcome.cliques})
@@ -47,12 +47,12 @@ def explain(req: PlacementRequest, decision: Decision, view: View, limit: int) -
         )
 
     if decision.feasible:
-        add(Plan(chosen_key), f"chosen by {req.policy.value}")
+        add(PlacementPlan(chosen_key), f"chosen by {req.policy.value}")
     for policy in PolicyName:
         outcome = policies.plan(
             demand, view.index, policy, largest_clique=view.largest, rng=random.Random(req.seed or 1)
         )
-        if isinstance(outcome, Plan):
+        if isinstance(outcome, PlacementPlan):
             add(outcome, f"what {policy.value} would choose")
     for outcome, _ in policies.single_clique_candidates(demand, view.index, limit):
         add(outcome, f"single clique {outcome.parts[0][0]}")

@@ -266,7 +266,7 @@ class Extender:
         if domain_uid is None:
             self.metrics.extender_requests.labels("filter", "passthrough").inc()
             return filter_result(args, None)
-        if not self.placer.advisor.inventory.ready:
+        if not self.placer.advisor.fleet.ready:
             self.metrics.extender_requests.labels("filter", "error").inc()
             return filter_result(args, set(), error="placement advisor inventory not synced yet")
         size = await self._size(domain_uid, args.pod)

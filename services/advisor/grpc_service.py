@@ -31,6 +31,7 @@ from services.advisor.advisor import (
 from services.advisor.auth import charged_holder
 from services.advisor.capacity import CapacityReport
 from services.advisor.explanation import Alternative
+from services.advisor.fleet_feeds import wait_changed
 from services.advisor.model import (
     Decision,
     InvalidRequest,
@@ -308,7 +309,7 @@ class PlacementService(pp.PlacementAdvisorBase):
             return encode_place_response(await self.advisor.place(request, capped=True))
 
     def _require_ready(self) -> None:
-        if not self.advisor.inventory.ready:
+        if not self.advisor.fleet.ready:
             raise GRPCError(Status.UNAVAILABLE, "inventory not synced with the store yet; retry shortly")
 
     async def reserve(self, reserve_request: pp.ReserveRequest) -> pp.ReserveResponse:
@@ -336,14 +337,14 @@ class PlacementService(pp.PlacementAdvisorBase):
         if interval_ms < 0:
             raise GRPCError(Status.INVALID_ARGUMENT, f"min_interval_ms: must be >= 0, got {interval_ms}")
         interval = (interval_ms or DEFAULT_WATCH_INTERVAL_MS) / 1000
-        inventory = self.advisor.inventory
+        fleet = self.advisor.fleet
         self._require_ready()
         while True:
-            generation = inventory.generation
+            generation = fleet.generation
             with grpc_errors("WatchCapacity"):
                 snapshot = to_capacity(self.advisor.capacity())
             yield snapshot
-            await inventory.wait_changed(generation)
+            await wait_changed(fleet, generation)
             # Coalesce bursts of changes into one snapshot per interval.
             await asyncio.sleep(interval)
 

@@ -1,10 +1,10 @@
 """`cd-placement-advisor`: the PlacementAdvisor gRPC service and the kube-scheduler extender.
 
-One process: the store-fed inventory, gRPC on TCP (and/or a unix socket) with the standard
+One process: the store-fed fleet index, gRPC on TCP (and/or a unix socket) with the standard
 health and reflection services beside the API, the extender over HTTP (with the reaper that
 releases its reservations once bound or once their domain is gone), and the /healthz,
 /readyz, /metrics side server. Ready once
-the inventory has listed the store. SIGTERM/SIGINT stop the listeners, let
+the fleet index has listed the store. SIGTERM/SIGINT stop the listeners, let
 in-flight calls finish (bounded), then stop the watches.
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,8 +25,7 @@ from grpclib.server import Server
 from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.grpclimits import ServerLimits
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.state.store import Store, with_retries
 from services.advisor.advisor import Advisor, AdvisorConfig
 from services.advisor.auth import server_tls_context, track_client_identity
@@ -41,9 +39,9 @@ from services.advisor.domain_sources import (
     TemplateDomainSource,
 )
 from services.advisor.extender import CappedAppRunner, Extender, build_extender_app
+from services.advisor.fleet_feeds import start_feeds
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.grpc_service import PlacementService
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import start_feeds
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ReservationReaper
@@ -67,12 +65,12 @@ class AdvisorService:
         self.settings = settings
         self.metrics = metrics or AdvisorMetrics()
         self.health = Health()
-        self.grpc_serving = ServiceStatus()  # grpc.health.v1: SERVING once the inventory is synced
+        self.grpc_serving = ServiceStatus()  # grpc.health.v1: SERVING once the fleet index is synced
         self.grpc_serving.set(False)
         self.store = Store(settings.etcd_config())
-        self.inventory = Inventory(healthy_only=settings.healthy_only)
+        self.fleet = FleetIndex(healthy_only=settings.healthy_only)
         self.advisor = Advisor(
-            self.inventory,
+            self.fleet,
             self.store,
             AdvisorConfig(
                 default_ttl_s=settings.default_reservation_ttl_s,
@@ -109,7 +107,7 @@ class AdvisorService:
     def _on_synced(self) -> None:
         self.health.set_ready("inventory-synced", True)
         self.grpc_serving.set(True)
-        # The synced inventory (10,000 node records and their index) hardly changes from now on.
+        # The synced fleet index (10,000 node records and their index) hardly changes from now on.
         # Moving it out of the collector's view keeps full collections, which would otherwise walk
         # all of it, from pausing decisions for tens of milliseconds.
         gc.collect()
@@ -118,9 +116,9 @@ class AdvisorService:
 
     async def _update_gauges(self) -> None:
         while True:
-            self.metrics.free_nodes.set(self.inventory.free_count)
-            self.metrics.inventory_nodes.set(len(self.inventory.nodes))
-            self.metrics.fragmentation.set(self.inventory.fragmentation())
+            self.metrics.free_nodes.set(self.fleet.tally.free_count)
+            self.metrics.inventory_nodes.set(len(self.fleet.nodes))
+            self.metrics.fragmentation.set(self.fleet.tally.fragmentation())
             await asyncio.sleep(_GAUGE_PERIOD_S)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -134,7 +132,7 @@ class AdvisorService:
         grpc_servers: list[Server] = []
         extender_runner: web.AppRunner | None = None
         try:
-            feeds = start_feeds(self.inventory, self.store, on_ready=self._on_synced)
+            feeds = start_feeds(self.fleet, self.store, on_ready=self._on_synced)
             for feed in feeds:
                 self.health.watch_task(feed.get_name(), feed)
             tasks.extend(feeds)
@@ -258,22 +256,10 @@ class AdvisorService:
 
 
 async def _amain(settings: AdvisorSettings) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await AdvisorService(settings).run(stop)
+    await AdvisorService(settings).run(stop_on_signals())
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = load_settings_or_exit(
-        AdvisorSettings,
-        argv,
-        env_prefix="CD_ADVISOR_",
-        prog="cd-placement-advisor",
-        description="Clique-aware placement advisor (gRPC) and kube-scheduler extender",
-    )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+def _log_start(settings: AdvisorSettings) -> None:
     log.info(
         "cd-placement-advisor starting",
         identity=settings.holder,
@@ -284,8 +270,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         extender=f"{settings.extender_host}:{settings.extender_port}" if settings.extender_enabled else None,
         event_loop=settings.event_loop,
     )
-    with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
-        runner.run(_amain(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_service(
+        AdvisorSettings,
+        argv,
+        env_prefix="CD_ADVISOR_",
+        prog="cd-placement-advisor",
+        description="Clique-aware placement advisor (gRPC) and kube-scheduler extender",
+        name="placement advisor",
+        run=_amain,
+        on_start=_log_start,
+        loop_factory=lambda settings: _loop_factory(settings.event_loop),
+    )
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,7 +1,7 @@
 """The advisor's own vocabulary: requests, decisions and reasons, free of protobuf.
 
 The gRPC layer and the extender translate into these types; the policies and
-the inventory never see a wire message.
+the fleet index never see a wire message.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ the write ends:
 A delete of the record seen while a put is held drops the held put: the delete is newer, and is
 applied as it comes.
 
-Pure bookkeeping, no I/O: the inventory decodes and applies what `end` hands back, as the watch
+Pure bookkeeping, no I/O: the fleet index decodes and applies what `end` hands back, as the watch
 would have (`libs.state.watch.put_event`).
 """
 

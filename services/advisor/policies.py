@@ -1,16 +1,16 @@
 """Placement policies: which cliques get how many nodes (pure functions, no I/O, no clock).
 
-Input is the free capacity per clique (`CliqueFree`); output is a `Plan` (clique and
+Input is the free capacity per clique (`CliqueFree`); output is a `PlacementPlan` (clique and
 node count per segment) or an `Infeasible` with a reason. Picking concrete node
 names from a clique is `pick_nodes`; scoring and fragmentation are here too, so
 that the service, the extender and the benchmark judge placements the same way.
 
 Policies:
 - BEST_FIT: the clique with the fewest free nodes that still holds the job (ties: the
-  fuller clique, then inventory order), so large free blocks stay whole. Jobs larger
+  fuller clique, then node order), so large free blocks stay whole. Jobs larger
   than any free block take whole blocks largest-first and best-fit the remainder,
   which uses the fewest cliques possible.
-- FIRST_FIT: the first clique in inventory order that holds the job, else walk the
+- FIRST_FIT: the first clique in node order that holds the job, else walk the
   cliques in order.
 - RANDOM: a random clique that holds the job, else walk the cliques in random order.
 - SPREAD: topology-blind spreading (the baseline a scheduler without clique knowledge
@@ -33,7 +33,7 @@ __all__ = [
     "CliqueIndex",
     "Demand",
     "Infeasible",
-    "Plan",
+    "PlacementPlan",
     "fragmentation",
     "fragmentation_of",
     "min_cliques_needed",
@@ -59,7 +59,7 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class PlacementPlan:
     # One entry per output segment: (clique id, node count).
     parts: tuple[tuple[str, int], ...]
 
@@ -213,12 +213,12 @@ def _split(policy: PolicyName, index: CliqueIndex, units: int, unit: int, rng: r
     return _split_walk(shuffled, units, unit)
 
 
-def _expand(allocation: Allocation, demand: Demand) -> Plan:
+def _expand(allocation: Allocation, demand: Demand) -> PlacementPlan:
     if demand.mode is Mode.ALLOW_SPLIT and demand.segment_size > 0:
         parts = [(c.clique_id, demand.segment_size) for c, segments in allocation for _ in range(segments)]
     else:
         parts = [(c.clique_id, count * demand.unit) for c, count in allocation]
-    return Plan(tuple(parts))
+    return PlacementPlan(tuple(parts))
 
 
 # ---- the entry point ---------------------------------------------------------------------
@@ -231,7 +231,7 @@ def plan(
     *,
     largest_clique: int,
     rng: random.Random | None = None,
-) -> Plan | Infeasible:
+) -> PlacementPlan | Infeasible:
     """Decide how many nodes of which cliques serve `demand`.
 
     `index` holds the free capacity of the candidate cliques; `largest_clique`
@@ -257,13 +257,13 @@ def plan(
                 Reason.FRAGMENTED,
                 f"{total} nodes are free but at most {most_free} of them in one clique ({n} needed)",
             )
-        return Plan(((chosen.clique_id, n),))
+        return PlacementPlan(((chosen.clique_id, n),))
 
     if demand.mode is Mode.PREFER_SINGLE_CLIQUE:
         if most_free >= n and policy is not PolicyName.SPREAD:
             chosen = _choose_single(policy, index, n, gen)
             assert chosen is not None
-            return Plan(((chosen.clique_id, n),))
+            return PlacementPlan(((chosen.clique_id, n),))
         return _expand(_split(policy, index, n, 1, gen), demand)
 
     unit = demand.unit
@@ -297,7 +297,7 @@ def min_cliques_needed(histogram: Iterable[tuple[int, int]], demand: Demand) -> 
 # ---- node names ------------------------------------------------------------------------
 
 
-def pick_nodes(placement: Plan, free_nodes: Mapping[str, Sequence[str]]) -> tuple[Segment, ...]:
+def pick_nodes(placement: PlacementPlan, free_nodes: Mapping[str, Sequence[str]]) -> tuple[Segment, ...]:
     """Concrete nodes for a plan: the first free nodes of each clique, in the order given."""
     offsets: dict[str, int] = {}
     segments = []
@@ -316,7 +316,7 @@ def pick_nodes(placement: Plan, free_nodes: Mapping[str, Sequence[str]]) -> tupl
 # ---- judging a placement ------------------------------------------------------------------
 
 
-def score(placement: Plan, free_of: Mapping[str, int], min_cliques: int) -> float:
+def score(placement: PlacementPlan, free_of: Mapping[str, int], min_cliques: int) -> float:
     """0..100, higher is better.
 
     fill = nodes placed / free nodes of the cliques touched (100 % when the job
@@ -360,7 +360,9 @@ def fragmentation_of(pairs: Iterable[tuple[int, int]]) -> float:
     return fragmentation(s1, s2)
 
 
-def single_clique_candidates(demand: Demand, index: CliqueIndex, limit: int) -> list[tuple[Plan, float]]:
+def single_clique_candidates(
+    demand: Demand, index: CliqueIndex, limit: int
+) -> list[tuple[PlacementPlan, float]]:
     """The best `limit` one-clique placements by score, i.e. fewest free nodes first (for Explain)."""
     n = demand.num_nodes
     if demand.mode is Mode.ALLOW_SPLIT and demand.segment_size > 0 and n % demand.segment_size:
@@ -376,5 +378,5 @@ def single_clique_candidates(demand: Demand, index: CliqueIndex, limit: int) -> 
             parts = tuple((c.clique_id, demand.segment_size) for _ in range(n // demand.segment_size))
         else:
             parts = ((c.clique_id, n),)
-        out.append((Plan(parts), round(100.0 * n / c.free, 3)))
+        out.append((PlacementPlan(parts), round(100.0 * n / c.free, 3)))
     return out

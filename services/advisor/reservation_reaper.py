@@ -12,7 +12,7 @@ a live domain's record is there long before the grace ends. Reservations of othe
 clients) are never touched.
 
 Every advisor replica runs a reaper. A removal is guarded by the record's revision as the
-inventory saw it: of two replicas one removes it and the other's compare fails (harmless), and a
+fleet index saw it: of two replicas one removes it and the other's compare fails (harmless), and a
 reservation written anew under the same id is never removed on a stale view.
 
 Events (a binding, a reservation, a domain going) mark their domain; the loop releases what is
@@ -32,6 +32,7 @@ from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, StoreUnavailable
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
+from services.advisor.fleet_feeds import wait_changed
 from services.advisor.metrics import AdvisorMetrics
 from services.advisor.reservations import fits_one_txn, remove_if_unchanged
 
@@ -62,7 +63,7 @@ class ReservationReaper:
     ) -> None:
         self.placer = placer
         self.presence = presence
-        self.inventory = placer.advisor.inventory
+        self.fleet = placer.advisor.fleet
         self.metrics = metrics or placer.advisor.metrics
         self.absent_grace_s = absent_grace_s
         self.sweep_period_s = sweep_period_s
@@ -74,7 +75,7 @@ class ReservationReaper:
 
     def attach(self) -> None:
         """Be told of every domain whose bindings or reservations change, and of every domain gone."""
-        self.inventory.on_domain_change = self.note
+        self.fleet.on_domain_change = self.note
         self.presence.on_gone = self.note
 
     def note(self, domain_uid: str) -> None:
@@ -85,7 +86,7 @@ class ReservationReaper:
 
     def due(self, domain_uid: str) -> list[tuple[pb.Reservation, str]]:
         """The domain's extender reservations to release now, each with the reason."""
-        ours = [r for r in self.inventory.domain_reservations(domain_uid) if self.placer.made_by_extender(r)]
+        ours = [r for r in self.fleet.domain_reservations(domain_uid) if self.placer.made_by_extender(r)]
         if not ours:
             return []
         if self.presence.synced.is_set():
@@ -102,7 +103,7 @@ class ReservationReaper:
             else:
                 for r in ours:
                     self._absent_since.pop(r.id, None)
-        bound = self.inventory.bound
+        bound = self.fleet.bound
         return [(r, SERVED) for r in ours if all(bound.get(n) == domain_uid for n in r.node_names)]
 
     # ---- releasing ------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ class ReservationReaper:
     async def release(self, record: pb.Reservation, reason: str) -> bool:
         """Remove the reservation as the inventory knows it; False if another writer removed or
         replaced it first (nothing is removed then)."""
-        inv = self.inventory
+        inv = self.fleet
         rid = record.id
         revision = inv.reservation_revision(rid)
         known = inv.reservations.get(rid)
@@ -164,15 +165,15 @@ class ReservationReaper:
         return failed
 
     def _prune_absent(self) -> None:
-        known = self.inventory.reservations
+        known = self.fleet.reservations
         for rid in [r for r in self._absent_since if r not in known]:
             del self._absent_since[rid]
 
     async def run(self) -> None:
         """Release due reservations until cancelled (waits for the inventory to be synced)."""
-        inv = self.inventory
+        inv = self.fleet
         while not inv.ready:
-            await inv.wait_changed(inv.generation, 1.0)
+            await wait_changed(inv, inv.generation, 1.0)
         loop = asyncio.get_running_loop()
         backoff = Backoff(initial=0.1, cap=5.0)
         next_sweep = loop.time()

@@ -1,7 +1,7 @@
 """The standard gRPC services next to the PlacementAdvisor: health checking and server reflection.
 
 `grpc.health.v1.Health` answers SERVING for the advisor (and for the empty, whole-server name)
-once its inventory has listed the store, NOT_SERVING before: the same readiness as `/readyz`, in
+once its fleet index has listed the store, NOT_SERVING before: the same readiness as `/readyz`, in
 the form gRPC clients, load balancers and Kubernetes' gRPC probes understand. Server reflection
 (`grpc.reflection.v1` and `v1alpha`) lets grpcurl and reflection clients list and describe the
 API without the .proto files; the descriptors come from `libs/gen/descriptors.py`, generated from

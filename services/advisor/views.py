@@ -1,5 +1,5 @@
 """What a policy decides over for one request: the candidate cliques' free-node counts, and how to
-name their free nodes (pure functions of the inventory and the request)."""
+name their free nodes (pure functions of the fleet index and the request)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.advisor.clique_index import CliqueFree, CliqueIndex
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.model import PlacementRequest
 
 
@@ -22,7 +22,7 @@ class View:
     with_sick: Callable[[], CliqueIndex]
 
 
-def view_for(inv: Inventory, req: PlacementRequest) -> View:
+def view_for(inv: FleetIndex, req: PlacementRequest) -> View:
     """The policy input for `req`: the whole inventory's index when nothing narrows it (no copy),
     else the candidate cliques with their free nodes counted and named."""
     if req.node_selector or req.candidate_nodes is not None or req.gpus_per_node > inv.min_usable_gpus():
@@ -32,11 +32,11 @@ def view_for(inv: Inventory, req: PlacementRequest) -> View:
     return _whole(inv)
 
 
-def _whole(inv: Inventory) -> View:
+def _whole(inv: FleetIndex) -> View:
     return View(inv.index, inv.largest_clique(), inv.sorted_free, lambda: inv.index_with_sick)
 
 
-def _restricted(inv: Inventory, req: PlacementRequest) -> View:
+def _restricted(inv: FleetIndex, req: PlacementRequest) -> View:
     sel = req.node_selector
     ids: set[str] | None = None
 
@@ -99,7 +99,7 @@ def _restricted(inv: Inventory, req: PlacementRequest) -> View:
     return View(CliqueIndex.from_cliques(cliques), largest, lambda c: names[c], lambda: sick_index)
 
 
-def _excluding(inv: Inventory, excluded: frozenset[str]) -> View:
+def _excluding(inv: FleetIndex, excluded: frozenset[str]) -> View:
     """The whole inventory minus a few nodes: copy the index, adjust only the cliques they are in."""
     index = inv.index.copy()
     sick_index = inv.index_with_sick.copy()
@@ -121,7 +121,7 @@ def _excluding(inv: Inventory, excluded: frozenset[str]) -> View:
     return View(index, inv.largest_clique(), free_names, lambda: sick_index)
 
 
-def _attribute_check(inv: Inventory, key: str, value: str) -> Callable[[str], bool]:
+def _attribute_check(inv: FleetIndex, key: str, value: str) -> Callable[[str], bool]:
     def check(name: str) -> bool:
         return inv.node_attribute(name, key) == value
 

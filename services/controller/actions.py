@@ -1,6 +1,6 @@
 """The store changes the controller's core can ask for, as plain values.
 
-The pure core (`membership.py`, `teardown.py`) returns these; the reconciler
+The pure core (`membership_decisions.py`, `teardown.py`) returns these; the reconciler
 (`reconciler.py`) applies each as one fenced etcd transaction, so a deposed
 leader's late action fails instead of landing.
 """

@@ -57,7 +57,7 @@ _MAX_NAMED = 5
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ReadyCondition:
     """Whether the domain is Ready, and why (not)."""
 
     ready: bool
@@ -175,7 +175,7 @@ def _unreachable_message(obs: DomainObservation, cut: Sequence[Unreachable]) -> 
     )
 
 
-def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
+def ready_condition(obs: DomainObservation, live: Liveness | None = None) -> ReadyCondition:
     live = live if live is not None else liveness(obs)
     domain = obs.domain
     num_nodes = domain.spec.num_nodes if domain is not None else 0
@@ -183,7 +183,7 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
     lost = sorted(live.lost)
     if domain is not None and domain.deleting:
         remaining = len(obs.members)
-        return Verdict(
+        return ReadyCondition(
             False,
             REASON_TERMINATING,
             f"deletion requested; waiting for {remaining} member(s) to leave"
@@ -195,10 +195,10 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
         message = _lost_message(obs, lost)
         if recovering:
             message += "; " + _reason_message(obs, recovering, "IMEX daemon waiting for recovery on")
-        return Verdict(False, REASON_NODE_LOST, message)
+        return ReadyCondition(False, REASON_NODE_LOST, message)
     too_old = _with_reason(obs, present, REASON_DRIVER_TOO_OLD)
     if too_old:
-        return Verdict(
+        return ReadyCondition(
             False, REASON_IMEX_DRIVER_TOO_OLD, _reason_message(obs, too_old, "IMEX daemon not started on")
         )
     failed = [m.node for m in present if m.fabric and daemon_failed(obs.daemons.get(m.node))]
@@ -208,34 +208,38 @@ def verdict(obs: DomainObservation, live: Liveness | None = None) -> Verdict:
             daemon = obs.daemons[name]
             details.append(f"{name}: {daemon.last_error or pb.DaemonState(daemon.state).name}")
         more = f"; and {len(failed) - _MAX_NAMED} more" if len(failed) > _MAX_NAMED else ""
-        return Verdict(False, REASON_IMEX_DAEMON_FAILED, "IMEX daemon failed on " + "; ".join(details) + more)
+        return ReadyCondition(
+            False, REASON_IMEX_DAEMON_FAILED, "IMEX daemon failed on " + "; ".join(details) + more
+        )
     if recovering:
-        return Verdict(
+        return ReadyCondition(
             False,
             REASON_IMEX_WAITING_FOR_RECOVERY,
             _reason_message(obs, recovering, "IMEX daemon waiting for recovery on"),
         )
     cut = unreachable(obs, live)
     if cut:
-        return Verdict(False, REASON_PEER_UNREACHABLE, _unreachable_message(obs, cut))
+        return ReadyCondition(False, REASON_PEER_UNREACHABLE, _unreachable_message(obs, cut))
     if not present:
         wanted = f"{num_nodes}" if num_nodes > 0 else "at least 1"
-        return Verdict(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")
+        return ReadyCondition(False, REASON_WAITING_FOR_NODES, f"0 of {wanted} node(s) joined")
     if num_nodes > 0 and len(present) < num_nodes:
-        return Verdict(False, REASON_WAITING_FOR_NODES, f"{len(present)} of {num_nodes} node(s) joined")
+        return ReadyCondition(
+            False, REASON_WAITING_FOR_NODES, f"{len(present)} of {num_nodes} node(s) joined"
+        )
     total = len(present)
     not_up = [m.node for m in present if not daemon_up(obs, m, live)]
     if not_up:
         # Counted without the mesh: peers of a daemon still starting cannot have reached it yet.
-        return Verdict(
+        return ReadyCondition(
             False,
             REASON_DAEMONS_NOT_READY,
             f"{total - len(not_up)} of {total} node(s) up; waiting for {_names(not_up)}",
         )
     waiting = [m.node for m in present if m.fabric and live.missing_peers(obs, m.node)]
     if waiting:
-        return Verdict(False, REASON_WAITING_FOR_PEERS, _peers_message(obs, waiting, live, total))
-    return Verdict(True, REASON_ALL_NODES_READY, f"{total} of {total} node(s) ready")
+        return ReadyCondition(False, REASON_WAITING_FOR_PEERS, _peers_message(obs, waiting, live, total))
+    return ReadyCondition(True, REASON_ALL_NODES_READY, f"{total} of {total} node(s) ready")
 
 
 def merge_conditions(
@@ -255,12 +259,12 @@ def desired_status(
     obs: DomainObservation, previous: StatusValue | None, now_ms: int, live: Liveness | None = None
 ) -> StatusValue:
     live = live if live is not None else liveness(obs)
-    v = verdict(obs, live)
-    ready_condition = ConditionEntry(CONDITION_READY, "True" if v.ready else "False", v.reason, v.message, 0)
+    v = ready_condition(obs, live)
+    ready_entry = ConditionEntry(CONDITION_READY, "True" if v.ready else "False", v.reason, v.message, 0)
     old_conditions = previous.conditions if previous is not None else ()
     return StatusValue(
         ready=v.ready,
         nodes=node_statuses(obs, live),
-        conditions=merge_conditions(old_conditions, [ready_condition], now_ms),
+        conditions=merge_conditions(old_conditions, [ready_entry], now_ms),
         imex_mesh=MESH_LABELS.get(obs.domain.mesh_mode, "") if obs.domain is not None else "",
     )

@@ -16,9 +16,7 @@ import structlog
 
 from libs.runtime.cancellation import cancel_until_done
 from libs.runtime.health import Health, start_health_server
-from libs.runtime.logging import configure_logging
-from libs.runtime.service import stop_on_signals
-from libs.runtime.settings import load_settings_or_exit
+from libs.runtime.service import run_service, stop_on_signals
 from libs.state.election import LeaderElection, Leadership
 from libs.state.store import Store, with_retries
 from services.controller.metrics import ControllerMetrics
@@ -126,11 +124,7 @@ async def _amain(settings: ControllerSettings) -> None:
     await ControllerService(settings).run(stop_on_signals())
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    settings = load_settings_or_exit(
-        ControllerSettings, argv, prog="cd-controller", description="ComputeDomain domain controller"
-    )
-    configure_logging(settings.log_format, settings.log_level)  # type: ignore[arg-type]
+def _log_start(settings: ControllerSettings) -> None:
     log.info(
         "cd-controller starting",
         identity=settings.holder,
@@ -139,7 +133,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         prefix=settings.etcd_prefix,
         leader_lease_ttl_s=settings.leader_lease_ttl_s,
     )
-    asyncio.run(_amain(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_service(
+        ControllerSettings,
+        argv,
+        prog="cd-controller",
+        description="ComputeDomain domain controller",
+        name="controller",
+        run=_amain,
+        on_start=_log_start,
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The controller keeps one in-memory view of the store (see `view.py`) for
 thousands of nodes and domains; these slotted records hold only the fields the
 decisions need, which keeps that view small. A `DomainObservation` is the
-input of the pure core (`cdstatus.py`, `membership.py`, `teardown.py`).
+input of the pure core (`cdstatus.py`, `membership_decisions.py`, `teardown.py`).
 """
 
 from __future__ import annotations

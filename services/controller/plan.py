@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.controller import cdstatus, membership, teardown
+from services.controller import cdstatus, membership_decisions, teardown
 from services.controller.actions import Action, DeleteDomain
 from services.controller.liveness import liveness
 from services.controller.meshplan import mesh_actions
@@ -13,7 +13,7 @@ from services.controller.statusmodel import StatusValue
 
 
 @dataclass(frozen=True)
-class Plan:
+class DomainPlan:
     # The status to write, or None when the stored one is already right (or there is no domain).
     status: StatusValue | None
     actions: list[Action] = field(default_factory=list)
@@ -21,22 +21,26 @@ class Plan:
     recheck_after_ms: int | None = None
 
 
-def plan_domain(obs: DomainObservation, now_ms: int, orphan_grace_ms: int, mesh_tls: bool = True) -> Plan:
+def plan_domain(
+    obs: DomainObservation, now_ms: int, orphan_grace_ms: int, mesh_tls: bool = True
+) -> DomainPlan:
     """`mesh_tls`: the mode a domain gets when it is first seen (mutual TLS, or plaintext)."""
-    recheck = membership.grace_recheck_ms(obs, now_ms, orphan_grace_ms)
+    recheck = membership_decisions.grace_recheck_ms(obs, now_ms, orphan_grace_ms)
     mesh = mesh_actions(obs, mesh_tls, now_ms, orphan_grace_ms)
     if obs.domain is None:
-        return Plan(None, membership.orphan_actions(obs, now_ms, orphan_grace_ms) + mesh, recheck)
+        return DomainPlan(
+            None, membership_decisions.orphan_actions(obs, now_ms, orphan_grace_ms) + mesh, recheck
+        )
     # Who is lost and whose mesh is complete: one pass over the members and their reports.
     live = liveness(obs)
-    actions: list[Action] = membership.loss_actions(obs, live)
-    actions += membership.activations(obs)
-    actions += membership.lost_member_releases(obs)
+    actions: list[Action] = membership_decisions.loss_actions(obs, live)
+    actions += membership_decisions.activations(obs)
+    actions += membership_decisions.lost_member_releases(obs)
     actions += mesh
     actions += teardown.teardown_actions(obs, live)
     if not obs.domain.deleting:
-        actions += membership.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
+        actions += membership_decisions.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
     if any(isinstance(a, DeleteDomain) for a in actions):
-        return Plan(None, actions)
+        return DomainPlan(None, actions)
     desired = cdstatus.desired_status(obs, obs.status, now_ms, live)
-    return Plan(desired if desired != obs.status else None, actions, recheck)
+    return DomainPlan(desired if desired != obs.status else None, actions, recheck)

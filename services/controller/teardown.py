@@ -4,7 +4,7 @@ Deletion sets `deleting` on the domain record. Members leave as their node
 agents unprepare the claims (the controller never evicts an active member:
 a CD deleted while pods still run stays terminating until they release).
 Nodes that are gone cannot unprepare, so their prepared-claim records are
-dropped here; their LOST members are then released (`membership.py`). Gone is
+dropped here; their LOST members are then released (`membership_decisions.py`). Gone is
 `liveness.py`'s answer on the current reports, the one the loss decision
 uses, not the LOST mark: a node a live peer reaches may still run the job. Once
 no member and no prepared claim is left, one transaction removes the domain

@@ -1,13 +1,13 @@
 """``cd-imex-agent``: the IMEX side of a node as one long-lived asyncio program.
 
-It holds the node's liveness: the node record on its lease (`NodeInventory`), and runs the IMEX
+It holds the node's liveness: the node record on its lease (`NodeRecordKeeper`), and runs the IMEX
 daemons of the domains the node is in (`ImexSupervisor`). It is separate from the kubelet plugin
 (``cd-node-agent``) so that a plugin restart or upgrade changes nothing in the store and no
 daemon. A restart of this program adopts the running daemons (same pid; no job notices); by
 default the daemons outlive it (``--stop-daemons-on-exit`` stops them).
 
-Start order: health server -> etcd (retried: etcd may still be starting) -> inventory and
-supervisor as background tasks. A background task that fails is logged, shown on ``/healthz``
+Start order: health server -> etcd (retried: etcd may still be starting) -> node record keeper
+and supervisor as background tasks. A background task that fails is logged, shown on ``/healthz``
 and restarted with capped backoff; the problem clears once it has run for a while again.
 Shutdown on SIGTERM/SIGINT (or `stop`): the tasks end (daemons left running unless configured).
 """
@@ -27,15 +27,15 @@ from prometheus_client.registry import Collector
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware_from
 from libs.hardware.interface import NodeHardware
-from libs.runtime.health import Health, start_health_server
-from libs.runtime.service import run_service, stop_on_signals
+from libs.runtime.health import Health
+from libs.runtime.service import run_service, serving, stop_on_signals
 from libs.runtime.tasks import keep_running
-from libs.state.store import Store, with_retries
+from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, watch_prefix
-from services.imexagent.inventory import InventorySettings, NodeInventory
-from services.imexagent.lifecycle import READY
+from services.imexagent.daemon_lifecycle import READY
+from services.imexagent.daemon_supervisor import ImexSupervisor
+from services.imexagent.node_record_keeper import NodeRecordKeeper, RecordKeeperSettings
 from services.imexagent.settings import ImexAgentSettings, ImexSettings
-from services.imexagent.supervisor import ImexSupervisor
 
 log = structlog.get_logger(__name__)
 
@@ -44,19 +44,22 @@ log = structlog.get_logger(__name__)
 class ImexAgent:
     """The IMEX side of one node: its record on the lease and its daemons."""
 
-    inventory: NodeInventory
+    record_keeper: NodeRecordKeeper
     supervisor: ImexSupervisor
 
     def tasks(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
         """The background tasks to keep running (name, coroutine function)."""
-        return [("inventory", self.inventory.run), ("imex-supervisor", self.supervisor.run)]
+        # "inventory" is the task's name on /healthz, which operators read: kept as it was.
+        return [("inventory", self.record_keeper.run), ("imex-supervisor", self.supervisor.run)]
 
     async def run(self, health: Health) -> None:
         """Run both tasks (each restarted on failure) until cancelled."""
-        self.inventory.health = health
+        self.record_keeper.health = health
         async with asyncio.TaskGroup() as group:
             for name, run in self.tasks():
-                group.create_task(keep_running(name, run, health), name=f"{name}-{self.inventory.node_name}")
+                group.create_task(
+                    keep_running(name, run, health), name=f"{name}-{self.record_keeper.node_name}"
+                )
 
 
 def compose_imex_agent(
@@ -65,13 +68,13 @@ def compose_imex_agent(
     hardware: NodeHardware,
     work_dir: Path,
     imex: ImexSettings,
-    inventory: InventorySettings,
+    record: RecordKeeperSettings,
     watch: PrefixWatcher = watch_prefix,
 ) -> ImexAgent:
     """The IMEX agent's parts on a given store and hardware (``run_imex_agent`` and tools that
     host many simulated nodes in one process build it the same way)."""
     return ImexAgent(
-        inventory=NodeInventory(store, node_name, hardware, inventory, watch=watch),
+        record_keeper=NodeRecordKeeper(store, node_name, hardware, record, watch=watch),
         supervisor=ImexSupervisor(store, node_name, hardware, work_dir, imex, watch=watch),
     )
 
@@ -103,14 +106,14 @@ class DaemonCollector(Collector):
         yield reloads
 
 
-async def _warn_until_registered(inventory: NodeInventory, warn_after_s: float = 30.0) -> None:
-    """Log while the first registration takes long; the inventory itself keeps the ``registered``
+async def _warn_until_registered(keeper: NodeRecordKeeper, warn_after_s: float = 30.0) -> None:
+    """Log while the first registration takes long; the record keeper itself keeps the ``registered``
     readiness gate (open only while its record is in the store)."""
     while True:
         try:
-            await inventory.wait_registered(warn_after_s)
+            await keeper.wait_registered(warn_after_s)
         except TimeoutError:
-            log.warning("node not registered in the store yet; waiting", node=inventory.node_name)
+            log.warning("node not registered in the store yet; waiting", node=keeper.node_name)
             continue
         return
 
@@ -130,45 +133,36 @@ async def run_imex_agent(
     health.set_ready("registered", False)
     registry = CollectorRegistry()
     hardware = open_node_hardware_from(settings)
-    store = Store(settings.etcd_config())
-    health_runner = None
-    agent_task: asyncio.Task[None] | None = None
     try:
-        health_runner, health_port = await start_health_server(
-            health, settings.health_host, settings.health_port, registry
-        )
-        # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
-        await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
-        agent = compose_imex_agent(
-            store,
-            node_name,
-            hardware,
-            Path(settings.imex_work_dir),
-            imex or settings.imex_settings(),
-            InventorySettings(
-                lease_ttl_s=settings.lease_ttl_s,
-                node_ip=settings.node_ip,
-                kubelet_dir=settings.kubelet_dir,
-                cdi_root=settings.cdi_root,
-            ),
-        )
-        registry.register(DaemonCollector(agent.supervisor))
-        agent_task = asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}")
-        log.info("IMEX agent running", node=node_name, health_port=health_port, hardware=settings.hardware)
-        registered = asyncio.create_task(_warn_until_registered(agent.inventory))
-        try:
-            await stop.wait()
-        finally:
-            registered.cancel()
-        log.info("shutting down", node=node_name)
+        async with serving(settings, health, registry, gate="registered") as service:
+            agent = compose_imex_agent(
+                service.store,
+                node_name,
+                hardware,
+                Path(settings.imex_work_dir),
+                imex or settings.imex_settings(),
+                RecordKeeperSettings(
+                    lease_ttl_s=settings.lease_ttl_s,
+                    node_ip=settings.node_ip,
+                    kubelet_dir=settings.kubelet_dir,
+                    cdi_root=settings.cdi_root,
+                ),
+            )
+            registry.register(DaemonCollector(agent.supervisor))
+            service.background.append(asyncio.create_task(agent.run(health), name=f"imex-agent-{node_name}"))
+            log.info(
+                "IMEX agent running",
+                node=node_name,
+                health_port=service.health_port,
+                hardware=settings.hardware,
+            )
+            registered = asyncio.create_task(_warn_until_registered(agent.record_keeper))
+            try:
+                await stop.wait()
+            finally:
+                registered.cancel()
+            log.info("shutting down", node=node_name)
     finally:
-        health.set_ready("registered", False)
-        if agent_task is not None:
-            agent_task.cancel()
-            await asyncio.gather(agent_task, return_exceptions=True)
-        if health_runner is not None:
-            await health_runner.cleanup()
-        await store.close()
         hardware.close()
         log.info("IMEX agent stopped", node=node_name)
 

@@ -46,8 +46,15 @@ from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
 from libs.state.watch import PrefixWatcher, watch_prefix
 from services.imexagent import process as proc
+from services.imexagent.daemon_lifecycle import (
+    FAILED,
+    NOT_READY,
+    READY,
+    DaemonLifecycle,
+    ProbeAction,
+    ReloadPolicy,
+)
 from services.imexagent.domaindir import DomainDir
-from services.imexagent.lifecycle import FAILED, NOT_READY, READY, DaemonLifecycle, ReloadPolicy, Verdict
 from services.imexagent.meshcreds import MeshCredentials
 from services.imexagent.probe import CONNECTED, CtlProbe, ProbeResult, ReadinessProbe
 from services.imexagent.probepace import ProbePace
@@ -484,10 +491,10 @@ class DomainDaemon:
             for name in connected_nodes(self.desired, dict(result.connections)):
                 self._seen_connected[name] = now
         was = self.lifecycle.state
-        verdict = self.lifecycle.probed(
+        action = self.lifecycle.probed(
             now, result.answered, result.ready, result.detail or f"daemon {result.state}"
         )
-        if verdict is Verdict.STOP:
+        if action is ProbeAction.STOP:
             log.error(
                 "IMEX daemon unresponsive; stopping it (SIGTERM, then SIGKILL after the grace)",
                 cd_uid=self.uid,

@@ -10,9 +10,9 @@ from libs.hardware import ImexBackendName
 from libs.hardware.factory import HARDWARE_KINDS
 from libs.imex import config as imexcfg
 from libs.imex import slots
-from libs.runtime.settings import positive, setting
+from libs.runtime.settings import ProcessSettings, port, positive, required, setting
 from libs.state.config import EtcdSettings
-from services.imexagent.lifecycle import LifecyclePolicy
+from services.imexagent.daemon_lifecycle import LifecyclePolicy
 
 BackendChoice = Literal["auto", "nvidia", "simulated"]
 
@@ -127,14 +127,6 @@ class ImexSettings:
         )
 
 
-def _required(value: Any) -> str | None:
-    return None if value else "is required"
-
-
-def _port(value: Any) -> str | None:
-    return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
-
-
 def _grace(value: Any) -> str | None:
     return None if value >= -1 else "must be -1 (forever), 0 (at once) or a number of seconds"
 
@@ -144,12 +136,12 @@ def _address(value: Any) -> str | None:
 
 
 @dataclass(frozen=True, repr=False)
-class ImexAgentSettings(EtcdSettings):
-    node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
+class ImexAgentSettings(ProcessSettings, EtcdSettings):
+    node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=required)
     node_ip: str = setting(
         "", "Address IMEX peers reach this node at; required with real hardware (simulation: the node's own)."
     )
-    # ---- hardware
+    # Hardware
     hardware: str = setting("nvml", "Hardware backend.", choices=HARDWARE_KINDS)
     sim_cluster: str = setting("", "Simulated cluster description file (--hardware simulated).")
     sim_state_dir: str = setting(
@@ -157,13 +149,13 @@ class ImexAgentSettings(EtcdSettings):
     )
     proc_devices: str = setting("/proc/devices", "Where to read the IMEX channel major (nvml).")
     driver_root: str = setting("/", "Host root of the NVIDIA driver's /dev (nvml).")
-    # ---- node record
+    # Node record
     lease_ttl_s: int = setting(
         5, "TTL of the node record's lease (node loss is seen after it), seconds.", validate=positive
     )
     kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (recorded in the node record).")
     cdi_root: str = setting("/var/run/cdi", "CDI spec directory (recorded in the node record).")
-    # ---- IMEX
+    # IMEX
     imex_work_dir: str = setting("/var/lib/compute-domain/imex", "Per-domain IMEX daemon directories.")
     imex_backend: str = setting(
         "auto",
@@ -188,11 +180,8 @@ class ImexAgentSettings(EtcdSettings):
         "Stop the IMEX daemons when the agent stops (default: leave them running; the next "
         "agent adopts them, so running jobs survive an agent restart or upgrade).",
     )
-    # ---- process
-    health_host: str = setting("0.0.0.0", "Address of the /healthz /readyz /metrics server.")
-    health_port: int = setting(8083, "Port of the health server (0 = any free port).", validate=_port)
-    log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
-    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    # This program's own default port (the other process settings: ProcessSettings).
+    health_port: int = setting(8083, "Port of the health server (0 = any free port).", validate=port)
 
     def imex_settings(self) -> ImexSettings:
         backend: ImexBackendName | None = None

@@ -18,17 +18,14 @@ backoff; the problem clears once it has run for a while again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from libs.hardware.errors import HardwareError
 from libs.hardware.factory import open_node_hardware_from
-from libs.runtime.health import Health, start_health_server
-from libs.runtime.service import run_service, stop_on_signals
-from libs.runtime.tasks import keep_running
-from libs.state.store import Store, with_retries
+from libs.runtime.health import Health
+from libs.runtime.service import run_service, serving, stop_on_signals
 from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
@@ -61,73 +58,60 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event | None = None) 
     metrics = AgentMetrics()
     health.set_ready("serving", False)
     hardware = open_node_hardware_from(settings)
-    health_runner, health_port = await start_health_server(
-        health, settings.health_host, settings.health_port, metrics.registry
-    )
-    store = Store(settings.etcd_config())
-    try:
-        # etcd may still be starting (or restarting) when the agent comes up: retry, do not exit.
-        await with_retries(store.connect, what="connect to etcd", deadline_s=settings.etcd_timeout_s * 12)
-    except BaseException:
-        await health_runner.cleanup()
-        hardware.close()
-        raise
-    kube_api: Any = None
-    background: list[asyncio.Task[None]] = []
     plugin: Plugin | None = None
-
-    def spawn(name: str, run: Callable[[], Awaitable[object]]) -> None:
-        background.append(asyncio.create_task(keep_running(name, run, health), name=name))
-
     try:
-        claims: ClaimSource
-        batch = StoreBatch(store)
-        if settings.claim_source == "kubernetes":
-            kube_api = await _kube_api_client(settings)
-            claims = KubeClaimSource(kube_api, timeout_s=settings.kube_timeout_s)
-        else:
-            # A prepare reads its claim and its domain at once: one store transaction.
-            claims = StoreClaimSource(BatchedReads(batch))
-        plugin = compose_plugin(store, settings, hardware, claims, health, metrics, batch=batch)
-        for name, run in plugin.tasks():
-            spawn(name, run)
-        if kube_api is not None:
-            from services.nodeagent.wire.resourceslice import ResourceSlicePublisher, ResourceSliceSettings
+        async with serving(settings, health, metrics.registry, gate="serving") as service:
+            try:
+                claims: ClaimSource
+                batch = StoreBatch(service.store)
+                if settings.claim_source == "kubernetes":
+                    kube_api = await _kube_api_client(settings)
+                    service.close_after_tasks(kube_api.close)
+                    claims = KubeClaimSource(kube_api, timeout_s=settings.kube_timeout_s)
+                else:
+                    kube_api = None
+                    # A prepare reads its claim and its domain at once: one store transaction.
+                    claims = StoreClaimSource(BatchedReads(batch))
+                plugin = compose_plugin(
+                    service.store, settings, hardware, claims, health, metrics, batch=batch
+                )
+                for name, run in plugin.tasks():
+                    service.spawn(name, run)
+                if kube_api is not None:
+                    from services.nodeagent.wire.resourceslice import (
+                        ResourceSlicePublisher,
+                        ResourceSliceSettings,
+                    )
 
-            publisher = ResourceSlicePublisher(
-                kube_api,
-                node_name,
-                ResourceSliceSettings(
-                    publish_clique_label=settings.publish_clique_label,
-                    delete_on_shutdown=settings.delete_resource_slice_on_exit,
-                    request_timeout_s=settings.kube_timeout_s,
-                ),
-            )
-            view = plugin.node_view
-            spawn("resource-slice", lambda: publisher.run(view.changes()))
-        if not await plugin.serve(stop):
-            return
-        log.info(
-            "node agent serving",
-            node=node_name,
-            dra_socket=str(plugin.dra_socket),
-            health_port=health_port,
-            claim_source=settings.claim_source,
-            hardware=settings.hardware,
-        )
-        await stop.wait()
-        log.info("shutting down", node=node_name)
+                    publisher = ResourceSlicePublisher(
+                        kube_api,
+                        node_name,
+                        ResourceSliceSettings(
+                            publish_clique_label=settings.publish_clique_label,
+                            delete_on_shutdown=settings.delete_resource_slice_on_exit,
+                            request_timeout_s=settings.kube_timeout_s,
+                        ),
+                    )
+                    view = plugin.node_view
+                    service.spawn("resource-slice", lambda: publisher.run(view.changes()))
+                if not await plugin.serve(stop):
+                    return
+                log.info(
+                    "node agent serving",
+                    node=node_name,
+                    dra_socket=str(plugin.dra_socket),
+                    health_port=service.health_port,
+                    claim_source=settings.claim_source,
+                    hardware=settings.hardware,
+                )
+                await stop.wait()
+                log.info("shutting down", node=node_name)
+            finally:
+                # Sockets first (kubelet stops calling), then `serving` ends the background tasks.
+                health.set_ready("serving", False)
+                if plugin is not None:
+                    await plugin.close()
     finally:
-        health.set_ready("serving", False)
-        if plugin is not None:
-            await plugin.close()
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if kube_api is not None:
-            await kube_api.close()
-        await health_runner.cleanup()
-        await store.close()
         hardware.close()
         log.info("node agent stopped", node=node_name)
 

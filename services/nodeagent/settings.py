@@ -9,27 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from libs.hardware.factory import HARDWARE_KINDS
-from libs.runtime.settings import non_negative, positive, setting
+from libs.runtime.settings import ProcessSettings, non_negative, port, positive, required, setting
 from libs.state.config import EtcdSettings
 
 
-def _required(value: Any) -> str | None:
-    return None if value else "is required"
-
-
-def _port(value: Any) -> str | None:
-    return None if 0 <= value <= 65535 else "must be a port number (0 = any free port)"
-
-
 @dataclass(frozen=True, repr=False)
-class AgentSettings(EtcdSettings):
-    node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=_required)
+class AgentSettings(ProcessSettings, EtcdSettings):
+    node_name: str = setting("", "This node's name (the Kubernetes node name).", validate=required)
     kubelet_dir: str = setting("/var/lib/kubelet", "Kubelet directory (plugin and registration sockets).")
     cdi_root: str = setting("/var/run/cdi", "CDI spec directory.")
-    # ---- hardware
+    # Hardware
     hardware: str = setting("nvml", "Hardware backend.", choices=HARDWARE_KINDS)
     sim_cluster: str = setting("", "Simulated cluster description file (--hardware simulated).")
     sim_state_dir: str = setting(
@@ -37,7 +28,7 @@ class AgentSettings(EtcdSettings):
     )
     proc_devices: str = setting("/proc/devices", "Where to read the IMEX channel major (nvml).")
     driver_root: str = setting("/", "Host root of the NVIDIA driver's /dev (nvml).")
-    # ---- prepare
+    # Prepare
     prepare_budget_s: float = setting(
         45.0, "How long a prepare waits for this node's IMEX daemon to be READY, seconds.", validate=positive
     )
@@ -69,7 +60,7 @@ class AgentSettings(EtcdSettings):
         "are held to Kubernetes' own limits (63 and 253).",
         validate=positive,
     )
-    # ---- claims and Kubernetes
+    # Claims and Kubernetes
     claim_source: str = setting(
         "store", "Where claims come from: store (simulation) or kubernetes.", choices=("store", "kubernetes")
     )
@@ -79,11 +70,8 @@ class AgentSettings(EtcdSettings):
         False, "Maintain the nvidia.com/gpu.clique node label (kubernetes mode)."
     )
     delete_resource_slice_on_exit: bool = setting(False, "Delete this node's ResourceSlice on shutdown.")
-    # ---- process
-    health_host: str = setting("0.0.0.0", "Address of the /healthz /readyz /metrics server.")
-    health_port: int = setting(8082, "Port of the health server (0 = any free port).", validate=_port)
-    log_format: str = setting("auto", "Log format.", choices=("auto", "json", "console"))
-    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    # This program's own default port (the other process settings: ProcessSettings).
+    health_port: int = setting(8082, "Port of the health server (0 = any free port).", validate=port)
 
     @property
     def kubelet_path(self) -> Path:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store, with_retries
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from tools.sim.hardware.cluster import ClusterDescription
 
 
@@ -41,12 +41,12 @@ def cluster_records(cluster: ClusterDescription) -> list[pb.Node]:
     return [node_record(n.name, n.clique, n.cluster_uuid) for n in cluster.nodes()]
 
 
-def filled_inventory(records: Iterable[pb.Node]) -> Inventory:
-    inventory = Inventory()
-    inventory.synced.update({"nodes", "bindings", "reservations"})
+def filled_fleet(records: Iterable[pb.Node]) -> FleetIndex:
+    fleet = FleetIndex()
+    fleet.synced.update({"nodes", "bindings", "reservations"})
     for record in records:
-        inventory.apply_node(record.name, record)
-    return inventory
+        fleet.apply_node(record.name, record)
+    return fleet
 
 
 async def put_nodes(store: Store, records: Sequence[pb.Node], lease: int = 0, concurrency: int = 32) -> None:

@@ -15,8 +15,8 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import follow
+from services.advisor.fleet_feeds import follow, wait_until
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.main import AdvisorService
 from services.advisor.settings import AdvisorSettings
 from tests.advisor.fleet import put_nodes
@@ -65,7 +65,7 @@ async def running_advisor(settings: AdvisorSettings) -> AsyncIterator[Running]:
     if task in done:
         task.result()
     assert started in done, "advisor did not start"
-    assert await service.inventory.wait_for(lambda: service.inventory.ready, 20.0), "inventory not synced"
+    assert await wait_until(service.fleet, lambda: service.fleet.ready, 20.0), "inventory not synced"
     try:
         yield Running(service, stop, task)
     finally:
@@ -77,12 +77,12 @@ async def running_advisor(settings: AdvisorSettings) -> AsyncIterator[Running]:
 async def advisor_on_store(store: Store, records: Sequence[pb.Node]) -> AsyncIterator[Advisor]:
     """An in-process Advisor whose inventory follows `store`, after `records` were written there."""
     await put_nodes(store, records)
-    inventory = Inventory()
+    fleet = FleetIndex()
     ready = asyncio.Event()
-    feeds = asyncio.create_task(follow(inventory, store, ready.set))
+    feeds = asyncio.create_task(follow(fleet, store, ready.set))
     try:
         await asyncio.wait_for(ready.wait(), 20)
-        advisor = Advisor(inventory, store)
+        advisor = Advisor(fleet, store)
         try:
             yield advisor
         finally:

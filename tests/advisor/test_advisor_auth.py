@@ -91,7 +91,7 @@ async def test_grpc_refuses_clients_without_a_certificate_of_its_ca(
         ):
             with pytest.raises(REFUSED):
                 await _place(advisor.grpc_port, context, pp.PlaceRequest(num_nodes=4))
-            assert advisor.service.advisor.inventory.reservations == {}, who
+            assert advisor.service.advisor.fleet.reservations == {}, who
         plain = Channel("127.0.0.1", advisor.grpc_port)  # no TLS at all
         try:
             with pytest.raises(REFUSED):
@@ -112,8 +112,8 @@ async def test_reservations_are_charged_to_the_certificate_and_capped(
             advisor.grpc_port, alice, pp.PlaceRequest(num_nodes=16, reserve=True, holder="someone-else")
         )
         assert first.feasible and first.reservation_id
-        inventory = advisor.service.advisor.inventory
-        assert inventory.reservations[first.reservation_id].holder == "team-alice", (
+        fleet = advisor.service.advisor.fleet
+        assert fleet.reservations[first.reservation_id].holder == "team-alice", (
             "the declared holder is ignored"
         )
         with pytest.raises(GRPCError) as refused:
@@ -122,7 +122,7 @@ async def test_reservations_are_charged_to_the_certificate_and_capped(
             )
         assert refused.value.status == Status.RESOURCE_EXHAUSTED
         assert "team-alice" in str(refused.value.message) and f"cap of {CAP}" in str(refused.value.message)
-        held = sum(len(r.node_names) for r in inventory.reservations.values() if r.holder == "team-alice")
+        held = sum(len(r.node_names) for r in fleet.reservations.values() if r.holder == "team-alice")
         assert held == 16
         # A placement without a reservation costs nothing and is still answered.
         assert (await _place(advisor.grpc_port, alice, pp.PlaceRequest(num_nodes=8))).feasible

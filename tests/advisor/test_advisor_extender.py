@@ -26,8 +26,8 @@ from services.advisor.domain_sources import (
     domain_of_template_object,
 )
 from services.advisor.extender import Extender, build_extender_app
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import start_feeds
+from services.advisor.fleet_feeds import start_feeds, wait_until
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.reservation_ids import ExtenderIds
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 from tools.sim.hardware.cluster import ClusterDescription
@@ -68,7 +68,7 @@ def node_object(name: str, clique: str) -> dict[str, Any]:
 class Env:
     client: TestClient
     store: Store
-    inventory: Inventory
+    fleet: FleetIndex
     records: list[pb.Node]
     sizes: StaticDomainSizes
     templates: StaticTemplateSource
@@ -79,7 +79,7 @@ class Env:
         return [r.name for r in self.records]
 
     def clique_of(self, name: str) -> str:
-        return self.inventory.nodes[name].clique
+        return self.fleet.nodes[name].clique
 
     async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         response = await self.client.post("/filter", data=json.dumps(args))
@@ -91,17 +91,17 @@ class Env:
 async def env(store: Store) -> AsyncIterator[Env]:
     records = cluster_records(CLUSTER)
     await put_nodes(store, records)
-    inventory = Inventory()
-    feeds = start_feeds(inventory, store)
-    assert await inventory.wait_for(lambda: inventory.ready, 10.0)
+    fleet = FleetIndex()
+    feeds = start_feeds(fleet, store)
+    assert await wait_until(fleet, lambda: fleet.ready, 10.0)
     templates = StaticTemplateSource({("team-a", "trainer-channel"): DOMAIN})
     sizes = StaticDomainSizes({})
-    placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, ids=IDS)
+    placer = DomainPlacer(Advisor(fleet, store), ttl_s=60, ids=IDS)
     extender = Extender(placer, templates, sizes)
     client = TestClient(TestServer(build_extender_app(extender)))
     await client.start_server()
     try:
-        yield Env(client, store, inventory, records, sizes, templates, placer)
+        yield Env(client, store, fleet, records, sizes, templates, placer)
     finally:
         await client.close()
         await cancel_until_done(feeds)
@@ -123,7 +123,7 @@ async def test_pods_without_our_claims_pass_through_untouched(env: Env) -> None:
         }
         response = await env.client.post("/prioritize", data=json.dumps(args))
         assert await response.json() == [{"Host": n, "Score": 0} for n in env.names]
-    assert env.inventory.reservations == {}
+    assert env.fleet.reservations == {}
 
 
 async def test_first_pod_reserves_num_nodes_in_one_clique_and_later_pods_follow(env: Env) -> None:
@@ -142,7 +142,7 @@ async def test_first_pod_reserves_num_nodes_in_one_clique_and_later_pods_follow(
     # The second pod of the domain gets the same nodes; nothing new is reserved.
     second = await env.filter(pod_args(env.names, name="trainer-worker-1"))
     assert second["NodeNames"] == allowed
-    assert len(env.inventory.domain_reservations(DOMAIN)) == 1
+    assert len(env.fleet.domain_reservations(DOMAIN)) == 1
 
     # Prioritize: the domain's nodes first.
     response = await env.client.post("/prioritize", data=json.dumps(pod_args(env.names)))
@@ -165,13 +165,13 @@ async def test_unknown_size_grows_one_node_at_a_time_inside_the_clique(env: Env)
     # The pod lands and its claim is prepared: the node joins the domain. It is full now,
     # so kube-scheduler's own filters no longer offer it.
     await bind(env.store, node_a, DOMAIN)
-    assert await env.inventory.wait_for(lambda: node_a in env.inventory.bound, 2.0)
+    assert await wait_until(env.fleet, lambda: node_a in env.fleet.bound, 2.0)
     candidates = [n for n in env.names if n != node_a]
     second = await env.filter(pod_args(candidates))
     assert len(second["NodeNames"]) == 1
     (node_b,) = second["NodeNames"]
     assert node_b != node_a and env.clique_of(node_b) == clique
-    ids = sorted(r.id for r in env.inventory.domain_reservations(DOMAIN))
+    ids = sorted(r.id for r in env.fleet.domain_reservations(DOMAIN))
     assert ids == sorted([IDS.make(DOMAIN, 0), IDS.make(DOMAIN, 1)])
 
 
@@ -188,9 +188,9 @@ async def test_a_gang_whose_reservation_lapsed_before_all_its_pods_bound_stays_i
     assert len(first["NodeNames"]) == 16
     (clique,) = {env.clique_of(n) for n in first["NodeNames"]}
     bound = first["NodeNames"][:4]  # four pods bound; kube-scheduler's DRA filter now skips them
-    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    (reservation,) = env.fleet.domain_reservations(DOMAIN)
     released, _ = await env.placer.advisor.release(reservation.id, env.placer.holder)
-    assert released and not env.inventory.domain_reservations(DOMAIN)
+    assert released and not env.fleet.domain_reservations(DOMAIN)
     # Its clique now has 14 free candidates, every other clique 18: a best fit of 16 nodes
     # would take another clique.
     candidates = [n for n in env.names if n not in bound]
@@ -200,7 +200,7 @@ async def test_a_gang_whose_reservation_lapsed_before_all_its_pods_bound_stays_i
         (node,) = result["NodeNames"]
         assert env.clique_of(node) == clique, (worker, node)
         candidates.remove(node)  # the pod is bound there
-    held = {n for r in env.inventory.domain_reservations(DOMAIN) for n in r.node_names}
+    held = {n for r in env.fleet.domain_reservations(DOMAIN) for n in r.node_names}
     assert len(held) == 12 and {env.clique_of(n) for n in held} == {clique}
 
 
@@ -213,16 +213,16 @@ async def test_a_gang_that_fits_a_whole_clique_is_not_split_while_node_records_l
     assert len(lapsed) == 12  # three of each clique's 18
     for name in lapsed:
         await env.store.delete(env.store.keys.node(name))
-    assert await env.inventory.wait_for(lambda: not set(lapsed) & set(env.inventory.nodes), 5.0)
-    assert env.inventory.largest_clique() == 15
+    assert await wait_until(env.fleet, lambda: not set(lapsed) & set(env.fleet.nodes), 5.0)
+    assert env.fleet.largest_clique() == 15
     result = await env.filter(pod_args(env.names, name="trainer-worker-0"))
     assert result["NodeNames"] == [], result
-    assert env.inventory.domain_reservations(DOMAIN) == []
+    assert env.fleet.domain_reservations(DOMAIN) == []
     why = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
     assert all("16 node(s)" in reason for reason in why.values()), why
     # The records come back: the gang lands in one clique.
     await put_nodes(env.store, [r for r in env.records if r.name in lapsed])
-    assert await env.inventory.wait_for(lambda: set(lapsed) <= set(env.inventory.nodes), 5.0)
+    assert await wait_until(env.fleet, lambda: set(lapsed) <= set(env.fleet.nodes), 5.0)
     placed = await env.filter(pod_args(env.names, name="trainer-worker-0"))
     assert len(placed["NodeNames"]) == 16 and len({env.clique_of(n) for n in placed["NodeNames"]}) == 1
 
@@ -250,7 +250,7 @@ async def test_a_domain_larger_than_the_schedulers_sample_is_placed_on_the_candi
     sample = [f"rack2-tray{t}" for t in range(9)]
     result = await env.filter(pod_args(sample))
     assert sorted(result["NodeNames"]) == sorted(sample)
-    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    (reservation,) = env.fleet.domain_reservations(DOMAIN)
     assert sorted(reservation.node_names) == sorted(f"rack2-tray{t}" for t in range(18))
 
 
@@ -259,7 +259,7 @@ async def test_a_domain_larger_than_the_candidates_cliques_is_placed_on_the_fabr
     sample = [f"rack1-tray{t}" for t in range(5)]
     result = await env.filter(pod_args(sample))
     assert sorted(result["NodeNames"]) == sorted(sample)
-    (reservation,) = env.inventory.domain_reservations(DOMAIN)
+    (reservation,) = env.fleet.domain_reservations(DOMAIN)
     assert len(reservation.node_names) == 40 and set(sample) <= set(reservation.node_names)
     assert len({env.clique_of(n) for n in reservation.node_names}) == 3
 
@@ -269,12 +269,12 @@ async def test_no_room_in_any_clique_fails_the_nodes_with_the_reason(env: Env) -
     for rack in range(4):  # leave 8 free per clique
         for tray in range(10):
             await bind(env.store, f"rack{rack}-tray{tray}", f"busy-{rack}")
-    assert await env.inventory.wait_for(lambda: env.inventory.free_count == 32, 3.0)
+    assert await wait_until(env.fleet, lambda: env.fleet.tally.free_count == 32, 3.0)
     result = await env.filter(pod_args(env.names))
     assert result["NodeNames"] == []
     assert set(result["FailedNodes"]) == set(env.names)
     assert "FRAGMENTED" in next(iter(result["FailedNodes"].values()))
-    assert env.inventory.domain_reservations(DOMAIN) == []
+    assert env.fleet.domain_reservations(DOMAIN) == []
 
 
 async def test_node_objects_mode_returns_node_objects(env: Env) -> None:
@@ -349,7 +349,7 @@ async def test_bad_size_annotation_on_our_pod_is_400(env: Env) -> None:
 
 
 async def test_prefix_and_verbs_are_configurable(env: Env) -> None:
-    extender = Extender(DomainPlacer(Advisor(env.inventory, env.store)), env.templates, env.sizes)
+    extender = Extender(DomainPlacer(Advisor(env.fleet, env.store)), env.templates, env.sizes)
     app = build_extender_app(
         extender, prefix="/scheduler/cd", filter_verb="predicates", prioritize_verb="priorities"
     )
@@ -434,10 +434,10 @@ async def test_nodes_without_a_fabric_are_not_refused(env: Env) -> None:
     plain = [f"cpu-node-{i}" for i in range(3)]
     for name in plain:
         await env.store.put(env.store.keys.node(name), pb.Node(name=name, health=pb.Health.HEALTHY))
-    assert await env.inventory.wait_for(lambda: all(n in env.inventory.nodes for n in plain), 2.0)
+    assert await wait_until(env.fleet, lambda: all(n in env.fleet.nodes for n in plain), 2.0)
     result = await env.filter(pod_args(plain))
     assert result["NodeNames"] == plain and result["FailedNodes"] == {}, result
-    assert env.inventory.domain_reservations(DOMAIN) == []
+    assert env.fleet.domain_reservations(DOMAIN) == []
 
 
 async def test_nodes_the_inventory_does_not_know_are_refused_not_taken_for_plain_nodes(env: Env) -> None:
@@ -447,7 +447,7 @@ async def test_nodes_the_inventory_does_not_know_are_refused_not_taken_for_plain
     unknown = [f"vanished-{i}" for i in range(3)]
     plain = "cpu-node-0"
     await env.store.put(env.store.keys.node(plain), pb.Node(name=plain, health=pb.Health.HEALTHY))
-    assert await env.inventory.wait_for(lambda: plain in env.inventory.nodes, 2.0)
+    assert await wait_until(env.fleet, lambda: plain in env.fleet.nodes, 2.0)
     mixed = await env.filter(pod_args([plain, *unknown]))
     assert mixed["NodeNames"] == [plain], mixed
     assert sorted(mixed["FailedNodes"]) == unknown and "no node record" in mixed["FailedNodes"]["vanished-0"]

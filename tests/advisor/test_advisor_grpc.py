@@ -13,6 +13,7 @@ from libs.gen.computedomain.placement import v1 as pp
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from services.advisor.fleet_feeds import wait_until
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
 from tools.sim.hardware.cluster import ClusterDescription
@@ -89,8 +90,8 @@ async def test_explicit_reserve_conflicts_and_expiry(etcd_config: EtcdConfig, se
                 await stub.reserve(pp.ReserveRequest(node_names=[seeded[3].name], reservation_id="fixed-1"))
             assert exists.value.status == Status.ALREADY_EXISTS
             # The TTL runs out: the nodes are offered again.
-            inventory = adv.service.inventory
-            assert await inventory.wait_for(lambda: all(inventory.is_free(n) for n in names), 6.0)
+            fleet = adv.service.fleet
+            assert await wait_until(fleet, lambda: all(fleet.is_free(n) for n in names), 6.0)
             again = await stub.reserve(pp.ReserveRequest(node_names=names, ttl_seconds=5))
             assert again.reservation.node_names == names
         finally:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from services.advisor import policies
 from services.advisor.clique_index import CliqueFree, CliqueIndex
 from services.advisor.model import Mode, PolicyName, Reason
-from services.advisor.policies import Demand, Infeasible, Plan
+from services.advisor.policies import Demand, Infeasible, PlacementPlan
 
 
 @st.composite
@@ -36,7 +36,7 @@ def demand_st(draw: st.DrawFn) -> Demand:
     return Demand(n, mode, segment)
 
 
-def _taken(plan: Plan) -> Counter[str]:
+def _taken(plan: PlacementPlan) -> Counter[str]:
     taken: Counter[str] = Counter()
     for clique, count in plan.parts:
         taken[clique] += count
@@ -103,7 +103,7 @@ def test_single_clique_choice_of_each_policy(cliques, n) -> None:
         if not fits:
             assert isinstance(outcome, Infeasible)
             continue
-        assert isinstance(outcome, Plan)
+        assert isinstance(outcome, PlacementPlan)
         chosen = by_id[outcome.parts[0][0]]
         assert chosen.free >= n
         if policy is PolicyName.BEST_FIT:
@@ -126,7 +126,7 @@ def test_best_fit_scores_at_least_as_high_as_any_baseline(cliques, n) -> None:
     scores = {}
     for policy in PolicyName:
         outcome = policies.plan(demand, index, policy, largest_clique=largest, rng=random.Random(7))
-        if isinstance(outcome, Plan):
+        if isinstance(outcome, PlacementPlan):
             scores[policy] = policies.score(outcome, free, need)
             assert 0.0 <= scores[policy] <= 100.0
     if scores and max(free.values()) >= n:
@@ -141,11 +141,11 @@ def test_best_fit_keeps_the_whole_rack_whole() -> None:
     ]
     index = CliqueIndex.from_cliques(cliques)
     pick = policies.plan(Demand(4, Mode.REQUIRE_SINGLE_CLIQUE), index, PolicyName.BEST_FIT, largest_clique=18)
-    assert pick == Plan((("five", 4),))
+    assert pick == PlacementPlan((("five", 4),))
     first = policies.plan(
         Demand(4, Mode.REQUIRE_SINGLE_CLIQUE), index, PolicyName.FIRST_FIT, largest_clique=18
     )
-    assert first == Plan((("whole", 4),))
+    assert first == PlacementPlan((("whole", 4),))
 
 
 def test_split_takes_whole_blocks_then_best_fits_the_rest() -> None:
@@ -154,7 +154,7 @@ def test_split_takes_whole_blocks_then_best_fits_the_rest() -> None:
     outcome = policies.plan(
         Demand(40, Mode.PREFER_SINGLE_CLIQUE), index, PolicyName.BEST_FIT, largest_clique=18
     )
-    assert isinstance(outcome, Plan)
+    assert isinstance(outcome, PlacementPlan)
     # 18 + 18 whole, the remaining 4 go to the 7-free clique (the smallest that holds 4).
     assert sorted(outcome.parts) == [("r0", 18), ("r1", 18), ("r2", 4)]
 
@@ -165,7 +165,7 @@ def test_segments_stay_inside_cliques() -> None:
     outcome = policies.plan(
         Demand(27, Mode.ALLOW_SPLIT, segment_size=9), index, PolicyName.BEST_FIT, largest_clique=18
     )
-    assert isinstance(outcome, Plan)
+    assert isinstance(outcome, PlacementPlan)
     assert [count for _, count in outcome.parts] == [9, 9, 9]
     assert _taken(outcome)["r3"] == 18
     # 30 nodes free, but no clique holds a segment of 18.
@@ -186,7 +186,7 @@ def test_spread_is_topology_blind() -> None:
         PolicyName.SPREAD,
         largest_clique=18,
     )
-    assert isinstance(outcome, Plan)
+    assert isinstance(outcome, PlacementPlan)
     assert len(outcome.cliques) == 4
 
 
@@ -208,7 +208,7 @@ def test_fragmentation_grows_as_free_nodes_scatter() -> None:
 @given(st.lists(st.tuples(st.integers(0, 10), st.integers(1, 3)), min_size=1, max_size=8))
 def test_pick_nodes_never_repeats_a_node(parts) -> None:
     names = {f"c{i}": [f"c{i}-n{j}" for j in range(30)] for i in range(4)}
-    plan = Plan(tuple((f"c{c % 4}", k) for c, k in parts))
+    plan = PlacementPlan(tuple((f"c{c % 4}", k) for c, k in parts))
     segments = policies.pick_nodes(plan, names)
     picked = [n for s in segments for n in s.node_names]
     assert len(picked) == len(set(picked))
@@ -223,6 +223,6 @@ def test_split_prefers_the_smallest_blocks_that_still_need_fewest_cliques() -> N
         PolicyName.BEST_FIT,
         largest_clique=18,
     )
-    assert isinstance(outcome, Plan)
+    assert isinstance(outcome, PlacementPlan)
     # Two cliques either way; two 12-free cliques rather than a whole free rack and the 6.
     assert sorted(outcome.parts) == [("r2", 12), ("r3", 12)]

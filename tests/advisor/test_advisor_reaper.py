@@ -27,8 +27,8 @@ from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import start_feeds
+from services.advisor.fleet_feeds import start_feeds, wait_until
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.reservation_ids import ExtenderIds, shared_key
 from services.advisor.reservation_reaper import ABSENT_GRACE_S, ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
@@ -138,8 +138,8 @@ async def test_an_18_node_job_deleted_and_applied_again_schedules_at_once(
         for node in nodes:
             await store.delete(store.keys.node_binding(node))
         await store.delete(store.keys.domain("job-1"))
-        inventory = advisor.service.inventory
-        assert await inventory.wait_for(lambda: not inventory.bound, 5.0)
+        fleet = advisor.service.fleet
+        assert await wait_until(fleet, lambda: not fleet.bound, 5.0)
         # kubectl apply again: a new domain of 18 gets the whole rack at once, not after 300 s.
         await store.put(store.keys.domain("job-2"), domain_record("job-2", 18))
         assert sorted(await filter_pod(session, advisor, pod("job-2", 0, nodes))) == sorted(nodes)
@@ -230,7 +230,7 @@ async def test_two_replicas_release_each_reservation_once_and_stay_healthy(
         for running in (r1, r2):
             assert running.service.health.healthy, running.service.health.problems
             assert not running.task.done()
-            assert not running.service.inventory.reservations
+            assert not running.service.fleet.reservations
 
 
 async def test_a_release_on_a_stale_view_leaves_a_reservation_written_anew_alone(store: Store) -> None:
@@ -269,8 +269,8 @@ async def test_a_served_reservation_larger_than_a_transaction_is_released(store:
             return await reservation(store, placer.ids.make("big", 0)) is None and not await guards(store)
 
         await eventually(gone, "the 70-node reservation to go", 5.0)
-        inventory = placer.advisor.inventory
-        assert await inventory.wait_for(lambda: not inventory.reservations, 5.0)
+        fleet = placer.advisor.fleet
+        assert await wait_until(fleet, lambda: not fleet.reservations, 5.0)
 
 
 async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(store: Store) -> None:
@@ -338,10 +338,10 @@ async def reaper_setup(
 ) -> AsyncIterator[tuple[DomainPlacer, ReservationReaper]]:
     """An advisor's inventory, domain presence, extender placer and reaper on the store (the
     reaper judges the absence grace on `clock`; it sweeps on the event loop's time)."""
-    inventory = Inventory()
-    tasks = start_feeds(inventory, store)
+    fleet = FleetIndex()
+    tasks = start_feeds(fleet, store)
     presence = DomainPresence()
-    placer = DomainPlacer(Advisor(inventory, store), ttl_s=60, presence=presence)
+    placer = DomainPlacer(Advisor(fleet, store), ttl_s=60, presence=presence)
     reaper = ReservationReaper(
         placer, presence, absent_grace_s=absent_grace_s, sweep_period_s=0.2, clock=clock
     )
@@ -349,7 +349,7 @@ async def reaper_setup(
     tasks.append(asyncio.create_task(presence.follow(store)))
     tasks.append(asyncio.create_task(reaper.run()))
     try:
-        assert await inventory.wait_for(lambda: inventory.ready, 10.0)
+        assert await wait_until(fleet, lambda: fleet.ready, 10.0)
         await asyncio.wait_for(presence.synced.wait(), 10.0)
         yield placer, reaper
         for task in tasks:

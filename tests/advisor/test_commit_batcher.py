@@ -21,6 +21,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Absent, Compare, Op, Put, Store
 from services.advisor.advisor import Advisor
 from services.advisor.commit_batcher import CommitBatcher
+from services.advisor.fleet_feeds import wait_until
 from services.advisor.model import Mode, PlacementRequest
 from services.advisor.reservations import guard_values, write_reservation
 from tests.advisor.fleet import cluster_records, put_nodes
@@ -80,7 +81,7 @@ async def test_concurrent_reservations_share_transactions_and_never_share_a_node
         leases_by_revision.setdefault(record.mod_revision, set()).add(record.lease)
     assert len(leases_by_revision) == batcher.batches
     assert all(len(leases) == 1 for leases in leases_by_revision.values())
-    assert advisor.inventory.free_count == CLUSTER.node_count - sum(sizes)
+    assert advisor.fleet.tally.free_count == CLUSTER.node_count - sum(sizes)
 
 
 async def test_batches_stay_within_etcds_operation_limit(store: Store) -> None:
@@ -227,8 +228,8 @@ async def test_ttl_expires_each_reservation_and_a_release_leaves_its_lease_mates
         return not {g.key.rsplit("/", 1)[1] for g in guards} & short_nodes
 
     await eventually(short_ones_expired, "the 2 s reservations to expire", 15)
-    assert all(advisor.inventory.is_free(n) for n in short_nodes) or await advisor.inventory.wait_for(
-        lambda: all(advisor.inventory.is_free(n) for n in short_nodes), 5
+    assert all(advisor.fleet.is_free(n) for n in short_nodes) or await wait_until(
+        advisor.fleet, lambda: all(advisor.fleet.is_free(n) for n in short_nodes), 5
     )
     for info in infos[5:]:
         assert info is not None
@@ -251,7 +252,7 @@ async def test_a_cancelled_caller_leaves_no_reservation_behind(advisor: Advisor,
         return await leftovers() == 0
 
     await eventually(none_left, "the cancelled callers' reservations to be undone", 10)
-    assert await advisor.inventory.wait_for(lambda: advisor.inventory.free_count == CLUSTER.node_count, 5), (
+    assert await wait_until(advisor.fleet, lambda: advisor.fleet.tally.free_count == CLUSTER.node_count, 5), (
         "cancelled reservations still hide nodes"
     )
 

@@ -17,10 +17,10 @@ from libs.state.codec import encode
 from libs.state.store import Compare, Op, Store
 from libs.state.watch import WatchEvent
 from services.advisor.advisor import Advisor
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.model import Mode, PlacementRequest
 from services.advisor.own_echoes import OwnEchoes
-from tests.advisor.fleet import cluster_records, filled_inventory
+from tests.advisor.fleet import cluster_records, filled_fleet
 from tests.advisor.harness import advisor_on_store
 from tools.sim.hardware.cluster import ClusterDescription
 
@@ -28,8 +28,8 @@ CLUSTER = ClusterDescription(racks=4, trays_per_rack=18, seed="own-echoes")
 KEY = "/cd/reservations/r1"
 
 
-def _inventory() -> Inventory:
-    return filled_inventory(cluster_records(CLUSTER))
+def _inventory() -> FleetIndex:
+    return filled_fleet(cluster_records(CLUSTER))
 
 
 def _record(nodes: Sequence[str]) -> pb.Reservation:
@@ -37,44 +37,44 @@ def _record(nodes: Sequence[str]) -> pb.Reservation:
 
 
 def test_an_echo_of_a_write_in_flight_is_held_and_dropped_once_the_writer_applied_it() -> None:
-    inventory = _inventory()
-    nodes = sorted(inventory.nodes)[:3]
-    inventory.begin_write("r1")
-    assert inventory.skips_reservation_put(KEY, 7, encode(_record(nodes)))
-    assert "r1" not in inventory.reservations  # held, not applied
+    fleet = _inventory()
+    nodes = sorted(fleet.nodes)[:3]
+    fleet.begin_write("r1")
+    assert fleet.skips_reservation_put(KEY, 7, encode(_record(nodes)))
+    assert "r1" not in fleet.reservations  # held, not applied
     written = _record(nodes)
-    inventory.apply_reservation("r1", written, 7)
-    inventory.end_write("r1", 7)
-    assert inventory.reservations["r1"] is written
-    assert inventory.own_echoes.handed_back == 0 and len(inventory.own_echoes) == 0
+    fleet.apply_reservation("r1", written, 7)
+    fleet.end_write("r1", 7)
+    assert fleet.reservations["r1"] is written
+    assert fleet.own_echoes.handed_back == 0 and len(fleet.own_echoes) == 0
     # Written and applied: a later echo of the same revision is skipped as before.
-    assert inventory.skips_reservation_put(KEY, 7, b"")
+    assert fleet.skips_reservation_put(KEY, 7, b"")
 
 
 def test_an_echo_of_a_write_whose_answer_was_lost_is_applied_when_the_write_ends() -> None:
-    inventory = _inventory()
-    nodes = sorted(inventory.nodes)[:3]
-    inventory.begin_write("r1")
-    assert inventory.skips_reservation_put(KEY, 9, encode(_record(nodes)))
-    inventory.end_write("r1", 0)  # the writer applied nothing: etcd did
-    assert list(inventory.reservations["r1"].node_names) == nodes
-    assert all(inventory.reserved_by[n] == "r1" for n in nodes)
-    assert inventory.own_echoes.handed_back == 1
+    fleet = _inventory()
+    nodes = sorted(fleet.nodes)[:3]
+    fleet.begin_write("r1")
+    assert fleet.skips_reservation_put(KEY, 9, encode(_record(nodes)))
+    fleet.end_write("r1", 0)  # the writer applied nothing: etcd did
+    assert list(fleet.reservations["r1"].node_names) == nodes
+    assert all(fleet.reserved_by[n] == "r1" for n in nodes)
+    assert fleet.own_echoes.handed_back == 1
 
 
 def test_a_delete_seen_while_a_put_is_held_supersedes_it() -> None:
-    inventory = _inventory()
-    nodes = sorted(inventory.nodes)[:3]
-    inventory.begin_write("r1")
-    assert inventory.skips_reservation_put(KEY, 9, encode(_record(nodes)))
-    inventory.apply_reservation_event(WatchEvent("delete", KEY, None, 10))
-    inventory.end_write("r1", 0)
-    assert "r1" not in inventory.reservations and not inventory.reserved_by
+    fleet = _inventory()
+    nodes = sorted(fleet.nodes)[:3]
+    fleet.begin_write("r1")
+    assert fleet.skips_reservation_put(KEY, 9, encode(_record(nodes)))
+    fleet.apply_reservation_event(WatchEvent("delete", KEY, None, 10))
+    fleet.end_write("r1", 0)
+    assert "r1" not in fleet.reservations and not fleet.reserved_by
 
 
 def test_puts_of_ids_nobody_here_is_writing_go_through() -> None:
-    inventory = _inventory()
-    assert not inventory.skips_reservation_put(KEY, 3, b"anything")
+    fleet = _inventory()
+    assert not fleet.skips_reservation_put(KEY, 3, b"anything")
     echoes = OwnEchoes()
     echoes.begin("r1")
     assert (
@@ -150,7 +150,7 @@ async def test_an_echo_that_overtakes_the_answer_is_never_decoded(
         return real_decode(data, cls, key)
 
     monkeypatch.setattr(libs.state.watch, "decode", counting_decode)
-    echoes = advisor.inventory.own_echoes
+    echoes = advisor.fleet.own_echoes
     assert advisor.batcher is not None
     advisor.batcher.store = _AnswerAfterEcho(store, echoes, lose_answer=False)  # type: ignore[assignment]
 
@@ -160,7 +160,7 @@ async def test_an_echo_that_overtakes_the_answer_is_never_decoded(
     rid = decision.reservation.id
     assert echoes.held == 1 and echoes.handed_back == 0 and len(echoes) == 0
     assert not [k for k in decoded if k.endswith(f"/reservations/{rid}")]
-    record = advisor.inventory.reservations[rid]
+    record = advisor.fleet.reservations[rid]
     assert sorted(record.node_names) == sorted(decision.node_names)
 
 
@@ -169,7 +169,7 @@ async def test_a_write_applied_by_etcd_whose_answer_was_lost_still_shows_in_the_
 ) -> None:
     """Had the held echo been dropped with the failed write, the advisor would offer these nodes
     again while etcd keeps them reserved for the TTL."""
-    echoes = advisor.inventory.own_echoes
+    echoes = advisor.fleet.own_echoes
     assert advisor.batcher is not None
     advisor.batcher.store = _AnswerAfterEcho(store, echoes, lose_answer=True)  # type: ignore[assignment]
 
@@ -182,5 +182,5 @@ async def test_a_write_applied_by_etcd_whose_answer_was_lost_still_shows_in_the_
     assert len(stored) == 1  # etcd applied it, and nothing could remove it
     rid = stored[0].value.id
     assert echoes.handed_back == 1
-    assert sorted(advisor.inventory.reservations[rid].node_names) == sorted(stored[0].value.node_names)
-    assert all(advisor.inventory.reserved_by[n] == rid for n in stored[0].value.node_names)
+    assert sorted(advisor.fleet.reservations[rid].node_names) == sorted(stored[0].value.node_names)
+    assert all(advisor.fleet.reserved_by[n] == rid for n in stored[0].value.node_names)

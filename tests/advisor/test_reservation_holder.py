@@ -21,7 +21,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.domain_placement import EXTENDER_HOLDER_PREFIX, DomainPlacer
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.reservation_ids import ExtenderIds
 from services.advisor.reservations import NotHolder, delete_reservation, write_reservation
 from tests.advisor.fleet import cluster_records, put_nodes
@@ -156,7 +156,7 @@ def test_extender_ids_are_unguessable_shared_by_key_and_never_forged() -> None:
 
 
 async def test_the_reaper_does_not_take_a_guessed_id_for_the_extenders(store: Store) -> None:
-    placer = DomainPlacer(Advisor(Inventory(), store), holder=f"{EXTENDER_HOLDER_PREFIX}r1")
+    placer = DomainPlacer(Advisor(FleetIndex(), store), holder=f"{EXTENDER_HOLDER_PREFIX}r1")
     guessed = pb.Reservation(id="cd-dom-0", domain_uid="dom", holder=f"{EXTENDER_HOLDER_PREFIX}r1")
     assert not placer.made_by_extender(guessed)
     real = pb.Reservation(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.domainrecord import DomainRecord
 from services.controller.kube.lostclaims import allocated_nodes, claim_gone
-from services.controller.membership import lost_holdings
+from services.controller.membership_decisions import lost_holdings
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from libs.state.store import Delete, Put, Store
+from services.imexagent.daemon_supervisor import ImexSupervisor
 from services.imexagent.settings import ImexSettings
-from services.imexagent.supervisor import ImexSupervisor
 from tests.polling import eventually
 from tools.sim.hardware.cluster import ClusterDescription, SimulatedNode
 from tools.sim.hardware.simulated import SimulatedNodeHardware

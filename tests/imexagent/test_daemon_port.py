@@ -11,8 +11,8 @@ from pathlib import Path
 
 from libs.imex.hostsns import private_hosts_argv
 from libs.imex.nvidiaimex import ExecCtl, ExecLauncher
+from services.imexagent.daemon_supervisor import imex_daemon_for
 from services.imexagent.settings import ImexSettings
-from services.imexagent.supervisor import imex_daemon_for
 from tools.sim.imex.launch import simulator_daemon_argv
 from tools.sim.imex.port import ForkedLauncher, SimulatorCtl
 

@@ -25,10 +25,10 @@ from libs.imex.config import SIM_HOSTS_FILE
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from libs.state.watch import Resync, watch_prefix
+from services.imexagent.daemon_supervisor import ImexSupervisor
 from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
-from services.imexagent.supervisor import ImexSupervisor
 from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under, pid_alive
 from tests.polling import eventually
 from tools.netports import free_port

@@ -26,7 +26,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.model import PlacementRequest, Reason
-from services.imexagent.inventory import InventorySettings, NodeInventory
+from services.imexagent.node_record_keeper import NodeRecordKeeper, RecordKeeperSettings
 from tests.advisor.fleet import node_record
 from tests.advisor.harness import advisor_on_store
 from tests.nodeagent.agent_procs import ImexAgentProcess, sim_cluster
@@ -201,7 +201,7 @@ async def test_readiness_is_closed_while_the_record_cannot_be_written_again(
     name = cluster.node_name(0, 0)
     prepare_node_dirs(cluster, name, tmp_path)
     hardware = SimulatedNodeHardware(cluster, name, tmp_path / name, poll_interval=0.05)
-    inventory = NodeInventory(store, name, hardware, InventorySettings(lease_ttl_s=TTL_S))
+    inventory = NodeRecordKeeper(store, name, hardware, RecordKeeperSettings(lease_ttl_s=TTL_S))
     health = inventory.health = Health()
     task = asyncio.create_task(inventory.run())
     try:

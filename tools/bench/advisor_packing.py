@@ -3,7 +3,7 @@
 A seeded trace (job arrivals, sizes, durations, node failures) is replayed against each policy
 on a simulated NVL72 cluster of ~1,000 and ~10,000 nodes (racks of 18 trays, one clique per rack).
 Every placement goes through the advisor's real decision path (`Advisor.decide` on a real
-`Inventory`); placed jobs bind their nodes, finished jobs free them, failed nodes turn
+`FleetIndex`); placed jobs bind their nodes, finished jobs free them, failed nodes turn
 unhealthy until repaired (a job on a failing node is killed).
 
 Trace (same for every policy):
@@ -47,7 +47,7 @@ from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from services.advisor.advisor import Advisor
-from services.advisor.inventory import Inventory
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.model import Mode, PlacementRequest, PolicyName
 from tools.sim.hardware.cluster import ClusterDescription
 
@@ -227,19 +227,19 @@ class PolicyResult:
         return data
 
 
-def stranded(inventory: Inventory, typical: int) -> int:
+def stranded(fleet: FleetIndex, typical: int) -> int:
     """Free nodes in cliques with fewer free nodes than the typical job."""
-    return sum(free * count for free, count in inventory.index.histogram() if free < typical)
+    return sum(free * count for free, count in fleet.index.histogram() if free < typical)
 
 
 def replay(
     trace: Trace, policy: PolicyName, healthy: dict[str, pb.Node], sick: dict[str, pb.Node]
 ) -> PolicyResult:
-    inventory = Inventory()
-    inventory.synced.update({"nodes", "bindings", "reservations"})
+    fleet = FleetIndex()
+    fleet.synced.update({"nodes", "bindings", "reservations"})
     for name, record in healthy.items():
-        inventory.apply_node(name, record)
-    advisor = Advisor(inventory, rng=random.Random(trace.seed))
+        fleet.apply_node(name, record)
+    advisor = Advisor(fleet, rng=random.Random(trace.seed))
     nodes = len(healthy)
     result = PolicyResult(policy.value, nodes)
     warmup = trace.horizon * WARMUP_FRACTION
@@ -267,7 +267,7 @@ def replay(
     def release(job_id: int) -> None:
         for name in running.pop(job_id, []):
             node_job.pop(name, None)
-            inventory.apply_binding(name, None)
+            fleet.apply_binding(name, None)
 
     gc.collect()
     gc.disable()  # collections would land in random decisions and blur p99
@@ -276,11 +276,11 @@ def replay(
         while events:
             now, _, kind, payload = heapq.heappop(events)
             while next_sample <= now and next_sample <= trace.horizon:
-                s = stranded(inventory, trace.typical_job)
+                s = stranded(fleet, trace.typical_job)
                 samples_stranded.append(s)
-                samples_block.append(inventory.largest_free_block())
+                samples_block.append(fleet.tally.largest_free_block())
                 samples_busy.append(len(node_job))
-                samples_free.append(inventory.free_count)
+                samples_free.append(fleet.tally.free_count)
                 result.series.append((next_sample, s))
                 next_sample += sample_every
             measured = now >= warmup
@@ -305,7 +305,7 @@ def replay(
                     continue
                 placed = decision.node_names
                 for name in placed:
-                    inventory.apply_binding(name, f"job-{job.id}")
+                    fleet.apply_binding(name, f"job-{job.id}")
                     node_job[name] = job.id
                 running[job.id] = placed
                 heapq.heappush(events, (now + job.duration, 0, "leave", job.id))
@@ -323,7 +323,7 @@ def replay(
                 if failure.node in down:
                     continue
                 down.add(failure.node)
-                inventory.apply_node(failure.node, sick[failure.node])
+                fleet.apply_node(failure.node, sick[failure.node])
                 victim = node_job.get(failure.node)
                 if victim is not None:
                     release(victim)
@@ -332,7 +332,7 @@ def replay(
                 heapq.heappush(events, (now + failure.repair_after, 1, "repair", failure.node))
             elif kind == "repair":
                 down.discard(payload)
-                inventory.apply_node(payload, healthy[payload])
+                fleet.apply_node(payload, healthy[payload])
     finally:
         gc.enable()
     result.replay_s = time.perf_counter() - started

@@ -2,7 +2,7 @@
 
 Set-up: a private etcd, one `cd-controller` (leader, simulation mode), then one scale-mode host
 (`tools.sim.scalesim --inventory-only`) with one agent per node of a 556-rack cluster (10,008 nodes).
-Inventory-only agents run the node agent's real `NodeInventory`: the node record (address,
+Inventory-only agents run the node agent's real `NodeRecordKeeper`: the node record (address,
 clique, 4 GPUs, health) written on the node's own lease, the lease kept alive, simulated
 hardware health followed. They serve no DRA socket and run no IMEX daemon.
 

@@ -33,7 +33,7 @@ from libs.invariants import checker as invariants
 from libs.kube.names import label_problem, subdomain_problem
 from libs.runtime.logging import configure_logging
 from libs.state.store import TRANSIENT_ERRORS
-from tools.cdsim import faults, jobs, lifecycle, scaling
+from tools.cdsim import faults, job_scaling, jobs, lifecycle
 from tools.cdsim.advisor import PLACEMENT_MODES
 from tools.cdsim.jobbook import JobBook
 from tools.cdsim.kubeplane import DEFAULT_TRAYS as KUBE_DEFAULT_TRAYS
@@ -355,10 +355,10 @@ def dispatch(args: argparse.Namespace, out: TextIO) -> None:
         check_options = jobs.CheckOptions(name=args.name, namespace=args.namespace)
         _run(lambda: jobs.check_job(layout, check_options, out))
     elif args.command == "job" and args.job_command == "scale":
-        scale_options = scaling.ScaleOptions(
+        scale_options = job_scaling.ScaleOptions(
             name=args.name, num_nodes=args.nodes, namespace=args.namespace, prepare_deadline_s=args.timeout
         )
-        _run(lambda: scaling.scale(layout, scale_options, out))
+        _run(lambda: job_scaling.scale(layout, scale_options, out))
     elif args.command == "job" and args.job_command == "delete":
         delete_options = jobs.DeleteOptions(
             name=args.name, namespace=args.namespace, wait=args.wait, timeout_s=args.timeout

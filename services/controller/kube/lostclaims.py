@@ -24,7 +24,7 @@ from libs.kube.resourceapi import ServedVersion, typed_api
 from libs.state.election import Leadership
 from libs.state.store import Absent, Delete, Store, Unchanged
 from services.controller.liveness import liveness
-from services.controller.membership import lost_holdings
+from services.controller.membership_decisions import lost_holdings
 from services.controller.view import StoreView
 
 log = structlog.get_logger(__name__)

@@ -48,10 +48,10 @@ from libs.runtime.health import Health
 from libs.runtime.tasks import keep_running
 from libs.state.store import Store
 from libs.state.watch import PrefixWatcher, watch_prefix
-from services.imexagent.inventory import InventorySettings, NodeInventory
+from services.imexagent.daemon_supervisor import ImexSupervisor
 from services.imexagent.main import ImexAgent, compose_imex_agent
+from services.imexagent.node_record_keeper import NodeRecordKeeper, RecordKeeperSettings
 from services.imexagent.settings import ImexSettings
-from services.imexagent.supervisor import ImexSupervisor
 from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
@@ -161,7 +161,7 @@ class SimAgent:
             self.hardware,
             layout.imex_work_dir,
             options.imex,
-            InventorySettings(
+            RecordKeeperSettings(
                 lease_ttl_s=options.lease_ttl_s,
                 kubelet_dir=str(layout.kubelet_dir),
                 cdi_root=str(layout.cdi_root),
@@ -212,8 +212,8 @@ class SimAgent:
         )
 
     @property
-    def inventory(self) -> NodeInventory:
-        return self.imex.inventory
+    def inventory(self) -> NodeRecordKeeper:
+        return self.imex.record_keeper
 
     @property
     def supervisor(self) -> ImexSupervisor | None:

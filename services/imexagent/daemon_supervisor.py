@@ -120,8 +120,6 @@ class ImexSupervisor:
         self._state_changed = asyncio.Event()
         self._recovered = False
 
-    # ---- public -------------------------------------------------------------------------
-
     def make_probe(self) -> ReadinessProbe:
         """A daemon's probe: its ctl in its mount namespace (the simulator's in-process)."""
         return CtlProbe(self.daemon.ctl, placeholder=self.settings.placeholder_address)
@@ -203,8 +201,6 @@ class ImexSupervisor:
             return
         self.settings = dataclasses.replace(self.settings, node_driver_version=version)
         log.info("driver version", node=self.node_name, driver_version=version)
-
-    # ---- watches ------------------------------------------------------------------------
 
     async def _watch_binding(self) -> None:
         key = self.keys.node_binding(self.node_name)
@@ -298,8 +294,6 @@ class ImexSupervisor:
             self._members_task = asyncio.create_task(
                 self._watch_members(domain_uid), name=f"imex-members-{domain_uid}"
             )
-
-    # ---- reconcile ----------------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
         backoff = Backoff(initial=0.05, cap=2.0)

@@ -77,7 +77,7 @@ class LifecyclePolicy:
         return min(self.restart_backoff_cap_s, self.restart_backoff_initial_s * 2.0 ** min(attempt, 64))
 
 
-class Verdict(enum.Enum):
+class ProbeAction(enum.Enum):
     """What the shell should do after a probe."""
 
     NOTHING = "nothing"
@@ -111,8 +111,6 @@ class DaemonLifecycle:
     answered: bool = False  # the current process answered a probe at least once
     _attempted: bool = False  # some process was started or adopted before
     _backoff_attempt: int = 0
-
-    # ---- events -------------------------------------------------------------------------
 
     def start_due(self, now: float) -> bool:
         return not self.running and now >= self.next_start_at
@@ -174,10 +172,10 @@ class DaemonLifecycle:
         self.ever_ready = False
         self.answered = False
 
-    def probed(self, now: float, answered: bool, ready: bool, detail: str = "") -> Verdict:
+    def probed(self, now: float, answered: bool, ready: bool, detail: str = "") -> ProbeAction:
         """The readiness probe's result: `answered` (the daemon replied), `ready` (it is READY)."""
         if not self.running:
-            return Verdict.NOTHING
+            return ProbeAction.NOTHING
         if answered:
             self.answered = True
             self.silent_since = None
@@ -191,26 +189,24 @@ class DaemonLifecycle:
             if self.ready_since is None:
                 self.ready_since = now
             self.not_ready_since = None
-            return Verdict.NOTHING
+            return ProbeAction.NOTHING
         self.ready_since = None
         kill_after = self.policy.unresponsive_kill_s
         if self.silent_since is not None and kill_after > 0 and now - self.silent_since >= kill_after:
-            return Verdict.STOP
+            return ProbeAction.STOP
         if not self.ever_ready:
             if self.state != FAILED:
                 self.state = STARTING
             assert self.started_at is not None
             if now - self.started_at >= self.policy.waiting_detail_after_s and detail:
                 self.last_error = detail
-            return Verdict.NOTHING
+            return ProbeAction.NOTHING
         if self.not_ready_since is None:
             self.not_ready_since = now
         if self.state == READY and now - self.not_ready_since >= self.policy.not_ready_debounce_s:
             self.state = NOT_READY
             self.last_error = detail or "daemon not ready"
-        return Verdict.NOTHING
-
-    # ---- derived ------------------------------------------------------------------------
+        return ProbeAction.NOTHING
 
     @property
     def ready(self) -> bool:
@@ -221,8 +217,6 @@ class DaemonLifecycle:
         if self.state != READY or self.not_ready_since is None:
             return None
         return self.not_ready_since + self.policy.not_ready_debounce_s
-
-    # ---- internals ----------------------------------------------------------------------
 
     def _begin(self, now: float) -> None:
         self.running = True

@@ -1,4 +1,4 @@
-"""Node inventory: the Node record on a kept lease, with a real etcd and simulated hardware."""
+"""NodeRecordKeeper: the Node record on a kept lease, with a real etcd and simulated hardware."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
 from libs.runtime.health import Health
 from libs.state.noderecord import clique_settled
 from libs.state.store import Store
-from services.imexagent.inventory import (
-    InventorySettings,
-    NodeInventory,
+from services.imexagent.node_record_keeper import (
+    NodeRecordKeeper,
+    RecordKeeperSettings,
     build_node_record,
     node_address,
 )
@@ -30,7 +30,7 @@ from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dir
 
 # etcd grants at least ~2 s whatever is asked (its minimum lease TTL).
 TTL_S = 2
-SETTINGS = InventorySettings(
+SETTINGS = RecordKeeperSettings(
     lease_ttl_s=TTL_S,
     unsettled_retry_s=0.05,
     health_poll_interval_s=0.05,
@@ -51,8 +51,8 @@ async def read_node(store: Store, name: str) -> pb.Node | None:
 
 
 @contextlib.asynccontextmanager
-async def running(inventory: NodeInventory) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(inventory.run())
+async def running(keeper: NodeRecordKeeper) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(keeper.run())
     try:
         yield task
     finally:
@@ -67,12 +67,12 @@ def hardware(tmp_path: Path) -> SimulatedNodeHardware:
 
 
 async def test_node_record_appears_on_a_lease(store: Store, hardware: SimulatedNodeHardware) -> None:
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory):
-        node = await inventory.wait_registered(5.0)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper):
+        node = await keeper.wait_registered(5.0)
         item = await store.get(store.keys.node("rack1-tray3"), pb.Node)
         assert item is not None
-        assert item.lease != 0 and item.lease == inventory.lease.lease_id
+        assert item.lease != 0 and item.lease == keeper.lease.lease_id
         stored = item.value
         sim = hardware.node
         assert stored.name == "rack1-tray3"
@@ -91,9 +91,9 @@ async def test_node_record_appears_on_a_lease(store: Store, hardware: SimulatedN
 async def test_record_expires_within_the_ttl_when_the_agent_stops(
     store: Store, hardware: SimulatedNodeHardware
 ) -> None:
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory):
-        await inventory.wait_registered(5.0)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper):
+        await keeper.wait_registered(5.0)
         await asyncio.sleep(TTL_S * 0.6)  # at least one keep-alive went through
     # The task is gone (no revoke, as after a crash): the record must still be there now ...
     assert await read_node(store, "rack1-tray3") is not None
@@ -112,10 +112,10 @@ async def test_record_expires_within_the_ttl_when_the_agent_stops(
 async def test_record_is_written_again_after_the_lease_is_lost(
     store: Store, hardware: SimulatedNodeHardware
 ) -> None:
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory) as task:
-        await inventory.wait_registered(5.0)
-        first_lease = inventory.lease.lease_id
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper) as task:
+        await keeper.wait_registered(5.0)
+        first_lease = keeper.lease.lease_id
         assert first_lease is not None
         # The lease is lost (as when etcd expired it during a partition).
         await store.revoke_lease(first_lease)
@@ -126,14 +126,14 @@ async def test_record_is_written_again_after_the_lease_is_lost(
             return item is not None and item.lease not in (0, first_lease)
 
         await eventually(back_on_new_lease, "re-registered on a new lease", TTL_S + 3.0)
-        assert inventory.lease.losses == 1
+        assert keeper.lease.losses == 1
         assert not task.done()
 
 
 async def test_health_events_update_the_record(store: Store, hardware: SimulatedNodeHardware) -> None:
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory):
-        await inventory.wait_registered(5.0)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper):
+        await keeper.wait_registered(5.0)
         hardware.faults.set_health(GpuHealth.DEGRADED, gpu=2)
 
         async def degraded() -> bool:
@@ -149,16 +149,16 @@ async def test_health_events_update_the_record(store: Store, hardware: Simulated
             pb.Health.DEGRADED,
             pb.Health.HEALTHY,
         ]
-        assert inventory.node.health == pb.Health.DEGRADED
+        assert keeper.node.health == pb.Health.DEGRADED
 
 
 async def test_fabric_still_coming_up_is_reported_then_resolved(
     store: Store, hardware: SimulatedNodeHardware
 ) -> None:
     hardware.faults.set_fabric_state(FabricState.IN_PROGRESS, gpu=1)
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory) as task:
-        node = await inventory.wait_registered(5.0)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper) as task:
+        node = await keeper.wait_registered(5.0)
         assert node.clique_id == ""
         assert "IN_PROGRESS" in node.fabric_message
         assert not clique_settled(node)
@@ -180,25 +180,25 @@ async def test_non_fabric_node_is_settled_without_a_clique(
     store: Store, hardware: SimulatedNodeHardware
 ) -> None:
     hardware.faults.set_non_fabric()
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
-    async with running(inventory):
-        node = await inventory.wait_registered(5.0)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
+    async with running(keeper):
+        node = await keeper.wait_registered(5.0)
         assert node.clique_id == "" and node.cluster_uuid == "" and node.fabric_message == ""
         assert clique_settled(node)
 
 
 async def test_changes_yields_the_record_as_it_changes(store: Store, hardware: SimulatedNodeHardware) -> None:
-    inventory = NodeInventory(store, "rack1-tray3", hardware, SETTINGS)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, SETTINGS)
     seen: list[pb.Node] = []
 
     async def follow() -> None:
-        async for node in inventory.changes():
+        async for node in keeper.changes():
             seen.append(node)
 
-    async with running(inventory):
+    async with running(keeper):
         follower = asyncio.create_task(follow())
         try:
-            await inventory.wait_registered(5.0)
+            await keeper.wait_registered(5.0)
             hardware.faults.set_fabric_state(FabricState.IN_PROGRESS)
 
             async def pending_seen() -> bool:
@@ -255,13 +255,13 @@ async def test_a_hung_hardware_query_is_reported_and_stops_neither_the_loop_nor_
     prepare_node_dirs(cluster, "rack1-tray3", tmp_path)
     hardware = HangingHardware(cluster, "rack1-tray3", tmp_path / "rack1-tray3", poll_interval=0.05)
     settings = replace(SETTINGS, hardware_query_timeout_s=0.5)
-    inventory = NodeInventory(store, "rack1-tray3", hardware, settings)
+    keeper = NodeRecordKeeper(store, "rack1-tray3", hardware, settings)
     health = Health()
-    inventory.health = health
+    keeper.health = health
     key = store.keys.node("rack1-tray3")
-    async with running(inventory):
-        await inventory.wait_registered(5.0)
-        lease = inventory.lease.lease_id
+    async with running(keeper):
+        await keeper.wait_registered(5.0)
+        lease = keeper.lease.lease_id
         hardware.hang.set()
 
         async def stall_reported() -> bool:

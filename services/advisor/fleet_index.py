@@ -1,4 +1,4 @@
-"""The advisor's in-memory index of nodes, bindings and reservations, fed by store watches.
+"""The advisor's index of the fleet: nodes, bindings and reservations (pure; fed by `fleet_feeds`).
 
 Per clique it keeps the set of free nodes (usable, neither bound to a domain nor
 reserved nor held by an in-flight reservation), so a decision reads counts
@@ -15,26 +15,29 @@ completed fabric registration and is not degraded/unhealthy (with
 `healthy_only=False`, DEGRADED nodes are usable too). Usable-but-taken and
 unusable-but-untaken nodes are tracked as well: the latter tell "it would fit if
 the fabric were healthy" (UNHEALTHY_FABRIC) from "it does not fit".
+
+No I/O and no awaits: the feeds apply what the store says, `advisor.py` applies its own writes,
+and waiting for a change is `fleet_feeds.wait_changed` (told through `listeners`). The running
+totals over the free sets are `free_tally.FreeTally`; this process's holds and hints are
+`local_holds.LocalHolds`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.keys import Keys
 from libs.state.watch import WatchEvent, put_event
-from services.advisor.clique_index import CliqueFree, CliqueIndex
+from services.advisor.free_tally import CliqueEntry, FreeTally
+from services.advisor.local_holds import LocalHolds
 from services.advisor.model import natural_key
 from services.advisor.own_echoes import OwnEchoes
-from services.advisor.policies import fragmentation, fragmentation_terms
 
 log = structlog.get_logger(__name__)
 
@@ -54,20 +57,6 @@ class NodeEntry:
     key: tuple[object, ...]
 
 
-@dataclass(slots=True)
-class CliqueEntry:
-    clique_id: str
-    cluster: str
-    nodes: set[str] = field(default_factory=set)
-    free: set[str] = field(default_factory=set)
-    sick_free: set[str] = field(default_factory=set)
-    rank: tuple[object, ...] = ()
-    # Last fragmentation terms added to the inventory's sums for this clique.
-    terms: tuple[int, float] = (0, 0.0)
-    # `free` in node order, rebuilt after `free` changed (decisions read it, rarely change it).
-    free_sorted: list[str] | None = None
-
-
 def judge_node(record: pb.Node, healthy_only: bool = True) -> tuple[bool, bool, int]:
     """(usable, sick, healthy GPU count) of a node record."""
     gpus_ok = [
@@ -82,8 +71,8 @@ def judge_node(record: pb.Node, healthy_only: bool = True) -> tuple[bool, bool, 
     return usable, sick, len(gpus_ok)
 
 
-class Inventory:
-    """In-memory index; mutate through `apply_*` / `resync_*` (the store feed does), read anywhere."""
+class FleetIndex:
+    """In-memory index; mutate through `apply_*` / `resync_*` (the store feeds do), read anywhere."""
 
     def __init__(self, healthy_only: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.healthy_only = healthy_only
@@ -101,88 +90,44 @@ class Inventory:
         self._reservation_rev: dict[str, int] = {}
         self._reservation_tombstones: dict[str, int] = {}
         self.own_echoes = OwnEchoes()
-        # In-flight reservations of this process: node -> hold token.
-        self._holds: dict[str, int] = {}
-        self._hold_nodes: dict[int, list[str]] = {}
-        self._next_token = 1
-        # Nodes another writer took that our watch has not shown yet: node -> expiry.
-        self._hints: dict[str, float] = {}
-        self._hint_heap: list[tuple[float, str]] = []
+        # In-flight reservations of this process, and nodes another writer took that our watch
+        # has not shown yet.
+        self.holds = LocalHolds()
         # Free capacity per clique as policy input, kept current; and the same with
         # unhealthy-but-untaken nodes counted, to recognise UNHEALTHY_FABRIC.
-        self.index = CliqueIndex()
-        self.index_with_sick = CliqueIndex()
-        self._free_histogram: Counter[int] = Counter()
-        self._sum_free = 0
-        self._sum_sq = 0.0
+        self.tally = FreeTally()
+        self.index = self.tally.index
+        self.index_with_sick = self.tally.index_with_sick
         self._usable_gpus: Counter[int] = Counter()
         self._gpu_counts: Counter[int] = Counter()
         self._largest_clique_cache: int | None = None
         # The most nodes one clique has had records at once, ever (records lapse; racks do not shrink).
         self._largest_clique_seen = 0
         self.generation = 0
+        # Told after every change (`fleet_feeds.wait_changed` wakes its waiters through this).
+        self.listeners: list[Callable[[], None]] = []
         self.reservation_watch_revision = 0
-        self._changed = asyncio.Event()
-        self._waiting = False
         self.synced: set[str] = set()
         # Told the uid of every domain whose bindings or reservations changed (the reaper).
         self.on_domain_change: Callable[[str], None] | None = None
 
-    # ---- change notification ---------------------------------------------------------
-
     def _bump(self) -> None:
         self.generation += 1
-        if self._waiting:
-            event, self._changed = self._changed, asyncio.Event()
-            self._waiting = False
-            event.set()
-
-    async def wait_changed(self, since_generation: int, within_s: float | None = None) -> bool:
-        """Wait until the generation moves past `since_generation`; False on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = None if within_s is None else loop.time() + within_s
-        while self.generation <= since_generation:
-            self._waiting = True
-            event = self._changed
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return self.generation > since_generation
-        return True
-
-    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> bool:
-        """Wait until `predicate()` holds (re-checked after every change); False on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_s
-        while not predicate():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            await self.wait_changed(self.generation, remaining)
-        return True
-
-    # ---- availability bookkeeping ----------------------------------------------------
+        for listener in self.listeners:
+            listener()
 
     def _available(self, name: str) -> bool:
-        return (
-            name not in self.bound
-            and name not in self.reserved_by
-            and name not in self._holds
-            and name not in self._hints
-        )
+        return name not in self.bound and name not in self.reserved_by and name not in self.holds
 
     def _refresh(self, name: str, force: bool = False) -> None:
         clique = self._resort(name)
         if clique is not None:
-            self._retally(clique)
+            self.tally.retally(clique)
         elif force:
             entry = self.nodes.get(name)
             clique = self.cliques.get(entry.clique) if entry is not None else None
             if clique is not None:
-                self._retally(clique)
+                self.tally.retally(clique)
 
     def _refresh_all(self, names: Iterable[str]) -> None:
         """`_refresh` for many nodes, each changed clique's tallies redone once (a decision's
@@ -193,7 +138,7 @@ class Inventory:
             if clique is not None:
                 changed[clique.clique_id] = clique
         for clique in changed.values():
-            self._retally(clique)
+            self.tally.retally(clique)
 
     def _resort(self, name: str) -> CliqueEntry | None:
         """Put the node in or out of its clique's free sets; the clique if they changed."""
@@ -220,39 +165,6 @@ class Inventory:
             changed = True
         return clique if changed else None
 
-    def _retally(self, clique: CliqueEntry) -> None:
-        old_free, old_sq = clique.terms
-        free = len(clique.free)
-        new = fragmentation_terms(free, len(clique.nodes))
-        if new != clique.terms:
-            self._sum_free += new[0] - old_free
-            self._sum_sq += new[1] - old_sq
-            clique.terms = new
-        if old_free != free:
-            if old_free:
-                self._free_histogram[old_free] -= 1
-                if self._free_histogram[old_free] <= 0:
-                    del self._free_histogram[old_free]
-            if free:
-                self._free_histogram[free] += 1
-        self._put(self.index, clique, free)
-        self._put(self.index_with_sick, clique, free + len(clique.sick_free))
-
-    @staticmethod
-    def _put(index: CliqueIndex, clique: CliqueEntry, free: int) -> None:
-        current = index.entries.get(clique.clique_id)
-        if free == 0:
-            index.remove(clique.clique_id)
-        elif (
-            current is None
-            or current.free != free
-            or current.size != len(clique.nodes)
-            or current.rank != clique.rank
-        ):
-            index.put(CliqueFree(clique.clique_id, free, len(clique.nodes), clique.rank))
-
-    # ---- nodes -------------------------------------------------------------------------
-
     def _remove_node(self, name: str) -> None:
         entry = self.nodes.pop(name, None)
         if entry is None:
@@ -273,18 +185,17 @@ class Inventory:
         clique.sick_free.discard(name)
         self._largest_clique_cache = None
         if not clique.nodes:
-            self._retally(clique)
+            self.tally.retally(clique)
             del self.cliques[entry.clique]
             members = self.cliques_by_cluster.get(clique.cluster)
             if members is not None:
                 members.discard(entry.clique)
                 if not members:
                     del self.cliques_by_cluster[clique.cluster]
-            self.index.remove(entry.clique)
-            self.index_with_sick.remove(entry.clique)
+            self.tally.forget(entry.clique)
         else:
             clique.rank = min((self.nodes[n].key for n in clique.nodes), default=())
-            self._retally(clique)
+            self.tally.retally(clique)
 
     def apply_node(self, name: str, record: pb.Node | None) -> None:
         """A node record appeared, changed (None: vanished, e.g. its agent's lease expired)."""
@@ -343,8 +254,6 @@ class Inventory:
             self.apply_node(name, record)
         self._bump()
 
-    # ---- bindings ----------------------------------------------------------------------
-
     def apply_binding(self, node: str, domain_uid: str | None) -> None:
         old = self.bound.get(node)
         if old == domain_uid:
@@ -359,7 +268,7 @@ class Inventory:
         if domain_uid is not None:
             self.bound[node] = domain_uid
             self.bound_by_domain.setdefault(domain_uid, set()).add(node)
-            self._drop_hint(node)
+            self.holds.drop_hint(node)
         self._refresh(node)
         self._bump()
         if self.on_domain_change is not None:
@@ -374,8 +283,6 @@ class Inventory:
         for node, uid in fresh.items():
             self.apply_binding(node, uid)
         self._bump()
-
-    # ---- reservations ------------------------------------------------------------------
 
     def apply_reservation(self, reservation_id: str, record: pb.Reservation | None, revision: int) -> None:
         """A reservation appeared or vanished at `revision`; older news than what we hold is ignored.
@@ -412,7 +319,7 @@ class Inventory:
             self._reservation_tombstones.pop(reservation_id, None)
             for node in record.node_names:
                 self.reserved_by[node] = reservation_id
-                self._drop_hint(node)
+                self.holds.drop_hint(node)
                 touched.add(node)
             self.reservations_by_domain.setdefault(record.domain_uid, set()).add(reservation_id)
         self._refresh_all(touched)
@@ -446,55 +353,33 @@ class Inventory:
         for rid in stale:
             del self._reservation_tombstones[rid]
 
-    # ---- local holds and hints -----------------------------------------------------------
-
     def hold(self, nodes: Iterable[str]) -> int:
         """Take nodes out of the free sets while this process writes their reservation."""
-        token = self._next_token
-        self._next_token += 1
         names = list(nodes)
-        self._hold_nodes[token] = names
-        for name in names:
-            self._holds[name] = token
+        token = self.holds.hold(names)
         self._refresh_all(names)
         self._bump()
         return token
 
     def release_hold(self, token: int) -> None:
-        released = [n for n in self._hold_nodes.pop(token, []) if self._holds.get(n) == token]
-        for name in released:
-            del self._holds[name]
-        self._refresh_all(released)
+        self._refresh_all(self.holds.release(token))
         self._bump()
 
     def hint_taken(self, nodes: Iterable[str], seconds: float) -> None:
         """Another writer took these nodes; hide them until our watch shows it (or `seconds` pass)."""
-        expiry = self.clock() + seconds
         names = list(nodes)
-        for name in names:
-            self._hints[name] = expiry
-            heapq.heappush(self._hint_heap, (expiry, name))
+        self.holds.hint(names, self.clock() + seconds)
         self._refresh_all(names)
         self._bump()
 
-    def _drop_hint(self, name: str) -> None:
-        self._hints.pop(name, None)
-
     def expire_hints(self) -> None:
-        if not self._hint_heap:
+        if not self.holds.hints_pending:
             return
-        now = self.clock()
-        changed = False
-        while self._hint_heap and self._hint_heap[0][0] <= now:
-            expiry, name = heapq.heappop(self._hint_heap)
-            if self._hints.get(name) == expiry:
-                del self._hints[name]
-                self._refresh(name)
-                changed = True
-        if changed:
+        expired = self.holds.expire(self.clock())
+        for name in expired:
+            self._refresh(name)
+        if expired:
             self._bump()
-
-    # ---- reads --------------------------------------------------------------------------
 
     def largest_clique(self) -> int:
         if self._largest_clique_cache is None:
@@ -505,35 +390,6 @@ class Inventory:
         """The most nodes one clique has had records at once since this inventory began: a node
         whose record lapsed for a while (its agent's lease) still belongs to its clique."""
         return self._largest_clique_seen
-
-    def largest_free_block(self) -> int:
-        return max(self._free_histogram, default=0)
-
-    def fragmentation(self) -> float:
-        return fragmentation(self._sum_free, self._sum_sq)
-
-    def after_taking(self, taken: Mapping[str, int]) -> tuple[float, int]:
-        """(fragmentation, largest free block) if `taken[clique]` free nodes were taken from each clique."""
-        s1, s2 = float(self._sum_free), self._sum_sq
-        histogram = dict(self._free_histogram)
-        for clique_id, count in taken.items():
-            clique = self.cliques[clique_id]
-            old_free = len(clique.free)
-            new_free = max(old_free - count, 0)
-            old_terms = clique.terms
-            new_terms = fragmentation_terms(new_free, len(clique.nodes))
-            s1 += new_terms[0] - old_terms[0]
-            s2 += new_terms[1] - old_terms[1]
-            if old_free:
-                histogram[old_free] = histogram.get(old_free, 0) - 1
-            if new_free:
-                histogram[new_free] = histogram.get(new_free, 0) + 1
-        largest = max((k for k, v in histogram.items() if v > 0), default=0)
-        return fragmentation(s1, s2), largest
-
-    @property
-    def free_count(self) -> int:
-        return self._sum_free
 
     def min_usable_gpus(self) -> int:
         return min(self._usable_gpus, default=0)
@@ -582,8 +438,6 @@ class Inventory:
     def ready(self) -> bool:
         return {"nodes", "bindings", "reservations"} <= self.synced
 
-    # ---- this process's own writes, and their echoes ---------------------------------------
-
     def begin_write(self, reservation_id: str) -> None:
         """This process starts writing the reservation: its watch echo is held back (`own_echoes`)."""
         self.own_echoes.begin(reservation_id)
@@ -612,6 +466,6 @@ class Inventory:
             self._prune_tombstones(event.revision)
 
 
-def free_names_view(inventory: Inventory, cliques: Iterable[str]) -> Mapping[str, list[str]]:
+def free_names_view(fleet: FleetIndex, cliques: Iterable[str]) -> Mapping[str, list[str]]:
     """Sorted free node names of the given cliques (policy `pick_nodes` input)."""
-    return {c: inventory.sorted_free(c) for c in cliques}
+    return {c: fleet.sorted_free(c) for c in cliques}

@@ -16,15 +16,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.imexagent.lifecycle import (
+from services.imexagent.daemon_lifecycle import (
     FAILED,
     NOT_READY,
     READY,
     STARTING,
     DaemonLifecycle,
     LifecyclePolicy,
+    ProbeAction,
     ReloadPolicy,
-    Verdict,
 )
 
 POLICY = LifecyclePolicy(
@@ -54,7 +54,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.not_ready_since: float | None = None
         self.silent_since: float | None = None
         self.backoff_attempt = 0
-        self.last_verdict = Verdict.NOTHING
+        self.last_action = ProbeAction.NOTHING
 
     # ---- time -------------------------------------------------------------------------
 
@@ -117,20 +117,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.silent_since = None
         elif self.silent_since is None:
             self.silent_since = self.now
-        verdict = self.lc.probed(self.now, answered, ready, "waiting")
-        self.last_verdict = verdict
+        action = self.lc.probed(self.now, answered, ready, "waiting")
+        self.last_action = action
         if ready:
             self.failures = 0
             self.ever_ready = True
             self.ready_since = self.ready_since if self.ready_since is not None else self.now
             self.not_ready_since = None
-            assert self.lc.state == READY and verdict is Verdict.NOTHING
+            assert self.lc.state == READY and action is ProbeAction.NOTHING
             return
         self.ready_since = None
         silent_long = (
             self.silent_since is not None and self.now - self.silent_since >= POLICY.unresponsive_kill_s
         )
-        assert (verdict is Verdict.STOP) == silent_long
+        assert (action is ProbeAction.STOP) == silent_long
         if silent_long:
             return
         if not self.ever_ready:
@@ -268,8 +268,8 @@ def test_a_burst_of_joins_is_signalled_once_it_is_quiet() -> None:
 def test_a_daemon_hung_at_start_is_stopped_after_the_silence_limit() -> None:
     lc = DaemonLifecycle(POLICY)
     lc.started(0.0)
-    assert lc.probed(19.9, answered=False, ready=False) is Verdict.NOTHING
-    assert lc.probed(20.0, answered=False, ready=False) is Verdict.STOP
+    assert lc.probed(19.9, answered=False, ready=False) is ProbeAction.NOTHING
+    assert lc.probed(20.0, answered=False, ready=False) is ProbeAction.STOP
 
 
 def test_a_refused_daemon_is_failed_with_the_reason_and_never_due() -> None:
@@ -281,7 +281,7 @@ def test_a_refused_daemon_is_failed_with_the_reason_and_never_due() -> None:
         False,
     )
     assert not lc.start_due(0.0) and not lc.start_due(1e12)
-    assert lc.probed(5.0, answered=False, ready=False) is Verdict.NOTHING  # nothing runs to stop
+    assert lc.probed(5.0, answered=False, ready=False) is ProbeAction.NOTHING  # nothing runs to stop
 
 
 def test_policy_rejects_nonsense() -> None:

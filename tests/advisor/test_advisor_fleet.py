@@ -1,4 +1,4 @@
-"""The inventory: what it offers (in memory, hypothesis) and how fast it follows the store (real etcd)."""
+"""The fleet index with the advisor: what it offers (in memory, hypothesis) and how fast it follows the store (real etcd)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ from libs.runtime.cancellation import cancel_until_done
 from libs.state.store import Store
 from services.advisor.advisor import Advisor
 from services.advisor.clique_index import CliqueFree, CliqueIndex
-from services.advisor.inventory import Inventory
-from services.advisor.inventory_feeds import start_feeds
+from services.advisor.fleet_feeds import start_feeds, wait_until
+from services.advisor.fleet_index import FleetIndex
 from services.advisor.model import InvalidRequest, Mode, PlacementRequest, PolicyName, Reason
 from services.advisor.reservations import write_reservation
-from tests.advisor.fleet import bind, cluster_records, filled_inventory, node_record, put_nodes
+from tests.advisor.fleet import bind, cluster_records, filled_fleet, node_record, put_nodes
 from tools.sim.hardware.cluster import ClusterDescription
 
 CLUSTER = ClusterDescription(racks=6, trays_per_rack=18, partitions_per_rack=2, seed="inv-test")
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[Inventory, dict[str, str], PlacementRequest]:
+def scenario(draw: st.DrawFn) -> tuple[FleetIndex, dict[str, str], PlacementRequest]:
     records = cluster_records(CLUSTER)
     names = [r.name for r in records]
     states: dict[str, str] = {}
@@ -36,8 +36,8 @@ def scenario(draw: st.DrawFn) -> tuple[Inventory, dict[str, str], PlacementReque
                 ["free"] * 6 + ["unhealthy", "degraded", "gpu-fabric", "bound", "reserved", "gone"]
             )
         )
-    inventory = Inventory()
-    inventory.synced.update({"nodes", "bindings", "reservations"})
+    fleet = FleetIndex()
+    fleet.synced.update({"nodes", "bindings", "reservations"})
     reserved: list[str] = []
     for record in records:
         state = states[record.name]
@@ -49,13 +49,13 @@ def scenario(draw: st.DrawFn) -> tuple[Inventory, dict[str, str], PlacementReque
             record.health = pb.Health.DEGRADED
         elif state == "gpu-fabric":
             record.gpus[1].fabric_state = pb.FabricState.IN_PROGRESS
-        inventory.apply_node(record.name, record)
+        fleet.apply_node(record.name, record)
         if state == "bound":
-            inventory.apply_binding(record.name, "some-domain")
+            fleet.apply_binding(record.name, "some-domain")
         if state == "reserved":
             reserved.append(record.name)
     if reserved:
-        inventory.apply_reservation("r1", pb.Reservation(id="r1", node_names=reserved, domain_uid="d"), 5)
+        fleet.apply_reservation("r1", pb.Reservation(id="r1", node_names=reserved, domain_uid="d"), 5)
     mode = draw(st.sampled_from(list(Mode)))
     n = draw(st.integers(1, 40))
     segment = 0
@@ -67,25 +67,25 @@ def scenario(draw: st.DrawFn) -> tuple[Inventory, dict[str, str], PlacementReque
         frozenset(draw(st.lists(st.sampled_from(names), min_size=1))) if draw(st.booleans()) else None
     )
     request = PlacementRequest(
-        num_nodes=min(n, len(inventory.nodes)) or 1,
+        num_nodes=min(n, len(fleet.nodes)) or 1,
         mode=mode,
-        segment_size=segment if min(n, len(inventory.nodes)) % max(segment, 1) == 0 else 0,
+        segment_size=segment if min(n, len(fleet.nodes)) % max(segment, 1) == 0 else 0,
         excluded_nodes=excluded,
         candidate_nodes=candidates,
         policy=draw(st.sampled_from(list(PolicyName))),
         seed=draw(st.integers(1, 1000)),
     )
-    return inventory, states, request
+    return fleet, states, request
 
 
 @settings(max_examples=40, deadline=None)
 @given(scenario())
 def test_decisions_offer_only_free_healthy_allowed_nodes_once(case) -> None:
-    inventory, states, request = case
-    if not inventory.nodes:
+    fleet, states, request = case
+    if not fleet.nodes:
         return
     try:
-        decision = Advisor(inventory).decide(request)
+        decision = Advisor(fleet).decide(request)
     except InvalidRequest:
         return
     names = decision.node_names
@@ -93,7 +93,7 @@ def test_decisions_offer_only_free_healthy_allowed_nodes_once(case) -> None:
     for segment in decision.segments:
         for name in segment.node_names:
             assert states[name] == "free", f"{name} is {states[name]}"
-            assert inventory.nodes[name].clique == segment.clique_id
+            assert fleet.nodes[name].clique == segment.clique_id
             assert name not in request.excluded_nodes
             assert request.candidate_nodes is None or name in request.candidate_nodes
     if decision.feasible:
@@ -132,15 +132,15 @@ def test_incremental_index_answers_like_a_fresh_one(ops) -> None:
 
 def test_unhealthy_fabric_is_named_when_it_alone_blocks_the_job() -> None:
     records = cluster_records(ClusterDescription(racks=2, seed="sick"))
-    inventory = filled_inventory(records)
+    fleet = filled_fleet(records)
     rack0 = [r for r in records if r.name.startswith("rack0-")]
     rack1 = [r for r in records if r.name.startswith("rack1-")]
     for record in rack1[:10]:
-        inventory.apply_binding(record.name, "busy")
+        fleet.apply_binding(record.name, "busy")
     for record in rack0[:3]:
         record.health = pb.Health.UNHEALTHY
-        inventory.apply_node(record.name, record)
-    advisor = Advisor(inventory)
+        fleet.apply_node(record.name, record)
+    advisor = Advisor(fleet)
     decision = advisor.decide(PlacementRequest(num_nodes=17))
     assert decision.reason is Reason.UNHEALTHY_FABRIC
     assert rack0[0].clique_id in decision.message
@@ -150,11 +150,11 @@ def test_unhealthy_fabric_is_named_when_it_alone_blocks_the_job() -> None:
 
 def test_thousand_node_inventory_decides_fast() -> None:
     records = cluster_records(ClusterDescription(racks=56, seed="fast"))
-    inventory = filled_inventory(records)
+    fleet = filled_fleet(records)
     rng = random.Random(3)
     for record in rng.sample(records, 400):
-        inventory.apply_binding(record.name, "x")
-    advisor = Advisor(inventory)
+        fleet.apply_binding(record.name, "x")
+    advisor = Advisor(fleet)
     durations = []
     for _ in range(300):
         started = time.perf_counter()
@@ -168,31 +168,31 @@ def test_thousand_node_inventory_decides_fast() -> None:
 # ---- fed by the store ---------------------------------------------------------------------
 
 
-async def _follow(store: Store) -> tuple[Inventory, list[asyncio.Task[None]]]:
-    inventory = Inventory()
-    feeds = start_feeds(inventory, store)
-    assert await inventory.wait_for(lambda: inventory.ready, 10.0)
-    return inventory, feeds
+async def _follow(store: Store) -> tuple[FleetIndex, list[asyncio.Task[None]]]:
+    fleet = FleetIndex()
+    feeds = start_feeds(fleet, store)
+    assert await wait_until(fleet, lambda: fleet.ready, 10.0)
+    return fleet, feeds
 
 
-async def _timed(inventory: Inventory, predicate, within_s: float = 1.0) -> float:
+async def _timed(fleet: FleetIndex, predicate, within_s: float = 1.0) -> float:
     started = time.monotonic()
-    assert await inventory.wait_for(predicate, within_s), "inventory did not follow the store in time"
+    assert await wait_until(fleet, predicate, within_s), "inventory did not follow the store in time"
     return time.monotonic() - started
 
 
 async def test_inventory_follows_node_binding_and_reservation_changes(store: Store) -> None:
     records = cluster_records(ClusterDescription(racks=3, seed="follow"))
     await put_nodes(store, records)
-    inventory, feeds = await _follow(store)
+    fleet, feeds = await _follow(store)
     try:
-        assert len(inventory.nodes) == 54 and inventory.free_count == 54
-        advisor = Advisor(inventory)
+        assert len(fleet.nodes) == 54 and fleet.tally.free_count == 54
+        advisor = Advisor(fleet)
         victim = records[0].name
 
         # Node record deleted (its agent's lease expired) -> no longer offered.
         await store.delete(store.keys.node(victim))
-        lag = await _timed(inventory, lambda: victim not in inventory.nodes)
+        lag = await _timed(fleet, lambda: victim not in fleet.nodes)
         assert lag < 0.5
         offered = advisor.decide(
             PlacementRequest(num_nodes=17, node_selector={"clique": records[0].clique_id})
@@ -208,24 +208,24 @@ async def test_inventory_follows_node_binding_and_reservation_changes(store: Sto
         # Node back but unhealthy -> still not offered; healthy again -> offered.
         sick = node_record(victim, records[0].clique_id, records[0].cluster_uuid, health=pb.Health.UNHEALTHY)
         await store.put(store.keys.node(victim), sick)
-        await _timed(inventory, lambda: victim in inventory.nodes)
-        assert not inventory.is_free(victim)
+        await _timed(fleet, lambda: victim in fleet.nodes)
+        assert not fleet.is_free(victim)
         await store.put(store.keys.node(victim), records[0])
-        await _timed(inventory, lambda: inventory.is_free(victim))
+        await _timed(fleet, lambda: fleet.is_free(victim))
 
         # Bound to a domain -> taken.
         await bind(store, records[1].name, "dom-1")
-        await _timed(inventory, lambda: not inventory.is_free(records[1].name))
-        assert inventory.domain_nodes("dom-1") == {records[1].name}
+        await _timed(fleet, lambda: not fleet.is_free(records[1].name))
+        assert fleet.domain_nodes("dom-1") == {records[1].name}
 
         # A reservation written by someone else -> taken until it expires with its lease.
         written = await write_reservation(
             store, [records[2].name], [records[2].clique_id], "dom-2", "other", 1
         )
-        await _timed(inventory, lambda: not inventory.is_free(records[2].name))
-        assert inventory.domain_nodes("dom-2") == {records[2].name}
-        assert written.record.id in inventory.reservations
-        await _timed(inventory, lambda: inventory.is_free(records[2].name), within_s=5.0)
+        await _timed(fleet, lambda: not fleet.is_free(records[2].name))
+        assert fleet.domain_nodes("dom-2") == {records[2].name}
+        assert written.record.id in fleet.reservations
+        await _timed(fleet, lambda: fleet.is_free(records[2].name), within_s=5.0)
     finally:
         await cancel_until_done(feeds)
         assert all(t.done() for t in feeds)
@@ -235,13 +235,13 @@ async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
     records = cluster_records(ClusterDescription(racks=2, seed="resync"))
     await put_nodes(store, records[:20])
     await bind(store, records[0].name, "d0")
-    inventory, feeds = await _follow(store)
+    fleet, feeds = await _follow(store)
     try:
-        assert len(inventory.nodes) == 20
-        assert not inventory.is_free(records[0].name)
+        assert len(fleet.nodes) == 20
+        assert not fleet.is_free(records[0].name)
         await put_nodes(store, records[20:])
-        await _timed(inventory, lambda: len(inventory.nodes) == 36)
-        capacity = Advisor(inventory).capacity()
+        await _timed(fleet, lambda: len(fleet.nodes) == 36)
+        capacity = Advisor(fleet).capacity()
         assert capacity.total_nodes == 36 and capacity.bound_nodes == 1 and capacity.free_nodes == 35
     finally:
         await cancel_until_done(feeds)
@@ -251,12 +251,12 @@ async def test_inventory_resyncs_from_a_listing(store: Store) -> None:
 @settings(max_examples=40, deadline=None)
 @given(scenario())
 def test_excluding_a_few_nodes_decides_like_the_full_filter(case) -> None:
-    inventory, _, request = case
-    if not inventory.nodes or request.candidate_nodes is not None or not request.excluded_nodes:
+    fleet, _, request = case
+    if not fleet.nodes or request.candidate_nodes is not None or not request.excluded_nodes:
         return
-    advisor = Advisor(inventory)
+    advisor = Advisor(fleet)
     # The same request with every node as a candidate takes the general (filtering) path.
-    filtered = dataclasses.replace(request, candidate_nodes=frozenset(inventory.nodes))
+    filtered = dataclasses.replace(request, candidate_nodes=frozenset(fleet.nodes))
     try:
         quick = advisor.decide(request)
     except InvalidRequest:

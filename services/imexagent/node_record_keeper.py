@@ -1,4 +1,4 @@
-"""The node's inventory record in the store, kept on a lease.
+"""The node's record in the store, kept on a lease by `NodeRecordKeeper`.
 
 The Node record (address, clique, GPUs, health, versions) lives at ``nodes/<node>`` attached to the
 IMEX agent's `KeptLease`: while ``cd-imex-agent`` runs the lease is refreshed, and when it dies or is
@@ -12,7 +12,7 @@ the ``registered`` gate closed, with the reason, until it is back. Hardware heal
 is reported in ``fabric_message`` and retried; it never stops the agent (upstream #1264).
 
 Pure core: `build_node_record` turns a hardware snapshot into the record. Thin shell:
-`NodeInventory`.
+`NodeRecordKeeper`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ AGENT_VERSION = _agent_version()
 
 
 @dataclass(frozen=True)
-class InventorySettings:
+class RecordKeeperSettings:
     # Lease TTL of the Node record: node loss is noticed this long after the agent stops.
     lease_ttl_s: int = 5
     # This node's IMEX / peer address. "" = the simulated hardware's own address; required with
@@ -108,7 +108,7 @@ def build_node_record(
     address: str,
     snapshot: HardwareSnapshot | None,
     driver_version: str,
-    settings: InventorySettings,
+    settings: RecordKeeperSettings,
     hardware_error: str = "",
 ) -> pb.Node:
     """The Node record for a hardware snapshot (None: never read successfully).
@@ -159,7 +159,7 @@ def _without_timestamp(node: pb.Node) -> bytes:
     return bytes(copy)
 
 
-class NodeInventory:
+class NodeRecordKeeper:
     """Keeps ``nodes/<node>`` on a kept lease and in step with the hardware."""
 
     def __init__(
@@ -167,7 +167,7 @@ class NodeInventory:
         store: Store,
         node_name: str,
         hardware: NodeHardware,
-        settings: InventorySettings,
+        settings: RecordKeeperSettings,
         watch: PrefixWatcher = watch_prefix,
     ) -> None:
         self.store = store
@@ -202,8 +202,6 @@ class NodeInventory:
         self._check_wanted = asyncio.Event()
         # Records rewritten because they went missing or were overwritten (tests, metrics).
         self.rewrites = 0
-
-    # ---- public --------------------------------------------------------------
 
     @property
     def node(self) -> pb.Node:
@@ -242,8 +240,6 @@ class NodeInventory:
         """Remove the record now (decommissioning); a plain shutdown lets it expire instead."""
         await self.lease.revoke()
         self._set_registered(False, "deregistered")
-
-    # ---- internals -----------------------------------------------------------
 
     def _build(self) -> pb.Node:
         return build_node_record(
