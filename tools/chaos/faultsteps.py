@@ -1,7 +1,7 @@
 """The soak's faults: which one a step makes, on which target, and what the soak then expects.
 
 A mixin of `tools.chaos.soak.Soak` (it uses the soak's state and its task helpers); the faults
-themselves are done by `tools.chaos.injectors`. Faults that may break the imports of jobs on the
+themselves are done by `tools.sim.faults`. Faults that may break the imports of jobs on the
 node they hit (`plan.BREAKS_IMPORTS`) go into the soak's ledger before they are done, and stay
 there until their effect is over (invariant 6, `tools.chaos.continuity`).
 """
@@ -23,11 +23,12 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.cluster import ClusterDescription
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, imex_agent_name
-from tools.chaos import checks, continuity, injectors, jobops
+from tools.chaos import checks, continuity, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
-from tools.chaos.injectors import ClusterHandle, NotApplicable
 from tools.chaos.tracking import SoakOptions, Tracked, failover_time
+from tools.sim import faults as injectors
+from tools.sim.faults import ClusterHandle, NotApplicable
 
 MAX_NODES_DOWN = 2
 # The IMEX agent kills a daemon that has not answered for 20 s; beyond that on a busy machine.

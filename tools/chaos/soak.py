@@ -37,13 +37,14 @@ from libs.invariants import checker as invariants
 from tools.cdsim import jobs, lifecycle
 from tools.cdsim.jobbook import Job
 from tools.cdsim.layout import StateLayout, cluster_node_paths
-from tools.chaos import checks, continuity, injectors, jobops
+from tools.chaos import checks, continuity, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.faultsteps import FaultSteps
 from tools.chaos.importwatch import ImportWatch
-from tools.chaos.injectors import ClusterHandle
 from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
+from tools.sim import faults as injectors
+from tools.sim.faults import ClusterHandle
 
 log = structlog.get_logger(__name__)
 
