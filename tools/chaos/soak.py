@@ -42,9 +42,8 @@ from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.faultsteps import FaultSteps
 from tools.chaos.importwatch import ImportWatch
-from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
-from tools.sim import faults as injectors
-from tools.sim.faults import ClusterHandle
+from tools.chaos.tracking import ClusterHandle, DeletedDomain, SoakOptions, Tracked
+from tools.sim import faults
 
 log = structlog.get_logger(__name__)
 
@@ -279,7 +278,7 @@ class Soak(FaultSteps, ImportWatch):
 
     async def _supervisor_state(self) -> dict[str, Any]:
         assert self.handle is not None
-        answer = await injectors._control(self.handle, "status")
+        answer = await faults.supervisor_request(self.handle.layout, "status")
         state = answer.get("state")
         return state if isinstance(state, dict) else {}
 
