@@ -55,7 +55,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
 from libs.kube.resourceapi import discover_version, resource_path
-from tools import cdscheduler
+from tools import cdscheduler, launch
 from tools.bench import simenv
 from tools.bench.formation_k8s import api_client
 from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
@@ -410,7 +410,7 @@ class PluginScheduler:
 
     def stop(self) -> None:
         if self.process is not None:
-            simenv.stop_process(self.process)
+            launch.stop_process(self.process)
             self.process = None
 
 
