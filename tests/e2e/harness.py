@@ -50,7 +50,8 @@ from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
-from tests.polling import PollTimeout, wait_until
+from tests.polling import wait_until
+from tools import launch
 from tools.cachedtool import cached_tool
 from tools.cdsim.layout import StateLayout
 from tools.containerd.images import NodeImages, prepare_images
@@ -63,6 +64,7 @@ from tools.kubelet.addresses import NodeAddresses, node_ip
 from tools.kubelet.inotify import current_budget
 from tools.kubelet.node import NODE_MONITOR_GRACE_S, KubeletNode
 from tools.kubeletshim.nodes import nodes_document, nodes_of_cluster
+from tools.launch import pid_alive
 from tools.netports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,18 +78,12 @@ CRD_NAME = "computedomains.resource.nvidia.com"
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
-AGENT_TARGET = "services.nodeagent.main:main"  # the kubelet plugin
-IMEX_AGENT_TARGET = "services.imexagent.main:main"
-CONTROLLER_TARGET = "services.controller.main:main"
-ADVISOR_TARGET = "services.advisor.main:main"
+AGENT_TARGET = launch.service_target("node-agent")  # the kubelet plugin
+IMEX_AGENT_TARGET = launch.service_target("imex-agent")
+CONTROLLER_TARGET = launch.service_target("controller")
+ADVISOR_TARGET = launch.service_target("advisor")
 SHIM_TARGET = "tools.kubeletshim.main:main"
-PRELOAD = (
-    "services.nodeagent.main",
-    "services.imexagent.main",
-    "services.controller.main",
-    "services.advisor.main",
-    "tools.kubeletshim.main",
-)
+PRELOAD = (*launch.SERVICE_MODULES.values(), "tools.kubeletshim.main")
 
 AGENT_HEALTH_PORT = 9400
 IMEX_AGENT_HEALTH_PORT = 9401
@@ -211,27 +207,8 @@ class ForkServer:
             self.process.wait(5)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by the fork server) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def terminate(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    with contextlib.suppress(PollTimeout):  # then it is killed
-        wait_until(lambda: not pid_alive(pid), f"process {pid} to exit on SIGTERM", grace_s)
-    if pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    launch.terminate(pid, grace_s)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from tools.cdsim import control, linkcut, procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState
 from tools.cdsim.services import agent_name, controller_name, imex_agent_name
+from tools.launch import pid_alive
 
 CONTROLLER_ELECTION = "cd-controller"
 CONTROL_TIMEOUT_S = 60.0
@@ -175,19 +176,10 @@ async def corrupt_checkpoint(layout: StateLayout, node: str, garbage: bytes) -> 
     return CheckpointCorrupted(killed.pid, _write_in_place(layout.node(node).checkpoint_file, garbage))
 
 
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    # A zombie waits for its parent (the fork server) to reap it: dead for our purposes.
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
 async def wait_gone(pid: int, timeout_s: float) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        if _gone(pid):
+        if not pid_alive(pid):  # a zombie waiting for the fork server to reap it is gone
             return True
         await asyncio.sleep(0.02)
     return False
