@@ -165,14 +165,15 @@ def spawn(
     cwd: Path = REPO,
     append: bool = False,
 ) -> Launched:
-    """Start `argv` with stdout and stderr to `log` (truncated, or appended to: a restart's log
-    follows the previous run's), in `env` (default `child_env()`)."""
+    """Start `argv` with no stdin, stdout and stderr to `log` (truncated, or appended to: a
+    restart's log follows the previous run's), in `env` (default `child_env()`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab" if append else "wb") as out:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
             env=dict(env) if env is not None else child_env(),
+            stdin=subprocess.DEVNULL,  # a service reads no terminal
             stdout=out,
             stderr=subprocess.STDOUT,
         )

@@ -35,8 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,11 +107,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return launch.http_ok(url, timeout_s=1.0)
 
 
 def _address_block_free(cluster: ClusterDescription) -> bool:
