@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +16,8 @@ from libs.gen.computedomain.placement import v1 as pp
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
+from tools import launch
 from tools.sim.hardware.cluster import ClusterDescription
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 async def _read_ports(proc: asyncio.subprocess.Process, lines: list[dict], within_s: float) -> dict[str, int]:
@@ -51,33 +49,35 @@ async def test_process_serves_and_stops_on_sigterm(
     await put_nodes(store, cluster_records(ClusterDescription(racks=2, seed="main-test")))
     socket_path = tmp_path / "advisor.sock"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.advisor.main",
-        "--etcd-endpoint",
-        etcd_config.endpoint,
-        "--etcd-prefix",
-        etcd_config.prefix,
-        "--grpc-host",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--grpc-unix-socket",
-        str(socket_path),
-        "--extender-host",
-        "127.0.0.1",
-        "--extender-port",
-        "0",
-        "--extender-prefix",
-        "/scheduler",
-        "--health-host",
-        "127.0.0.1",
-        "--health-port",
-        "0",
-        "--log-format",
-        "json",
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        *launch.service_argv(
+            "advisor",
+            [
+                "--etcd-endpoint",
+                etcd_config.endpoint,
+                "--etcd-prefix",
+                etcd_config.prefix,
+                "--grpc-host",
+                "127.0.0.1",
+                "--grpc-port",
+                "0",
+                "--grpc-unix-socket",
+                str(socket_path),
+                "--extender-host",
+                "127.0.0.1",
+                "--extender-port",
+                "0",
+                "--extender-prefix",
+                "/scheduler",
+                "--health-host",
+                "127.0.0.1",
+                "--health-port",
+                "0",
+                "--log-format",
+                "json",
+            ],
+        ),
+        cwd=launch.REPO,
+        env=launch.child_env(),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -126,13 +126,15 @@ async def test_process_serves_and_stops_on_sigterm(
 
 async def test_bad_setting_exits_2_naming_the_setting() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.advisor.main",
-        "--grpc-port",
-        "-5",
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        *launch.service_argv(
+            "advisor",
+            [
+                "--grpc-port",
+                "-5",
+            ],
+        ),
+        cwd=launch.REPO,
+        env=launch.child_env(),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )

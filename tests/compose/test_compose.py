@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from libs.runtime.settings import load_settings
+from tools import launch
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import RunState, SimConfig
 from tools.cdsim.services import Ports, all_specs
@@ -45,8 +46,8 @@ DOCKERFILE = (REPO / "Dockerfile").read_text()
 JOBS = "jobs"  # where `cdsim job` runs against the cluster (it idles otherwise)
 PROGRAMS = [name for name in SERVICES if name not in ("etcd", JOBS)]
 SIM_DIR = "/var/lib/cdsim"  # inside the image (Dockerfile ENV CD_SIM_DIR)
-PLUGIN_TARGET = "services.nodeagent.main:main"
-IMEX_AGENT_TARGET = "services.imexagent.main:main"
+PLUGIN_TARGET = launch.service_target("node-agent")
+IMEX_AGENT_TARGET = launch.service_target("imex-agent")
 
 # Settings that legitimately differ between a container and a cdsim process on loopback: where
 # things listen and where files live. Everything else must be what cdsim runs.

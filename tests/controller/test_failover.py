@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +20,8 @@ from libs.state.membership import join_domain
 from libs.state.store import Store
 from tests.controller.harness import create_domain
 from tests.polling import eventually
+from tools import launch
 
-REPO = Path(__file__).resolve().parents[2]
 TTL_S = 2
 DOMAINS = 24
 PER_DOMAIN = 4
@@ -37,10 +34,7 @@ class ControllerProcess:
     log: Path
 
     def health_port(self) -> int | None:
-        for line in self.log.read_text(errors="replace").splitlines():
-            if '"health server listening"' in line:
-                return int(json.loads(line)["port"])
-        return None
+        return launch.announced_ports(self.log).get("health")
 
     def metrics(self) -> str:
         port = self.health_port()
@@ -50,11 +44,7 @@ class ControllerProcess:
 
 
 def start_controller(config: EtcdConfig, identity: str, tmp: Path) -> ControllerProcess:
-    log = tmp / f"{identity}.log"
-    args = [
-        sys.executable,
-        "-m",
-        "services.controller.main",
+    settings = [
         f"--etcd-endpoint={config.endpoint}",
         f"--etcd-prefix={config.prefix}",
         f"--leader-lease-ttl-s={TTL_S}",
@@ -63,10 +53,8 @@ def start_controller(config: EtcdConfig, identity: str, tmp: Path) -> Controller
         "--health-port=0",
         "--log-format=json",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return ControllerProcess(identity, proc, log)
+    started = launch.start_service("controller", settings, tmp / f"{identity}.log", name=identity)
+    return ControllerProcess(identity, started.proc, started.log)
 
 
 @pytest.fixture

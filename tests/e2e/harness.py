@@ -9,9 +9,8 @@
 3. the nodes' kubelets: per node the upstream kubelet on crisim, the simulated container runtime
    (tools.sim.kubelet), each on its own node IP, with the node lifecycle controller on; or, with
    kubelets="containerd", the upstream kubelet on containerd and runc, running real containers
-   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim
-   (tools.sim.kubeletshim, one process for every node: Node objects, leases), kept for the
-   differential test and the 256-node benchmark, where kubelets do not fit;
+   (tools.containerd; tests/e2e_containers); or, with kubelets="shim", the kubelet shim (tools.sim.kubeletshim, one process for every node: Node objects,
+   leases), kept for the differential test and the 256-node benchmark, where kubelets do not fit;
 4. per node its IMEX agent (node record on its lease, IMEX daemons) and then its kubelet plugin
    (Kubernetes claim source, simulated hardware), forked from the cdsim fork server so that 72
    of them start in seconds on two cores;
@@ -36,8 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +46,8 @@ from libs.invariants.checker import NodeLocalPaths
 from tests import address_blocks
 from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
-from tests.polling import PollTimeout, wait_until
+from tests.polling import wait_until
+from tools import launch
 from tools.cachedtool import cached_tool
 from tools.cdsim.layout import StateLayout
 from tools.containerd.images import NodeImages, prepare_images
@@ -58,6 +56,7 @@ from tools.containerd.node import ContainerdKubeletNode
 from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
+from tools.launch import pid_alive
 from tools.netports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
@@ -77,18 +76,12 @@ CRD_NAME = "computedomains.resource.nvidia.com"
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
-AGENT_TARGET = "services.nodeagent.main:main"  # the kubelet plugin
-IMEX_AGENT_TARGET = "services.imexagent.main:main"
-CONTROLLER_TARGET = "services.controller.main:main"
-ADVISOR_TARGET = "services.advisor.main:main"
+AGENT_TARGET = launch.service_target("node-agent")  # the kubelet plugin
+IMEX_AGENT_TARGET = launch.service_target("imex-agent")
+CONTROLLER_TARGET = launch.service_target("controller")
+ADVISOR_TARGET = launch.service_target("advisor")
 SHIM_TARGET = "tools.sim.kubeletshim.main:main"
-PRELOAD = (
-    "services.nodeagent.main",
-    "services.imexagent.main",
-    "services.controller.main",
-    "services.advisor.main",
-    "tools.sim.kubeletshim.main",
-)
+PRELOAD = (*launch.SERVICE_MODULES.values(), "tools.sim.kubeletshim.main")
 
 AGENT_HEALTH_PORT = 9400
 IMEX_AGENT_HEALTH_PORT = 9401
@@ -114,11 +107,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return launch.http_ok(url, timeout_s=1.0)
 
 
 def _address_block_free(cluster: ClusterDescription) -> bool:
@@ -212,27 +201,8 @@ class ForkServer:
             self.process.wait(5)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by the fork server) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def terminate(pid: int, grace_s: float = _STOP_GRACE_S) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    with contextlib.suppress(PollTimeout):  # then it is killed
-        wait_until(lambda: not pid_alive(pid), f"process {pid} to exit on SIGTERM", grace_s)
-    if pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    launch.terminate(pid, grace_s)
 
 
 @dataclass

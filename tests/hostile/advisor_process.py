@@ -7,10 +7,7 @@ checked for tracebacks.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +19,9 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.polling import wait_until
+from tools import launch
 from tools.sim.hardware.cluster import ClusterDescription
 
-REPO = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 1.5
 MAX_CONNECTIONS = 24
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -74,19 +71,7 @@ class AdvisorProcess:
 def _ports(log_file: Path, proc: subprocess.Popen[bytes], within_s: float) -> dict[str, int]:
     def announced() -> dict[str, int] | None:
         assert proc.poll() is None, f"advisor exited: {log_file.read_text()[-2000:]}"
-        ports: dict[str, int] = {}
-        for raw in log_file.read_text().splitlines():
-            try:
-                line = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            event = line.get("event")
-            if event == "gRPC listening" and "port" in line:
-                ports["grpc"] = line["port"]
-            elif event == "extender listening":
-                ports["extender"] = line["port"]
-            elif event == "health server listening":
-                ports["health"] = line["port"]
+        ports = launch.announced_ports(log_file)
         return ports if len(ports) == 3 else None
 
     return wait_until(
@@ -112,43 +97,29 @@ def start_advisor(etcd_config: EtcdConfig, work: Path) -> Iterator[AdvisorProces
 
     asyncio.run(seed())
     log_file = work / "advisor.log"
-    with log_file.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.advisor.main",
-                f"--etcd-endpoint={etcd_config.endpoint}",
-                f"--etcd-prefix={etcd_config.prefix}",
-                "--grpc-host=127.0.0.1",
-                "--grpc-port=0",
-                "--extender-host=127.0.0.1",
-                "--extender-port=0",
-                "--health-host=127.0.0.1",
-                "--health-port=0",
-                "--log-format=json",
-                f"--idle-timeout-s={IDLE_TIMEOUT_S}",
-                f"--max-connections={MAX_CONNECTIONS}",
-                f"--extender-max-body-bytes={MAX_BODY_BYTES}",
-                "--identity=hostile-advisor",
-            ],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
+    settings = [
+        f"--etcd-endpoint={etcd_config.endpoint}",
+        f"--etcd-prefix={etcd_config.prefix}",
+        "--grpc-host=127.0.0.1",
+        "--grpc-port=0",
+        "--extender-host=127.0.0.1",
+        "--extender-port=0",
+        "--health-host=127.0.0.1",
+        "--health-port=0",
+        "--log-format=json",
+        f"--idle-timeout-s={IDLE_TIMEOUT_S}",
+        f"--max-connections={MAX_CONNECTIONS}",
+        f"--extender-max-body-bytes={MAX_BODY_BYTES}",
+        "--identity=hostile-advisor",
+    ]
+    proc = launch.start_service("advisor", settings, log_file).proc
     try:
         ports = _ports(log_file, proc, 30.0)
         advisor = AdvisorProcess(proc, log_file, ports["grpc"], ports["extender"], ports["health"])
         asyncio.run(_wait_ready(advisor))
         yield advisor
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        launch.stop_process(proc)
 
 
 async def _wait_ready(advisor: AdvisorProcess) -> None:

@@ -14,16 +14,13 @@ from libs.invariants.processes import IMEX_DAEMON_MARKER, imex_daemons_under
 from services.imexagent.process import leftover_pids, proc_cmdline
 from tests.imex.simdomain import SimCluster
 from tests.polling import wait_until
+from tools.launch import pid_alive
 from tools.sim.imex.launch import ForkServer, ForkServerError, simulator_daemon_argv
 
 
 def _gone(pid: int) -> bool:
     """Exited: no longer in /proc, or a zombie waiting to be reaped by the server."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] == b"Z"
-    except OSError:
-        return True
+    return not pid_alive(pid)
 
 
 def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:

@@ -57,14 +57,6 @@ def free_cluster(nodes: int) -> ClusterDescription:
     raise RuntimeError("no free loopback block")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def kill_daemons_under(directory: Path) -> None:
     """Safety net: no daemon of a test may outlive it."""
     for entry in os.scandir("/proc"):

@@ -29,8 +29,10 @@ from services.imexagent.daemon_supervisor import ImexSupervisor
 from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
-from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under, pid_alive
+from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under
 from tests.polling import eventually
+from tools import launch
+from tools.launch import pid_alive
 from tools.netports import free_port
 from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from tools.sim.imex import client as simclient
@@ -272,22 +274,22 @@ async def test_a_sigkilled_agent_process_is_replaced_and_the_daemon_kept(
 ) -> None:
     a = rack.node(0)
     settings = agent_settings(rack, etcd_config, 0)
-    argv = [
-        sys.executable,
-        "-m",
-        "services.imexagent.main",
-        f"--node-name={settings.node_name}",
-        f"--etcd-endpoint={settings.etcd_endpoint}",
-        f"--etcd-prefix={settings.etcd_prefix}",
-        "--hardware=simulated",
-        f"--sim-cluster={settings.sim_cluster}",
-        f"--sim-state-dir={settings.sim_state_dir}",
-        f"--imex-work-dir={settings.imex_work_dir}",
-        "--lease-ttl-s=2",
-        "--health-host=127.0.0.1",
-        "--health-port=0",
-        "--log-format=json",
-    ]
+    argv = launch.service_argv(
+        "imex-agent",
+        [
+            f"--node-name={settings.node_name}",
+            f"--etcd-endpoint={settings.etcd_endpoint}",
+            f"--etcd-prefix={settings.etcd_prefix}",
+            "--hardware=simulated",
+            f"--sim-cluster={settings.sim_cluster}",
+            f"--sim-state-dir={settings.sim_state_dir}",
+            f"--imex-work-dir={settings.imex_work_dir}",
+            "--lease-ttl-s=2",
+            "--health-host=127.0.0.1",
+            "--health-port=0",
+            "--log-format=json",
+        ],
+    )
     repo = REPO
     log = _append(rack.base / "agent.log")
     first_agent = await asyncio.create_subprocess_exec(*argv, cwd=repo, stdout=log, stderr=log)

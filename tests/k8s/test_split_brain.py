@@ -14,9 +14,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -24,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.polling import wait_until
+from tools import launch
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
 from tools.etcd.server import EtcdServer
 from tools.netports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 TTL_S = 2
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -60,49 +58,18 @@ class Replica:
         self.name = name
         self.port = free_port()
         self.log = logs / f"{name}.log"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.controller.main",
-                    "--identity",
-                    name,
-                    "--mode",
-                    "kubernetes",
-                    "--kubeconfig",
-                    str(cp.kubeconfig),
-                    "--etcd-endpoint",
-                    etcd.endpoint,
-                    "--etcd-prefix",
-                    prefix,
-                    "--leader-lease-ttl-s",
-                    str(TTL_S),
-                    "--health-host",
-                    "127.0.0.1",
-                    "--health-port",
-                    str(self.port),
-                    "--log-format",
-                    "json",
-                ],
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        settings = [
+            "--identity", name, "--mode", "kubernetes", "--kubeconfig", str(cp.kubeconfig),
+            "--etcd-endpoint", etcd.endpoint, "--etcd-prefix", prefix, "--leader-lease-ttl-s", str(TTL_S),
+            "--health-host", "127.0.0.1", "--health-port", str(self.port), "--log-format", "json",
+        ]  # fmt: skip
+        self.proc = launch.start_service("controller", settings, self.log, name=name).proc
 
     def metrics(self) -> dict[str, float]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
-                text = response.read().decode()
+            return launch.metrics(self.port, timeout_s=2)
         except OSError:
             return {}
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
 
     def leading(self) -> bool:
         return self.metrics().get("cd_controller_leader") == 1.0
@@ -115,12 +82,7 @@ class Replica:
 
     def stop(self) -> None:
         with_signal(self.proc, signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        launch.stop_process(self.proc)
 
 
 def with_signal(proc: subprocess.Popen[bytes], signum: int) -> None:
@@ -165,7 +127,7 @@ def audited_plane(control_plane_binaries: Binaries, tmp_path: Path) -> Iterator[
     )
     cp.start()
     try:
-        cp.kubectl("apply", "-f", str(REPO / "manifests" / "base" / "crd-computedomains.yaml"))
+        cp.kubectl("apply", "-f", str(launch.REPO / "manifests" / "base" / "crd-computedomains.yaml"))
         cp.kubectl(
             "wait", "--for=condition=Established", "crd/computedomains.resource.nvidia.com", "--timeout=60s"
         )

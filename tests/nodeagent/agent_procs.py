@@ -8,12 +8,10 @@ DaemonStatus records) and the kubelet plugin (``cd-node-agent``: DRA socket, che
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,16 +30,15 @@ from services.nodeagent.core.checkpoint import checkpoint_path
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.wire.driver import dra_socket_path
 from tests.polling import eventually
+from tools import launch
 from tools.netports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import FaultInjector, prepare_node_dirs
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @dataclass
 class _Program:
-    """One long-running program of a node, started as ``python -m <module>``."""
+    """One long-running program of a node: `service` of tools/launch.py with `settings()`."""
 
     name: str
     base: Path
@@ -52,7 +49,7 @@ class _Program:
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
-    module = ""
+    service = ""
     log_name = ""
 
     @property
@@ -86,8 +83,8 @@ class _Program:
             "--log-format", "json",
         ]  # fmt: skip
 
-    def argv(self) -> list[str]:
-        return [sys.executable, "-m", self.module, *self.common_args(), *self.extra_args]
+    def settings(self) -> list[str]:
+        return [*self.common_args(), *self.extra_args]
 
     @property
     def running(self) -> bool:
@@ -95,14 +92,7 @@ class _Program:
 
     def start(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv(),
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
-            )
+        self.process = launch.start_service(self.service, self.settings(), self.log_file, append=True).proc
 
     async def wait_ready(self, timeout_s: float = 20.0) -> None:
         """Until /readyz answers 200 (the program exiting first fails at once)."""
@@ -113,7 +103,7 @@ class _Program:
                 assert self.process is not None
                 if self.process.poll() is not None:
                     raise AssertionError(
-                        f"{self.module} of {self.name} exited {self.process.returncode}:\n{self.log_tail()}"
+                        f"{self.service} of {self.name} exited {self.process.returncode}:\n{self.log_tail()}"
                     )
                 try:
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
@@ -123,7 +113,7 @@ class _Program:
 
             await eventually(
                 ready,
-                f"{self.module} of {self.name} to be ready",
+                f"{self.service} of {self.name} to be ready",
                 timeout_s,
                 explain=self.log_tail,
                 max_delay_s=0.1,
@@ -147,13 +137,7 @@ class _Program:
     def stop(self, timeout_s: float = 20.0) -> int | None:
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        launch.stop_process(self.process, timeout_s)
         return self.process.returncode
 
     def log_tail(self, lines: int = 40) -> str:
@@ -167,12 +151,11 @@ class _Program:
 class ImexAgentProcess(_Program):
     """``cd-imex-agent`` of one node. Simulated daemons are stopped with it (test hygiene)."""
 
-    module = "services.imexagent.main"
+    service = "imex-agent"
     log_name = "imex-agent.log"
 
-    def argv(self) -> list[str]:
+    def settings(self) -> list[str]:
         return [
-            *super().argv()[:3],
             *self.common_args(),
             "--imex-work-dir", str(self.imex_work_dir),
             "--lease-ttl-s", "3",
@@ -187,7 +170,7 @@ class AgentProcess(_Program):
 
     imex: ImexAgentProcess | None = None
 
-    module = "services.nodeagent.main"
+    service = "node-agent"
     log_name = "agent.log"
 
     @property
@@ -201,12 +184,11 @@ class AgentProcess(_Program):
     def cdi_spec(self, claim_uid: str) -> Path:
         return self.cdi_root / f"k8s.compute-domain.nvidia.com-claim_{claim_uid}.json"
 
-    def argv(self) -> list[str]:
+    def settings(self) -> list[str]:
         boot_id = self.base / "boot_id"
         if not boot_id.exists():
             boot_id.write_text(f"boot-{self.name}\n")
         return [
-            *super().argv()[:3],
             *self.common_args(),
             "--boot-id-file", str(boot_id),
             *self.extra_args,

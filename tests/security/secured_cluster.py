@@ -15,13 +15,10 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +26,7 @@ from aetcd import rpc
 
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tools import launch
 from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
@@ -163,12 +161,8 @@ class SecuredCluster:
                     client, password, as_flag = self._how[name]
                     self.start(self.specs[name], client, password, as_flag)
                     continue
-                try:
-                    with urllib.request.urlopen(self.specs[name].health_url, timeout=1.0) as resp:
-                        if resp.status == 200:
-                            pending.remove(name)
-                except (urllib.error.URLError, OSError):
-                    pass
+                if launch.http_ok(self.specs[name].health_url, timeout_s=1.0):
+                    pending.remove(name)
             if pending and time.monotonic() > deadline:
                 raise RuntimeError(f"not healthy within {timeout_s}s: {pending}\n{self.tail(pending[0])}")
             if pending:
@@ -182,13 +176,7 @@ class SecuredCluster:
 
     def stop(self, name: str, grace_s: float = 15.0) -> int | None:
         process = self.processes[name]
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        launch.stop_process(process, grace_s)
         return process.returncode
 
     def stop_all(self) -> None:

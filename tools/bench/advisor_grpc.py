@@ -66,8 +66,9 @@ from tools.bench.advisor_load import (
 )
 from tools.bench.advisor_process import AdvisorProcess, start_advisor, wait_quiet
 from tools.bench.extender_calls import bench_extender
-from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir, stop_process
+from tools.bench.simenv import etcd_fsync, fs_label, private_etcd, remove_tree, scratch_dir
 from tools.bench.stats import percentile
+from tools.launch import stop_process
 from tools.sim.hardware.cluster import ClusterDescription
 
 TARGET_P99_MS = 1.0

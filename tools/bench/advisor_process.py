@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import launch
 from tools.bench.proccpu import cpu_seconds
-from tools.bench.simenv import stop_process
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -41,64 +36,30 @@ def start_advisor(
     endpoint: str, prefix: str, log: Path, timeout_s: float = 120.0, profile: Path | None = None
 ) -> AdvisorProcess:
     """The advisor process; with `profile`, run under cProfile, which writes its stats there as it exits."""
-    out = log.open("wb")
-    proc = subprocess.Popen(
+    started = launch.start_service(
+        "advisor",
         [
-            sys.executable,
-            *(["-m", "cProfile", "-o", str(profile.resolve())] if profile else []),
-            "-m",
-            "services.advisor.main",
-            "--etcd-endpoint",
-            endpoint,
-            "--etcd-prefix",
-            prefix,
-            "--grpc-host",
-            "127.0.0.1",
-            "--grpc-port",
-            "0",
-            "--extender-enabled",
-            "true",
-            "--extender-host",
-            "127.0.0.1",
-            "--extender-port",
-            "0",
+            "--etcd-endpoint", endpoint, "--etcd-prefix", prefix,
+            "--grpc-host", "127.0.0.1", "--grpc-port", "0",
+            "--extender-enabled", "true", "--extender-host", "127.0.0.1", "--extender-port", "0",
             # The load generator is one holder standing for many schedulers' pods; when the advisor
             # falls behind, its unreleased reservations would pass the per-holder cap (1,024 nodes)
             # and end the phase instead of measuring it.
-            "--max-reserved-nodes-per-holder",
-            "0",
-            "--health-host",
-            "127.0.0.1",
-            "--health-port",
-            "0",
-            "--log-format",
-            "json",
-            "--log-level",
-            "info",
+            "--max-reserved-nodes-per-holder", "0",
+            "--health-host", "127.0.0.1", "--health-port", "0",
+            "--log-format", "json", "--log-level", "info",
         ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=out,
-    )
-    deadline = time.monotonic() + timeout_s
-    port = extender_port = 0
-    synced = False
-    while time.monotonic() < deadline and not (port and extender_port and synced):
-        if proc.poll() is not None:
-            raise RuntimeError(f"advisor exited with {proc.returncode}; see {log}")
-        for line in log.read_text().splitlines():
-            if '"gRPC listening"' in line:
-                port = json.loads(line)["port"]
-            if '"extender listening"' in line:
-                extender_port = json.loads(line)["port"]
-            if '"inventory synced"' in line:
-                synced = True
-        time.sleep(0.2)
-    if not (port and extender_port and synced):
-        stop_process(proc)
-        raise RuntimeError(f"advisor not ready within {timeout_s} s; see {log}")
-    return AdvisorProcess(proc, port, extender_port)
+        log,
+        python_args=["-m", "cProfile", "-o", str(profile.resolve())] if profile else (),
+    )  # fmt: skip
+
+    def ready() -> bool:
+        ports = launch.announced_ports(log)
+        return "grpc" in ports and "extender" in ports and '"inventory synced"' in log.read_text()
+
+    started.wait_healthy(ready, timeout_s, "ready", poll_s=0.2)
+    ports = launch.announced_ports(log)
+    return AdvisorProcess(started.proc, ports["grpc"], ports["extender"])
 
 
 def wait_quiet(

@@ -24,13 +24,10 @@ import itertools
 import json
 import os
 import random
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +39,7 @@ from libs.state.membership import join_domain, leave_domain
 from libs.state.store import Op, Put, Store
 from tools.bench import simenv
 from tools.etcd.server import EtcdServer, etcd_binary
-from tools.netports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET_EVENTS_PER_S = 500.0
 TARGET_RSS_MB = 300.0
 TRAYS_PER_RACK = 18
@@ -79,67 +74,15 @@ def domain_record(uid: str, members: int) -> pb.ComputeDomain:
 # ---- the controller process ----------------------------------------------------------------------
 
 
-@dataclass
-class Controller:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-        return out
-
-    def events_handled(self, metrics: dict[str, float]) -> float:
-        return sum(v for k, v in metrics.items() if k.startswith("cd_controller_store_events_total{"))
-
-    def rss_mb(self) -> tuple[float, float]:
-        """(current, peak) resident set size of the controller process, MiB."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
-        hwm = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
-        return rss / 1024, hwm / 1024
-
-
-def start_controller(config: EtcdConfig, workdir: Path) -> Controller:
-    port = free_port()
-    log = workdir / "controller.log"
-    args = [
-        sys.executable,
-        "-m",
-        "services.controller.main",
-        f"--etcd-endpoint={config.endpoint}",
-        f"--etcd-prefix={config.prefix}",
-        "--identity=bench-controller",
+def start_controller(config: EtcdConfig, workdir: Path) -> simenv.ControllerProcess:
+    return simenv.start_controller(
+        config.endpoint,
+        config.prefix,
+        workdir,
+        level="info",
         # Long enough to survive being stopped for the backlog phase.
-        "--leader-lease-ttl-s=120",
-        "--health-host=127.0.0.1",
-        f"--health-port={port}",
-        "--log-format=json",
-        "--log-level=info",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT
-        )
-    controller = Controller(proc, port, log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"controller exited: {log.read_text()[-2000:]}")
-        try:
-            if controller.metrics().get("cd_controller_leader") == 1.0:
-                return controller
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the controller did not become leader within 60 s")
+        settings=("--leader-lease-ttl-s=120",),
+    )
 
 
 # ---- population -----------------------------------------------------------------------------------
@@ -476,11 +419,7 @@ async def run(args: argparse.Namespace, endpoint: str, workdir: Path) -> dict[st
         progress("failed; controller log tail:\n" + "\n".join(tail))
         raise
     finally:
-        controller.proc.send_signal(signal.SIGTERM)
-        try:
-            controller.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            controller.proc.kill()
+        controller.stop()
         for s in stores:
             await s.close()
 

@@ -55,11 +55,11 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
 from libs.kube.resourceapi import discover_version, resource_path
-from tools import cdscheduler
+from tools import cdscheduler, launch
 from tools.bench import simenv
 from tools.bench.formation_k8s import api_client
 from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
-from tools.bench.k8senv import KubeEnvironment, KubeSettings, tail, wait_for
+from tools.bench.k8senv import KubeEnvironment, KubeSettings
 from tools.controlplane.binaries import ensure_binaries
 from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, workload_scheduling_args
 from tools.netports import free_port
@@ -394,23 +394,13 @@ class PluginScheduler:
             work / "certs",
             gates,
         )
-        with env.log("cd-scheduler").open("ab") as out:
-            self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-            )
-
-        def up() -> bool:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"cd-scheduler exited {self.process.returncode}:\n{tail(env.log('cd-scheduler'))}"
-                )
-            return cdscheduler.healthy(port)
-
-        wait_for(up, _SETUP_TIMEOUT_S, "cd-scheduler's /healthz", lambda: tail(env.log("cd-scheduler")))
+        started = launch.spawn("cd-scheduler", argv, env.log("cd-scheduler"), append=True)
+        self.process = started.proc
+        started.wait_healthy(lambda: cdscheduler.healthy(port), _SETUP_TIMEOUT_S, "healthy", max_poll_s=1.0)
 
     def stop(self) -> None:
         if self.process is not None:
-            simenv.stop_process(self.process)
+            launch.stop_process(self.process)
             self.process = None
 
 

@@ -142,7 +142,7 @@ async def controller_point(
         events = controller.events_handled(controller.metrics()) - controller.events_handled(before)
         rss, _ = controller.rss_mb()
     finally:
-        simenv.stop_process(controller.proc)
+        controller.stop()
         for s in stores:
             await s.close()
     if events <= 0:

@@ -16,12 +16,9 @@ The control plane's etcd keeps its data on disk and fsyncs, as a production cont
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from tools import launch
 from tools.bench import simenv
 from tools.cdsim.kubeplane import CRD_NAME, base_objects, extender_config
 from tools.controlplane.binaries import Binaries
@@ -87,14 +85,6 @@ def wait_for(
             raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{explain()}")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -180,7 +170,7 @@ class KubeEnvironment:
             self.host.stop()
             self.host = None
         for proc in reversed(list(self.processes.values())):
-            simenv.stop_process(proc)
+            launch.stop_process(proc)
         self.processes.clear()
         self.plane.stop()
 
@@ -206,57 +196,42 @@ class KubeEnvironment:
         )
         self.plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with self.log(name).open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, *argv],
-                cwd=simenv.REPO,
-                env={**os.environ, "PYTHONPATH": str(simenv.REPO)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.processes[name] = proc
-        return proc
-
-    def _await_http(self, name: str, url: str) -> None:
-        proc = self.processes[name]
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}:\n{tail(self.log(name))}")
-            return http_ok(url)
-
-        wait_for(up, _READY_TIMEOUT_S, f"{name} at {url}", lambda: tail(self.log(name)))
+    def _start_service(self, service: str, settings: list[str], health_url: str) -> None:
+        started = launch.start_service(service, settings, self.log(service))
+        self.processes[service] = started.proc
+        started.wait_healthy(
+            lambda: launch.http_ok(health_url), _READY_TIMEOUT_S, f"healthy at {health_url}", max_poll_s=1.0
+        )
 
     def _common(self) -> list[str]:
         return [f"--etcd-endpoint={self.etcd_endpoint}", f"--etcd-prefix={self.prefix}", "--log-format=json"]
 
     def _start_controller(self) -> None:
         port = free_port()
-        self._spawn(
+        self._start_service(
             "controller",
             [
-                "-m", "services.controller.main", *self._common(), f"--log-level={simenv.log_level()}",
+                *self._common(), f"--log-level={simenv.log_level()}",
                 "--identity=bench-controller", "--mode=kubernetes", f"--kubeconfig={self.plane.kubeconfig}",
                 f"--imex-mesh-tls={str(self.settings.mesh_tls).lower()}",
                 "--health-host=127.0.0.1", f"--health-port={port}",
             ],
+            f"http://127.0.0.1:{port}/healthz",
         )  # fmt: skip
-        self._await_http("controller", f"http://127.0.0.1:{port}/healthz")
 
     def _start_advisor(self) -> None:
         port = free_port()
-        self._spawn(
+        self._start_service(
             "advisor",
             [
-                "-m", "services.advisor.main", *self._common(), f"--log-level={simenv.log_level()}",
+                *self._common(), f"--log-level={simenv.log_level()}",
                 "--identity=bench-advisor", "--grpc-host=127.0.0.1", f"--grpc-port={self.advisor_grpc_port}",
                 "--extender-enabled=true", "--extender-host=127.0.0.1", f"--extender-port={self.extender_port}",
                 "--template-source=kubernetes", f"--kubeconfig={self.plane.kubeconfig}",
                 "--health-host=127.0.0.1", f"--health-port={port}",
             ],
+            f"http://127.0.0.1:{port}/readyz",
         )  # fmt: skip
-        self._await_http("advisor", f"http://127.0.0.1:{port}/readyz")
 
     def shim_nodes(self) -> list[ShimNode]:
         """Every hosted node as the shim plays it: its kubelet dir in the scale host's layout."""
@@ -275,26 +250,22 @@ class KubeEnvironment:
         s = self.settings
         nodes_file = self.base / "shim-nodes.json"
         nodes_file.write_text(json.dumps(nodes_document(self.shim_nodes())))
-        self._spawn(
-            "kubeletshim",
+        shim = launch.spawn(
+            "kubelet shim",
             [
-                "-m", "tools.sim.kubeletshim", f"--kubeconfig={self.plane.kubeconfig}", f"--nodes-file={nodes_file}",
+                sys.executable, "-m", "tools.sim.kubeletshim", f"--kubeconfig={self.plane.kubeconfig}",
+                f"--nodes-file={nodes_file}",
                 f"--retry-initial-s={s.shim_retry_initial_s}", f"--retry-cap-s={s.shim_retry_cap_s}",
                 "--log-format=json", f"--log-level={simenv.log_level()}",
             ],
+            self.log("kubeletshim"),
         )  # fmt: skip
-        proc = self.processes["kubeletshim"]
-
-        def registered() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kubelet shim exited {proc.returncode}:\n{tail(self.log('kubeletshim'))}")
-            return self._count(self._nodes_ready) >= len(self.node_names)
-
-        wait_for(
-            registered,
+        self.processes["kubeletshim"] = shim.proc
+        shim.wait_healthy(
+            lambda: self._count(self._nodes_ready) >= len(self.node_names),
             _NODES_TIMEOUT_S,
-            f"{len(self.node_names)} Ready Nodes",
-            lambda: tail(self.log("kubeletshim")),
+            f"showing {len(self.node_names)} Ready Nodes",
+            max_poll_s=1.0,
         )
 
     def _start_hosts(self) -> None:

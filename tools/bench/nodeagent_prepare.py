@@ -36,8 +36,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -53,6 +51,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
+from tools import launch
 from tools.bench import kubeclaims, simenv
 from tools.bench import prepare_load as load
 from tools.bench.proccpu import cpu_seconds
@@ -62,7 +61,6 @@ from tools.netports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 
-REPO = Path(__file__).resolve().parents[2]
 NODE = "rack0-tray0"
 NAMESPACE = "bench"
 TARGET_P99_MS = 5.0
@@ -76,13 +74,13 @@ BURST_SIZE = 4
 CAPACITY_INFLIGHT = 16
 
 
-Processes = dict[str, tuple[subprocess.Popen[bytes], Path]]  # name -> (process, its log)
+Processes = dict[str, launch.Launched]
 
 
 def _serving(path: Path, processes: Processes) -> bool:
-    for name, (proc, log) in processes.items():
-        if proc.poll() is not None:
-            raise SystemExit(f"{name} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+    for name, started in processes.items():
+        if not started.running():
+            raise SystemExit(f"{name} exited {started.proc.returncode}:\n{started.tail(4000)}")
     return path.exists()
 
 
@@ -94,22 +92,6 @@ async def wait_socket(path: Path, processes: Processes, timeout_s: float = 30.0)
             return
         await asyncio.sleep(0.05)
     raise SystemExit(f"the kubelet plugin did not serve {path} within {timeout_s}s")
-
-
-def start_agent(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)}
-        )
-
-
-def stop_agent(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 @dataclass
@@ -274,8 +256,8 @@ async def bench(
         "--etcd-endpoint", etcd.endpoint, "--etcd-prefix", etcd.prefix,
         "--health-host", "127.0.0.1", "--log-format", "json", "--log-level", "warning",
     ]  # fmt: skip
-    imex_argv = [
-        sys.executable, "-m", "services.imexagent.main", *hardware, *common,
+    imex_settings = [
+        *hardware, *common,
         "--health-port", str(free_port()),
         "--node-ip", cluster.node(NODE).address, "--imex-work-dir", str(base / "imex"),
         "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
@@ -284,8 +266,8 @@ async def bench(
     ]  # fmt: skip
     # With --profile-plugin the plugin runs under cProfile, which writes its stats as it exits.
     profile = ["-m", "cProfile", "-o", str(args.profile_plugin.resolve())] if args.profile_plugin else []
-    plugin_argv = [
-        sys.executable, *profile, "-m", "services.nodeagent.main", *hardware, *common,
+    plugin_settings = [
+        *hardware, *common,
         "--health-port", str(free_port()),
         "--kubelet-dir", str(kubelet_dir), "--cdi-root", str(cdi_root),
         "--tombstone-ttl-s", str(args.tombstone_ttl_s),
@@ -299,9 +281,14 @@ async def bench(
         capacity=args.capacity_calls,
     )
     processes: Processes = {}
-    for name, argv in (("IMEX agent", imex_argv), ("kubelet plugin", plugin_argv)):
+    for name, service, settings, python_args in (
+        ("IMEX agent", "imex-agent", imex_settings, ()),
+        ("kubelet plugin", "node-agent", plugin_settings, profile),
+    ):
         log_path = base / f"{name.replace(' ', '-').lower()}.log"
-        processes[name] = (start_agent(argv, log_path), log_path)
+        processes[name] = launch.start_service(
+            service, settings, log_path, name=name, python_args=python_args
+        )
     try:
         socket_path = kubelet_dir / "plugins" / DRIVER_NAME / "dra.sock"
         await wait_socket(socket_path, processes)
@@ -320,7 +307,7 @@ async def bench(
             stub = dra.DraPluginStub(channel)
             try:
                 await asyncio.wait_for(load.prepare(stub, claims[0]), 60)  # the anchor: the node joins
-                meter = CpuMeter(processes["kubelet plugin"][0].pid, etcd_pid)
+                meter = CpuMeter(processes["kubelet plugin"].pid, etcd_pid)
                 figures = await measure(args, stub, claims, meter, phases)
                 floors = await measure_floors(args, base, store, kube, claims[0])
             finally:
@@ -328,8 +315,8 @@ async def bench(
     finally:
         # The plugin first, as on a node where it is upgraded; then the IMEX agent, which stops
         # the daemon.
-        for proc, _ in reversed(processes.values()):
-            stop_agent(proc)
+        for started in reversed(processes.values()):
+            started.stop(grace_s=20.0)
     sequential = figures["sequential"]
     return {
         "benchmark": "nodeagent_prepare",

@@ -21,20 +21,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
+from tools import launch
 from tools.cdsim import procscan
 from tools.etcd.server import EtcdServer, etcd_binary
 from tools.netports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 
-REPO = Path(__file__).resolve().parents[2]
 _SHM = Path("/dev/shm")
 # Conventionally disk-backed and persistent (FHS), unlike /tmp, which some systems mount as tmpfs.
 _DISK_TMP = Path("/var/tmp")
@@ -112,10 +111,6 @@ def checkpoint_fsync_default() -> bool:
     return bool(next(f.default for f in dataclasses.fields(AgentSettings) if f.name == "checkpoint_fsync"))
 
 
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
 def _block_free(cluster: ClusterDescription) -> bool:
     for node in cluster.nodes():
         for port in (DEFAULT_SERVER_PORT, DEFAULT_CMD_PORT):
@@ -159,47 +154,45 @@ class ControllerProcess:
     log: Path
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-        return out
+        return launch.metrics(self.port)
+
+    def events_handled(self, metrics: dict[str, float]) -> float:
+        """Store events the controller handled (its own counter, over every kind)."""
+        return sum(v for k, v in metrics.items() if k.startswith("cd_controller_store_events_total{"))
+
+    def rss_mb(self) -> tuple[float, float]:
+        """(current, peak) resident set size of the controller process, MiB."""
+        return process_rss_mb(self.proc.pid)
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        launch.stop_process(self.proc)
 
 
 def start_controller(
-    endpoint: str, prefix: str, workdir: Path, timeout_s: float = 60.0, mesh_tls: bool = True
+    endpoint: str,
+    prefix: str,
+    workdir: Path,
+    timeout_s: float = 60.0,
+    mesh_tls: bool = True,
+    level: str | None = None,
+    settings: Sequence[str] = (),
 ) -> ControllerProcess:
-    """A `cd-controller` (simulation mode) that has become leader; `mesh_tls`: its domains' mode."""
+    """A `cd-controller` (simulation mode) that has become leader; `mesh_tls`: its domains' mode;
+    `level`: its log level (default `log_level()`); `settings`: more of its flags."""
     port = free_port()
-    log = workdir / "controller.log"
-    argv = [
-        sys.executable, "-m", "services.controller.main",
-        f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}",
-        "--identity=bench-controller", "--health-host=127.0.0.1", f"--health-port={port}",
-        "--log-format=json", f"--log-level={log_level()}", f"--imex-mesh-tls={str(mesh_tls).lower()}",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT)
-    controller = ControllerProcess(proc, port, log)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"controller exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if controller.metrics().get("cd_controller_leader") == 1.0:
-                return controller
-        except OSError:
-            pass
-        time.sleep(0.1)
-    controller.stop()
-    raise RuntimeError(f"the controller did not become leader within {timeout_s:.0f}s")
+    started = launch.start_service(
+        "controller",
+        [
+            f"--etcd-endpoint={endpoint}", f"--etcd-prefix={prefix}",
+            "--identity=bench-controller", "--health-host=127.0.0.1", f"--health-port={port}",
+            "--log-format=json", f"--log-level={level or log_level()}", f"--imex-mesh-tls={str(mesh_tls).lower()}",
+            *settings,
+        ],
+        workdir / "controller.log",
+    )  # fmt: skip
+    controller = ControllerProcess(started.proc, port, started.log)
+    started.wait_healthy(lambda: controller.metrics().get("cd_controller_leader") == 1.0, timeout_s, "leader")
+    return controller
 
 
 # ---- the scale host ---------------------------------------------------------------------------------
@@ -222,7 +215,7 @@ class HostProcess:
         return data
 
     def stop(self) -> None:
-        stop_process(self.proc, grace_s=60.0)
+        launch.stop_process(self.proc, grace_s=60.0)
 
 
 @dataclass
@@ -291,11 +284,7 @@ def start_host(
                 f"--log-level={log_level()}",
                 *extra_args,
             ]  # fmt: skip
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    argv, cwd=REPO, env=_child_env(), stdout=out, stderr=subprocess.STDOUT
-                )
-            starting.append((proc, log, ready))
+            starting.append((launch.spawn("scale host", argv, log).proc, log, ready))
         hosts: list[HostProcess] = []
         deadline = time.monotonic() + timeout_s + 30
         for proc, log, ready in starting:
@@ -310,20 +299,9 @@ def start_host(
             hosts.append(HostProcess(proc, log, ready, json.loads(ready.read_text())))
     except BaseException:
         for proc, _, _ in starting:
-            stop_process(proc)
+            launch.stop_process(proc)
         raise
     return HostGroup(hosts)
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def log_level() -> str:

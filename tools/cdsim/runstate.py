@@ -7,16 +7,15 @@ so a reader never sees half a file.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from libs.fsio.atomic import write_atomic
 from tools.cdsim.layout import StateLayout
+from tools.launch import pid_alive
 
 CONFIG_FILE_NAME = "config.json"
 
@@ -135,19 +134,3 @@ def try_lock(layout: StateLayout) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        # A zombie is dead for our purposes.
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True

@@ -5,22 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from tools import launch
 from tools.cdsim.credentials import Credentials
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.runstate import SimConfig
 from tools.sim.hardware.cluster import ClusterDescription
 
-AGENT_TARGET = "services.nodeagent.main:main"
-IMEX_AGENT_TARGET = "services.imexagent.main:main"
-CONTROLLER_TARGET = "services.controller.main:main"
-ADVISOR_TARGET = "services.advisor.main:main"
+AGENT_TARGET = launch.service_target("node-agent")
+IMEX_AGENT_TARGET = launch.service_target("imex-agent")
+CONTROLLER_TARGET = launch.service_target("controller")
+ADVISOR_TARGET = launch.service_target("advisor")
 # Imported once by the fork server (see tools.cdsim.zygote).
-PRELOAD_MODULES = (
-    "services.nodeagent.main",
-    "services.imexagent.main",
-    "services.controller.main",
-    "services.advisor.main",
-)
+PRELOAD_MODULES = tuple(launch.SERVICE_MODULES.values())
 
 # Each node's programs serve /healthz on the node's own loopback address: no port is handed out.
 AGENT_HEALTH_PORT = 9400

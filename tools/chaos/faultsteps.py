@@ -1,7 +1,7 @@
 """The soak's faults: which one a step makes, on which target, and what the soak then expects.
 
 A mixin of `tools.chaos.soak.Soak` (it uses the soak's state and its task helpers); the faults
-themselves are done by `tools.chaos.injectors`. Faults that may break the imports of jobs on the
+themselves are done by `tools.sim.faults`. Faults that may break the imports of jobs on the
 node they hit (`plan.BREAKS_IMPORTS`) go into the soak's ledger before they are done, and stay
 there until their effect is over (invariant 6, `tools.chaos.continuity`).
 """
@@ -20,13 +20,15 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
+from tools.cdsim import procscan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, imex_agent_name
-from tools.chaos import checks, continuity, injectors, jobops
+from tools.chaos import checks, continuity, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
-from tools.chaos.injectors import ClusterHandle, NotApplicable
-from tools.chaos.tracking import SoakOptions, Tracked, failover_time
+from tools.chaos.tracking import ClusterHandle, SoakOptions, Tracked, failover_time
+from tools.sim import faults
+from tools.sim.faults import NotApplicable
 from tools.sim.hardware.cluster import ClusterDescription
 
 MAX_NODES_DOWN = 2
@@ -156,13 +158,15 @@ class FaultSteps:
         node = node or self._pick_node(step, prefer_busy_with_claims=False)
         if node is None:
             raise NotApplicable("every node is under another fault")
-        detail = await injectors.kill_agent(self.handle, node)
+        killed = await faults.kill_agent(self.handle.layout, node)
         self.caused_restarts[agent_name(node)] += 1
-        return detail + (" (mid-prepare)" if node in submitting else "")
+        return f"{node}: kubelet plugin pid {killed.pid} SIGKILLed" + (
+            " (mid-prepare)" if node in submitting else ""
+        )
 
     async def _imex_fault(self, action: str, step: p.Step) -> str:
         assert self.handle is not None
-        candidates = sorted(set(injectors.nodes_with_daemons(self.handle)) - self.busy_nodes)
+        candidates = sorted(set(self._nodes_with_daemons()) - self.busy_nodes)
         node = p.pick(candidates, step.picks[0])
         if node is None:
             raise NotApplicable("no IMEX daemon runs")
@@ -170,13 +174,13 @@ class FaultSteps:
         fault = self.ledger.begin(node, action, self.events.elapsed())
         if action == p.IMEX_KILL:
             try:
-                return injectors.imex_kill(self.handle, node)
+                killed = faults.kill_imex(self.handle.layout, node)
+                return f"{node}: daemon pid {', '.join(map(str, killed))} SIGKILLed"
             finally:
                 self.ledger.end(fault, self.events.elapsed())
         try:
-            detail, pid = await injectors.imex_fault(
-                self.handle, node, "crash" if action == p.IMEX_CRASH else "hang"
-            )
+            told = "crash" if action == p.IMEX_CRASH else "hang"
+            pid, domain = await faults.imex_fault(self.handle.layout, node, told)
         except BaseException:
             self.ledger.end(fault, self.events.elapsed())
             raise
@@ -184,11 +188,11 @@ class FaultSteps:
         # then (imports made meanwhile are as good as broken), and the node stays busy.
         self.busy_nodes.add(node)
         self._spawn(f"{action}-watch", self._imex_fault_over(action, node, pid, fault))
-        return detail
+        return f"{node}: daemon pid {pid} of domain {domain} told to {told}"
 
     async def _imex_fault_over(self, action: str, node: str, pid: int, fault: continuity.NodeFault) -> None:
         try:
-            if await injectors.wait_gone(pid, HANG_REPLACED_S):
+            if await faults.wait_gone(pid, HANG_REPLACED_S):
                 return
             what = "hung IMEX daemon" if action == p.IMEX_HANG else "IMEX daemon told to crash"
             self._fail(f"live: the {what} (pid {pid} on {node}) is still there {HANG_REPLACED_S:.0f}s later")
@@ -198,15 +202,15 @@ class FaultSteps:
 
     async def _controller_failover(self) -> str:
         assert self.handle is not None
-        detail, old = await injectors.controller_failover(self.handle)
+        killed, old = await faults.controller_failover(self.handle.layout, self.handle.store)
         self.caused_restarts[old.holder] += 1
         self._spawn("failover-watch", self._watch_failover(old))
-        return detail
+        return f"leader {old.holder} (pid {killed.pid}) SIGKILLed"
 
     async def _watch_failover(self, old: pb.LeaderRecord) -> None:
         assert self.handle is not None
         killed_at = time.monotonic()
-        took = await injectors.wait_new_leader(self.handle, old, timeout_s=60.0)
+        took = await faults.wait_new_leader(self.handle.store, old, timeout_s=60.0)
         if took is None:
             self._fail(f"failover: no controller took the lead within 60s of killing {old.holder}")
             return
@@ -228,10 +232,10 @@ class FaultSteps:
 
     async def _restart_etcd(self) -> str:
         assert self.handle is not None
-        detail = await injectors.restart_etcd(self.handle)
+        down_ms = await faults.restart_etcd(self.handle.layout)
         self.etcd_back_at.append(time.monotonic())
         self.caused_restarts["etcd"] += 1
-        return detail
+        return f"etcd down {down_ms} ms"
 
     def _kill_imex_agent(self, step: p.Step) -> None:
         """SIGKILL the IMEX agent (back within 0.5-11.5 s) or freeze it past its lease (coin)."""
@@ -257,10 +261,10 @@ class FaultSteps:
 
         async def kill() -> str:
             nonlocal killed
-            detail = await injectors.kill_imex_agent(handle, node, down_s)
+            done = await faults.kill_imex_agent(handle.layout, node, round(down_s, 2))
             self.caused_restarts[imex_agent_name(node)] += 1
             killed = True
-            return detail
+            return f"{node}: IMEX agent pid {done.pid} SIGKILLed, back in {down_s:.1f}s"
 
         try:
             await self._fault(p.KILL_IMEX_AGENT, kill())
@@ -274,11 +278,12 @@ class FaultSteps:
         handle = self.handle
 
         async def freeze() -> str:
-            pid = await injectors.process_pid(handle, imex_agent_name(node))
+            pid = await faults.process_pid(handle.layout, imex_agent_name(node))
             self.stopped_pids.add(pid)
             self.events.add("note", f"{p.KILL_IMEX_AGENT} (SIGSTOP)", f"{node}: IMEX agent pid {pid} frozen")
             try:
-                return await injectors.freeze_imex_agent(handle, node, outage_s, pid)
+                await faults.freeze_process(pid, outage_s)
+                return f"{node}: IMEX agent pid {pid} stopped for {outage_s:.1f}s, then continued"
             finally:
                 self.stopped_pids.discard(pid)
 
@@ -305,9 +310,11 @@ class FaultSteps:
             nonlocal fault
             held = await self._indices_held(node)
             fault = self.ledger.begin(node, p.KILL_NODE, self.events.elapsed())
-            detail, killed = await injectors.kill_node(handle, node, outage_s)
+            done = await faults.kill_node(handle.layout, node, round(outage_s, 2))
+            names = ", ".join(f"{name} {pid}" for name, pid in sorted(done.killed.items())) or "nothing ran"
+            detail = f"{node}: killed ({names}), back in {outage_s:.1f}s"
             for name in (agent_name(node), imex_agent_name(node)):
-                if name in killed:
+                if name in done.killed:
                     self.caused_restarts[name] += 1
             for expectation in held:
                 self.index_expected[expectation.key] = expectation
@@ -338,8 +345,12 @@ class FaultSteps:
     async def _partition_etcd_run(self, node: str, seconds: float) -> None:
         handle = self._handle()
         await self._timed_run(
-            p.PARTITION_ETCD, node, seconds, lambda: injectors.partition_etcd(handle, node, seconds)
+            p.PARTITION_ETCD, node, seconds, lambda: self._partition_etcd_now(handle, node, seconds)
         )
+
+    async def _partition_etcd_now(self, handle: ClusterHandle, node: str, seconds: float) -> str:
+        cut = await faults.partition_etcd(handle.layout, node, round(seconds, 2))
+        return f"{node}: cut off etcd for {seconds:.1f}s ({cut.connections_cut} connections reset)"
 
     async def _timed_run(
         self, action: str, node: str, seconds: float, inject: Callable[[], Awaitable[str]]
@@ -364,7 +375,7 @@ class FaultSteps:
         """Cut a member's IMEX links, from shorter than a heartbeat timeout to well past it, always
         shorter than the daemons' grace time: imports must survive (invariant 6)."""
         action = p.CUT_LINKS
-        candidates = sorted(set(injectors.nodes_with_daemons(self._handle())) - self.busy_nodes)
+        candidates = sorted(set(self._nodes_with_daemons()) - self.busy_nodes)
         node = p.pick(candidates, step.picks[0])
         if node is None:
             self._skipped(action, "no IMEX daemon runs on a free node")
@@ -375,11 +386,20 @@ class FaultSteps:
 
     async def _cut_links_run(self, node: str, seconds: float) -> None:
         handle = self._handle()
-        await self._timed_run(p.CUT_LINKS, node, seconds, lambda: injectors.cut_links(handle, node, seconds))
+        await self._timed_run(p.CUT_LINKS, node, seconds, lambda: self._cut_links_now(handle, node, seconds))
+
+    async def _cut_links_now(self, handle: ClusterHandle, node: str, seconds: float) -> str:
+        cut = await faults.cut_links(handle.layout, node, round(seconds, 2))
+        pids = ", ".join(str(pid) for pid in sorted(cut))
+        return f"{node}: IMEX links of daemon pid {pids} cut for {seconds:.1f}s"
 
     def _handle(self) -> ClusterHandle:
         assert self.handle is not None
         return self.handle
+
+    def _nodes_with_daemons(self) -> dict[str, list[procscan.ProcessEntry]]:
+        handle = self._handle()
+        return faults.nodes_with_daemons(handle.layout, handle.cluster.node_names())
 
     async def _indices_held(self, node: str) -> list[continuity.IndexExpectation]:
         """The indices `node` holds in its domains now (what it must take again when it returns)."""
@@ -398,10 +418,11 @@ class FaultSteps:
     async def _corrupt_checkpoint(self, node: str, step: p.Step) -> str:
         assert self.handle is not None
         garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}/{step.number}".encode()).digest()
-        detail = await injectors.corrupt_checkpoint(self.handle, node, garbage)
+        done = await faults.corrupt_checkpoint(self.handle.layout, node, garbage)
         self.caused_restarts[agent_name(node)] += 1
-        await asyncio.sleep(injectors.CHECKPOINT_AGENT_DOWN_S)  # node stays busy while it restarts
-        return detail
+        await asyncio.sleep(faults.CHECKPOINT_AGENT_DOWN_S)  # node stays busy while it restarts
+        what = "over its checkpoint" if done.existed else "as its checkpoint (there was none)"
+        return f"{node}: kubelet plugin pid {done.pid} SIGKILLed, {len(garbage)} garbage bytes written {what}"
 
     async def _undecodable(self, step: p.Step) -> str:
         assert self.handle is not None
@@ -414,9 +435,9 @@ class FaultSteps:
             uid = p.pick(live, step.picks[2]) or str(uuid.UUID(int=step.number))
             key = keys.members(uid) + name
         garbage = GARBAGE_MARKER + hashlib.sha256(f"{self.options.seed}:{step.number}".encode()).digest()
-        detail = await injectors.plant_undecodable(self.handle, key, garbage)
+        await faults.plant_undecodable(self.handle.store, key, garbage)
         self.garbage_keys.append(key)
-        return detail
+        return f"{len(garbage)} garbage bytes at {key}"
 
     async def _release_stopped(self) -> None:
         for pid in list(self.stopped_pids):

@@ -17,8 +17,7 @@ from tools.cdsim import workload
 from tools.cdsim.layout import StateLayout
 from tools.chaos import checks, continuity, jobops
 from tools.chaos.eventlog import EventLog
-from tools.chaos.injectors import ClusterHandle
-from tools.chaos.tracking import SoakOptions, Tracked
+from tools.chaos.tracking import ClusterHandle, SoakOptions, Tracked
 
 T = TypeVar("T")
 

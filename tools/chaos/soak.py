@@ -36,13 +36,13 @@ from libs.invariants import checker as invariants
 from tools.cdsim import jobs, lifecycle
 from tools.cdsim.jobbook import Job
 from tools.cdsim.layout import StateLayout, cluster_node_paths
-from tools.chaos import checks, continuity, injectors, jobops
+from tools.chaos import checks, continuity, jobops
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaos.faultsteps import FaultSteps
 from tools.chaos.importwatch import ImportWatch
-from tools.chaos.injectors import ClusterHandle
-from tools.chaos.tracking import DeletedDomain, SoakOptions, Tracked
+from tools.chaos.tracking import ClusterHandle, DeletedDomain, SoakOptions, Tracked
+from tools.sim import faults
 from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
@@ -278,7 +278,7 @@ class Soak(FaultSteps, ImportWatch):
 
     async def _supervisor_state(self) -> dict[str, Any]:
         assert self.handle is not None
-        answer = await injectors._control(self.handle, "status")
+        answer = await faults.supervisor_request(self.handle.layout, "status")
         state = answer.get("state")
         return state if isinstance(state, dict) else {}
 

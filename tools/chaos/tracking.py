@@ -1,5 +1,5 @@
-"""What the soak keeps about its run: its options, the jobs it started, the domains it deleted
-(pure data), and how a controller failover is timed."""
+"""What the soak keeps about its run: its options, its cluster, the jobs it started, the domains it
+deleted (pure data), and how a controller failover is timed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.state.store import Store
 from tools.cdsim.jobbook import Importer, Job
+from tools.cdsim.layout import StateLayout
 from tools.chaos.jobops import JobSpec
+from tools.sim.hardware.cluster import ClusterDescription
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,18 @@ class SoakOptions:
     step_delay_s: tuple[float, float] = (0.4, 2.0)
     keep_up: bool = False  # leave the cluster running after a failure, for a look
     echo: bool = True  # print events as they happen
+
+
+@dataclass(frozen=True)
+class ClusterHandle:
+    """What the soak reaches of its running cluster: its files, its nodes and its store."""
+
+    layout: StateLayout
+    cluster: ClusterDescription
+    store: Store
+
+    def node_address(self, node: str) -> str:
+        return self.cluster.node(node).address
 
 
 @dataclass

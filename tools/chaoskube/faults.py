@@ -30,9 +30,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tests.e2e import kube
-from tests.e2e.harness import CONTROLLER_TARGET, E2EEnvironment, pid_alive, terminate
-from tools.chaos.injectors import CONTROLLER_ELECTION
+from tests.e2e.harness import CONTROLLER_TARGET, E2EEnvironment, terminate
+from tools.launch import pid_alive
 from tools.netports import free_port
+from tools.sim.faults import CONTROLLER_ELECTION
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
 KUBELET_HEALTHY_TIMEOUT_S = 60.0

@@ -35,13 +35,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from libs.invariants import checker as invariants
 from libs.state.store import TRANSIENT_ERRORS, Store
 from tests.e2e import kube
-from tests.e2e.harness import E2EEnvironment, pid_alive
+from tests.e2e.harness import E2EEnvironment
 from tools.cdsim import workload
 from tools.chaos import checks, continuity
 from tools.chaos import plan as p
 from tools.chaos.eventlog import EventLog
 from tools.chaoskube import faults, kubejobs
 from tools.chaoskube.kubejobs import KubeJob
+from tools.launch import pid_alive
 
 KUBELET_RESTART = "kubelet-restart"
 KILL_AGENT = p.KILL_AGENT

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import launch
 from tools.cachedtool import BuildError, cached_tool
 from tools.netports import free_port
 
@@ -213,14 +213,8 @@ class EtcdServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        if self.process is not None:
+            launch.stop_process(self.process, timeout_s)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
