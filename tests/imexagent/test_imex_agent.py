@@ -343,7 +343,9 @@ async def test_a_daemon_that_cannot_start_is_failed_with_its_own_words(store: St
         ),
         failed_after=2,
         restart_backoff_initial_s=0.05,
-        restart_backoff_cap_s=0.1,
+        # The agent keeps retrying a FAILED daemon; a cap well above the daemon's life leaves
+        # seconds between tries in which no daemon runs, so the check below cannot miss them.
+        restart_backoff_cap_s=5.0,
     )
     rack = Rack(store, tmp_path, free_cluster(1), broken)
     a = rack.node(0)
@@ -352,13 +354,17 @@ async def test_a_daemon_that_cannot_start_is_failed_with_its_own_words(store: St
         await rack.join(UID, a, 0)
 
         async def failed() -> pb.DaemonStatus | None:
+            # FAILED between two tries: the status a user reads while no daemon runs (during a
+            # try it shows that try's pid).
             status = await rack.status(UID, a)
-            return status if status is not None and status.state == pb.DaemonState.FAILED else None
+            if status is None or status.state != pb.DaemonState.FAILED or status.pid != 0:
+                return None
+            return status
 
-        status = await eventually(failed, "FAILED status")
+        status = await eventually(failed, "FAILED status with no daemon running")
         assert "exited with status 1" in status.last_error
         assert any("bind failed" in line for line in status.last_log_lines)
-        assert status.pid == 0 and status.restarts >= 1
+        assert status.restarts >= 1
     finally:
         await rack.stop(a)
         kill_daemons_under(tmp_path)
