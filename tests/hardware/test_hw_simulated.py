@@ -20,7 +20,7 @@ from libs.hardware.imex_channels import imex_channel_container_path
 from libs.hardware.interface import NodeHardware
 from libs.hardware.model import ZERO_CLUSTER_UUID, FabricState, GpuHealth
 from tools.sim.hardware.cluster import ClusterDescription
-from tools.sim.hardware.faults import NodeFaults
+from tools.sim.hardware.fault_file import NodeFaults
 from tools.sim.hardware.simulated import (
     FAULTS_FILE_NAME,
     FaultInjector,

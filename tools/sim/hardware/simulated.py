@@ -7,7 +7,7 @@ A node's simulated host lives in its *state directory*::
         dev/nvidia-caps-imex-channels/        dev root = the state directory itself; channel<N> is a
                                               regular file, or with the cluster's
                                               imex_channel_device_nodes a real char device
-        hardware-faults.json                  injected faults (see tools.sim.hardware.faults)
+        hardware-faults.json                  injected faults (see tools.sim.hardware.fault_file)
 
 The backend derives the GPUs from the cluster description and overlays the fault file on every
 query, so a fault injected by another process (``cdsim``) is seen on the next query or poll.
@@ -35,7 +35,7 @@ from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendNa
 from libs.hardware.model import FabricState, GpuHealth, GpuInfo
 from libs.hardware.offloop import OffLoopCalls
 from tools.sim.hardware.cluster import ClusterDescription, SimulatedNode
-from tools.sim.hardware.faults import FaultFile, NodeFaults, apply_faults
+from tools.sim.hardware.fault_file import FaultFile, NodeFaults, apply_faults
 
 FAULTS_FILE_NAME = "hardware-faults.json"
 DEFAULT_SIM_POLL_INTERVAL = 0.25
