@@ -19,9 +19,9 @@ from tests.imexagent.imex_rack import (
     Rack,
     free_cluster,
     kill_daemons_under,
-    pid_alive,
 )
 from tests.polling import eventually
+from tools.launch import pid_alive
 from tools.sim.imex import client as simclient
 from tools.sim.imex.recovery import PERSIST_FILE
 
