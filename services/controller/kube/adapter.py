@@ -596,4 +596,4 @@ class _Retry(RetryableError, RuntimeError):
     """The CD's sync must be retried (a concurrent change or a conflict)."""
 
 
-_RETRYABLE: tuple[type[BaseException], ...] = (*_KUBE_ERRORS, *TRANSIENT_ERRORS, _Retry)
+_RETRYABLE: tuple[type[BaseException], ...] = (*_KUBE_ERRORS, *TRANSIENT_ERRORS, RetryableError)
