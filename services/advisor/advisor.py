@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from libs.runtime.backoff import Backoff
+from libs.runtime.errors import PermanentError, RetryableError
 from libs.runtime.textlimits import clip, too_long
 from libs.state.store import Store
 from services.advisor import policies
@@ -55,16 +56,18 @@ from services.advisor.views import View, view_for
 log = structlog.get_logger(__name__)
 
 
-class ReservationContention(RuntimeError):
+class ReservationContention(RetryableError, RuntimeError):
     """Every attempt to reserve lost to concurrent writers."""
 
 
-class NodeUnavailable(RuntimeError):
-    """An explicitly named node cannot be reserved (unknown to the store, or unhealthy)."""
+class NodeUnavailable(PermanentError, RuntimeError):
+    """An explicitly named node cannot be reserved (unknown to the store, or unhealthy). Permanent,
+    like its FAILED_PRECONDITION: the node must be repaired first."""
 
 
-class HolderOverCap(RuntimeError):
-    """The reservation would take its holder past --max-reserved-nodes-per-holder."""
+class HolderOverCap(RetryableError, RuntimeError):
+    """The reservation would take its holder past --max-reserved-nodes-per-holder. Retryable: the
+    holder's reservations expire by themselves."""
 
 
 @dataclass(frozen=True)

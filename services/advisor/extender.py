@@ -29,6 +29,7 @@ import simdjson
 import structlog
 from aiohttp import web
 
+from libs.runtime.errors import PermanentError
 from libs.runtime.textlimits import clip
 from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
 from services.advisor.domain_sources import DomainSizeSource, TemplateDomainSource
@@ -41,7 +42,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_JSON_DEPTH = 1024
 
 
-class BadRequest(ValueError):
+class BadRequest(PermanentError, ValueError):
     """The request body does not have the shape kube-scheduler sends; the message names the field."""
 
 

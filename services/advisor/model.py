@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from libs.runtime.errors import PermanentError
+
 
 class Mode(enum.Enum):
     REQUIRE_SINGLE_CLIQUE = "REQUIRE_SINGLE_CLIQUE"
@@ -36,7 +38,7 @@ SELECTOR_KEYS = ("name", "clique", "cluster", "rack", "driver_version", "agent_v
 """Node attributes a selector may match; `rack` is the NVLink domain's cluster UUID (one per NVL72 rack)."""
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(PermanentError, ValueError):
     """The request itself is wrong (not merely infeasible); `field` names the culprit."""
 
     def __init__(self, field_name: str, message: str) -> None:

@@ -29,7 +29,8 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
-from libs.state.store import TRANSIENT_ERRORS, StoreUnavailable
+from libs.runtime.errors import RetryableError
+from libs.state.store import TRANSIENT_ERRORS
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.fleet_feeds import wait_changed
@@ -46,7 +47,7 @@ SWEEP_PERIOD_S = 5.0
 # Releases in flight at once (they share transactions through the advisor's commit batcher).
 MAX_CONCURRENT = 64
 
-_RETRYABLE = (*TRANSIENT_ERRORS, StoreUnavailable)
+_RETRYABLE = (*TRANSIENT_ERRORS, RetryableError)
 
 
 class ReservationReaper:

@@ -32,6 +32,7 @@ import aetcd.exceptions
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import encode_payload
 from libs.state.protowire import bytes_field
 from libs.state.store import TRANSIENT_ERRORS, Absent, Compare, Delete, Op, Present, Put, Store, Unchanged
@@ -44,7 +45,7 @@ NODES_PER_TXN = 63
 MIN_TTL_S = 1
 
 
-class ReservationConflict(RuntimeError):
+class ReservationConflict(RetryableError, RuntimeError):
     """Some nodes are reserved or bound already; `taken` maps each to who holds it."""
 
     def __init__(self, taken: dict[str, str]) -> None:
@@ -54,7 +55,7 @@ class ReservationConflict(RuntimeError):
         self.taken = taken
 
 
-class ReservationExists(RuntimeError):
+class ReservationExists(PermanentError, RuntimeError):
     """A reservation with this id exists already."""
 
     def __init__(self, reservation_id: str) -> None:
@@ -62,7 +63,7 @@ class ReservationExists(RuntimeError):
         self.reservation_id = reservation_id
 
 
-class NotHolder(RuntimeError):
+class NotHolder(PermanentError, RuntimeError):
     """The caller of a Release is not the reservation's holder (nothing was changed)."""
 
     def __init__(self, reservation_id: str, caller: str) -> None:

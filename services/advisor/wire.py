@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from libs.runtime.errors import PermanentError
 from libs.state.protowire import varint
 from services.advisor.model import (
     Decision,
@@ -49,7 +50,7 @@ _DOUBLE = struct.Struct("<d")
 _U64 = (1 << 64) - 1
 
 
-class WireError(ValueError):
+class WireError(PermanentError, ValueError):
     """Bytes that are not a valid message of the expected type."""
 
 

@@ -25,6 +25,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import run_all
+from libs.runtime.errors import PermanentError
 from libs.state.codec import UndecodableValue, decode
 from libs.state.domainrecord import DomainRecord
 from libs.state.election import Leadership
@@ -79,8 +80,9 @@ class ReconcilerConfig:
 _WATCHED_RESOURCES = 8
 
 
-class FenceLost(RuntimeError):
-    """A fenced write failed on the fence: this replica is no longer the leader."""
+class FenceLost(PermanentError, RuntimeError):
+    """A fenced write failed on the fence: this replica is no longer the leader. Permanent: only a
+    new term may write again."""
 
 
 class DomainReconciler:

@@ -23,11 +23,13 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from libs.runtime.errors import PermanentError
+
 T = TypeVar("T", bound=Hashable)
 
 
-class QueueShutDown(Exception):
-    """The queue was shut down; workers should return."""
+class QueueShutDown(PermanentError):
+    """The queue was shut down; workers should return (it never hands out an item again)."""
 
 
 class ItemBackoff(Generic[T]):

@@ -23,14 +23,14 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import cancel_until_done
 from libs.state.config import EtcdConfig
-from libs.state.store import Store
+from libs.state.store import Store, StoreUnavailable
 from services.advisor.advisor import Advisor
 from services.advisor.domain_placement import DomainPlacer
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.fleet_feeds import start_feeds, wait_until
 from services.advisor.fleet_index import FleetIndex
 from services.advisor.reservation_ids import ExtenderIds, shared_key
-from services.advisor.reservation_reaper import ABSENT_GRACE_S, ReservationReaper
+from services.advisor.reservation_reaper import ABSENT_GRACE_S, SERVED, ReservationReaper
 from services.advisor.reservations import remove_if_unchanged, write_reservation
 from tests.advisor.fleet import bind, cluster_records, put_nodes
 from tests.advisor.harness import Running, running_advisor, settings_for
@@ -330,6 +330,27 @@ async def test_a_domain_without_a_record_loses_its_reservation_after_the_grace(s
         assert not refused.allowed and not refused.resolvable
         assert "late is being deleted" in refused.message
         assert await reservation(store, placer.ids.make("late", 0)) is None
+
+
+async def test_a_release_failing_on_the_store_is_retried_and_any_other_failure_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reaper = ReservationReaper(DomainPlacer(Advisor(FleetIndex()), ttl_s=60), DomainPresence())
+    record = pb.Reservation(id="r1", domain_uid="cd-a", node_names=["n1"])
+    monkeypatch.setattr(reaper, "due", lambda uid: [(record, SERVED)])
+
+    async def store_unavailable(record: pb.Reservation, reason: str) -> bool:
+        raise StoreUnavailable("remove r1: etcd unavailable for 30s")
+
+    monkeypatch.setattr(reaper, "release", store_unavailable)
+    assert await reaper.reap({"cd-a"}) == {"cd-a"}  # the domain's round is marked for a retry
+
+    async def broken(record: pb.Reservation, reason: str) -> bool:
+        raise RuntimeError("the advisor has no store: reservations cannot be released")
+
+    monkeypatch.setattr(reaper, "release", broken)
+    with pytest.raises(RuntimeError, match="no store"):
+        await reaper.reap({"cd-a"})
 
 
 @contextlib.asynccontextmanager

@@ -45,6 +45,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.kube.client import without_env_lookups
 from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion
 from libs.runtime.backoff import Backoff
+from libs.runtime.errors import RetryableError
 from libs.state.election import Leadership
 from libs.state.store import TRANSIENT_ERRORS, Store
 from services.controller.kube import mirror
@@ -591,8 +592,8 @@ def _at_version(cr: dict[str, Any], patch: list[dict[str, Any]]) -> list[dict[st
     return [*guard, *patch]
 
 
-class _Retry(RuntimeError):
+class _Retry(RetryableError, RuntimeError):
     """The CD's sync must be retried (a concurrent change or a conflict)."""
 
 
-_RETRYABLE: tuple[type[BaseException], ...] = (*_KUBE_ERRORS, *TRANSIENT_ERRORS, _Retry)
+_RETRYABLE: tuple[type[BaseException], ...] = (*_KUBE_ERRORS, *TRANSIENT_ERRORS, RetryableError)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
+from libs.runtime.errors import PermanentError
 from services.controller.statusmodel import StatusValue
 
 GROUP = "resource.nvidia.com"
@@ -30,7 +31,7 @@ _MODES = {"Single": pb.AllocationMode.SINGLE, "All": pb.AllocationMode.ALL}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 
 
-class InvalidComputeDomain(ValueError):
+class InvalidComputeDomain(PermanentError, ValueError):
     """The CR's spec cannot be mirrored (the CRD's validation should have refused it)."""
 
 

@@ -14,13 +14,15 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
+from libs.runtime.errors import PermanentError
 from libs.state.election import Leadership
 
 _MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-class NotLeading(RuntimeError):
-    """A write was refused: this replica's leadership could have lapsed."""
+class NotLeading(PermanentError, RuntimeError):
+    """A write was refused: this replica's leadership could have lapsed. Permanent: the election
+    ends the term then, and only a new term may write again."""
 
 
 def fence_writes(api: ApiClient, leadership: Leadership) -> None:
