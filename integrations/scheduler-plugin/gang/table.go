@@ -33,7 +33,11 @@ type Gang struct {
 	pods  map[types.UID]string
 	bound sets.Set[types.UID]
 	// Assumed pods held at Permit until the gang is whole (so no part of a gang binds alone).
-	waiting  sets.Set[types.UID]
+	waiting sets.Set[types.UID]
+	// The advisor's last answer that the gang does not fit, and when it came: the gang's other
+	// pods, each retried on every cluster event, take it rather than ask again for a while.
+	noRoom   string
+	noRoomAt time.Time
 	lastUsed time.Time
 }
 
@@ -152,6 +156,20 @@ func (x *Gang) Served() bool {
 		boundNodes.Insert(x.pods[uid])
 	}
 	return boundNodes.HasAll(x.Held.Nodes...)
+}
+
+// RecordNoRoom keeps the advisor's answer that the gang does not fit ("" forgets it).
+func (x *Gang) RecordNoRoom(now time.Time, message string) {
+	x.noRoom, x.noRoomAt = message, now
+}
+
+// RecentNoRoom is the advisor's answer that the gang does not fit if it came less than `within`
+// before now, else "".
+func (x *Gang) RecentNoRoom(now time.Time, within time.Duration) string {
+	if x.noRoom == "" || !now.Before(x.noRoomAt.Add(within)) {
+		return ""
+	}
+	return x.noRoom
 }
 
 // Whole says whether a gang of known size has all its pods assumed or bound.

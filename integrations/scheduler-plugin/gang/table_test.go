@@ -196,3 +196,21 @@ func TestAForgottenPodIsNoLongerHeld(t *testing.T) {
 		t.Fatalf("a deleted pod is still held: %v", g.Waiting())
 	}
 }
+
+func TestANoRoomAnswerServesTheGangsOtherPodsForAWhile(t *testing.T) {
+	g := gangWith(3, nil, t0)
+	if got := g.RecentNoRoom(t0, time.Second); got != "" {
+		t.Fatalf("an answer before any was asked: %q", got)
+	}
+	g.RecordNoRoom(t0, "no room for 3")
+	if got := g.RecentNoRoom(t0.Add(999*time.Millisecond), time.Second); got != "no room for 3" {
+		t.Fatalf("within the second: %q, want the answer", got)
+	}
+	if got := g.RecentNoRoom(t0.Add(time.Second), time.Second); got != "" {
+		t.Fatalf("a second later: %q, want none (ask the advisor again)", got)
+	}
+	g.RecordNoRoom(t0, "")
+	if got := g.RecentNoRoom(t0, time.Second); got != "" {
+		t.Fatalf("a forgotten answer still served: %q", got)
+	}
+}

@@ -20,6 +20,10 @@ import (
 // enough for a Job controller's next batch of pods to appear.
 const settleAfter = 3 * time.Second
 
+// How long the advisor's answer that a gang does not fit serves the gang's other pods (each is
+// retried on every cluster event) before one of them asks again.
+const noRoomReuse = time.Second
+
 // Permit holds each pod of a gang of known size until every pod of the gang is assumed (or
 // bound), then lets them all bind at once, so that no part of a gang holds nodes while the
 // rest waits. Pods of a PodGroup are left to kube-scheduler's own gang scheduling.
@@ -163,4 +167,29 @@ func (p *Plugin) abandon(ctx context.Context, logger klog.Logger, domainUID stri
 	}
 	logger.Info("ComputeDomain gang not whole in time: its waiting pods rejected, the gang starts over",
 		"pod", klog.KObj(pod), "rejected", len(others), "reservationReleased", released)
+}
+
+// probeLater has one pending pod of the gang tried again when its "no room" answer goes stale
+// (once per gang at a time), so the gang asks the advisor again even if no cluster event comes.
+// Call with the table locked.
+func (p *Plugin) probeLater(logger klog.Logger, domainUID, namespace string) {
+	if p.probing.Has(domainUID) {
+		return
+	}
+	p.probing.Insert(domainUID)
+	time.AfterFunc(noRoomReuse, func() {
+		p.gangs.Lock()
+		p.probing.Delete(domainUID)
+		var pending []*v1.Pod
+		if p.gangs.Has(domainUID) {
+			var err error
+			if pending, err = p.siblings(p.gangs.Get(domainUID, 0), namespace); err != nil {
+				logger.Error(err, "listing the gang's pending pods to try one again")
+			}
+		}
+		p.gangs.Unlock()
+		if len(pending) > 0 {
+			p.handle.Activate(logger, map[string]*v1.Pod{klog.KObj(pending[0]).String(): pending[0]})
+		}
+	})
 }

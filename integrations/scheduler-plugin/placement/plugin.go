@@ -48,8 +48,10 @@ type Plugin struct {
 	gangs     *gang.Table
 	handle    fwk.Handle
 	gangWait  time.Duration // the longest a gang's pods wait at Permit for the rest of it
-	// Gangs whose held pods a settle check is due for (under the table's lock).
+	// Gangs whose held pods a settle check is due for, and gangs one of whose pods is to be
+	// tried again once their "no room" answer is stale (under the table's lock).
 	settling sets.Set[string]
+	probing  sets.Set[string]
 	logger   klog.Logger
 }
 
@@ -94,6 +96,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		handle:    handle,
 		gangWait:  s.gangWait,
 		settling:  sets.New[string](),
+		probing:   sets.New[string](),
 		logger:    klog.FromContext(ctx),
 	}
 	_, _ = handle.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -162,6 +165,10 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 			g.Held = nil
 			go p.releaseQuietly(logger, held.ID)
 		}
+		if message := g.RecentNoRoom(p.gangs.Now(), noRoomReuse); message != "" {
+			p.probeLater(logger, domainUID, pod.Namespace)
+			return nil, fwk.NewStatus(fwk.Unschedulable, message)
+		}
 		candidates := make([]string, 0, len(nodes))
 		for _, n := range nodes {
 			candidates = append(candidates, n.Node().Name)
@@ -177,8 +184,14 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		}
 		held, err := p.advisor.placeAndReserve(ctx, request)
 		if err != nil {
-			return nil, p.refusal(logger, domainUID, request, err)
+			status := p.refusal(logger, domainUID, request, err)
+			var noRoom *infeasible
+			if errors.As(err, &noRoom) {
+				g.RecordNoRoom(p.gangs.Now(), status.Message())
+			}
+			return nil, status
 		}
+		g.RecordNoRoom(time.Time{}, "")
 		g.Held = held
 		if g.Clique == "" {
 			g.Clique = held.Clique
