@@ -74,8 +74,8 @@ echo "build.sh: building cd-scheduler ($k8s_version with the ComputeDomainPlacem
 start=$SECONDS
 (
     cd "$here"
-    # The gang table's rules first (no Kubernetes client in it: seconds).
-    GOWORK=off CGO_ENABLED=0 go test -mod=readonly -trimpath -tags="k8s_1_$minor" -count=1 ./gang
+    # The gang table's rules and the plugin's args first (seconds).
+    GOWORK=off CGO_ENABLED=0 go test -mod=readonly -trimpath -tags="k8s_1_$minor" -count=1 ./gang ./placement
     # Same flags and tag as the control plane's build, so its compiled packages are reused.
     GOWORK=off CGO_ENABLED=0 go build -mod=readonly -trimpath -tags="k8s_1_$minor" \
         -ldflags="$ldflags" -o "$tmp/cd-scheduler" ./cmd/cd-scheduler

@@ -11,7 +11,9 @@ manifests/components/scheduler-plugin. A Job of three pods whose pods name its s
 - joined to a PodGroup (kube-scheduler's own gang scheduling, `GenericWorkload`), lands the same
   way: the two work together;
 - with cd-scheduler restarted after the gang's first pod bound, the rest lands beside it, in its
-  clique, and the earlier run's reservation does not stay held.
+  clique, and the earlier run's reservation does not stay held;
+- with one pod of the gang held back (a scheduling gate), the others are scheduled on the
+  reservation but none binds until the held one is scheduled too; then all bind together.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, BatchV1Api, CustomObjectsApi
+from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
@@ -50,6 +53,13 @@ ADOPTED = "ComputeDomain gang adopted: pods of it were bound before this schedul
 # How long a gang must stay wholly pending while the advisor is down.
 DOWN_HOLD_S = 15.0
 GANG = 3
+# A scheduling gate that holds one pod of a gang back, and how long: shorter than the plugin's
+# gangWaitTimeout (60 s), after which the whole gang would be rejected.
+HOLD_GATE = "e2e.example.com/hold"
+GATE_HOLD_S = 10.0
+# The most seconds between the first and the last pod of a gang bound (PodScheduled turning
+# True; the API keeps whole seconds).
+BOUND_TOGETHER_S = 3
 
 
 class Proxy:
@@ -320,5 +330,68 @@ async def test_a_restart_in_the_middle_of_a_gang_finishes_it_beside_its_bound_po
     adopted = [r for r in cd_scheduler.log_records(ADOPTED) if r.get("cd_uid") == uid]
     assert [r["boundNodes"] for r in adopted] == [[first["spec"]["nodeName"]]], adopted
     await wait_cd_ready(plugin_env, api, namespace, cd_name, formed.nodes)
+    await delete_job_and_wait_released(plugin_env, api, store, namespace, job, formed, cd_name)
+    await delete_cd_and_wait_gone(plugin_env, api, store, namespace, cd_name, template, formed)
+
+
+async def ungate(api: ApiClient, namespace: str, pod: str) -> None:
+    await CoreV1Api(api).patch_namespaced_pod(
+        pod, namespace, [{"op": "remove", "path": "/spec/schedulingGates"}]
+    )
+
+
+def scheduled_at(pod: dict[str, Any]) -> datetime:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    found = next(c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "True")
+    return datetime.fromisoformat(found["lastTransitionTime"].replace("Z", "+00:00"))
+
+
+async def test_no_pod_of_a_gang_binds_until_the_whole_gang_is_scheduled(
+    plugin_env: E2EEnvironment, cd_scheduler: SecondScheduler, api: ApiClient, store: Store, namespace: str
+) -> None:
+    """Two of the gang's three pods are let through to cd-scheduler, the third held back by a
+    scheduling gate: the two are placed on the gang's reservation but none is bound (no part of
+    a gang holds nodes while the rest waits). Once the third is let through, all three bind
+    together on the reserved nodes, and the reservation is released."""
+    cd_name, template, job = "whole-gang", "whole-gang-channel", "whole-gang-job"
+    await apply_example_cd(api, namespace, "imex-compute-domain.yaml", cd_name, template)
+    uid = await domain_uid_of(api, namespace, template)
+    manifest = job_for(WITH_ADVISOR, job, namespace, template, pods=GANG)
+    manifest["spec"]["template"]["spec"]["schedulingGates"] = [{"name": HOLD_GATE}]
+    await kube.create_job(api, manifest)
+
+    async def created() -> list[str] | None:
+        names = sorted(p["metadata"]["name"] for p in await kube.list_pods(api, namespace, f"e2e-job={job}"))
+        return names if len(names) == GANG else None
+
+    held, *let_through = await kube.eventually(created, f"{GANG} pods of Job {namespace}/{job}")
+    for name in let_through:
+        await ungate(api, namespace, name)
+
+    async def reserved() -> list[dict[str, Any]] | None:
+        found = [r for r in cd_scheduler.log_records(RESERVED) if r.get("cd_uid") == uid]
+        return found or None
+
+    reservation = (await kube.eventually(reserved, f"a reservation for ComputeDomain {uid}"))[0]
+    loop = asyncio.get_running_loop()
+    hold_until = loop.time() + GATE_HOLD_S
+    while loop.time() < hold_until:
+        pods = await kube.list_pods(api, namespace, f"e2e-job={job}")
+        bound = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")]
+        assert bound == [], f"pods {bound} bound while {held} of their gang is held back"
+        await asyncio.sleep(1.0)
+
+    await ungate(api, namespace, held)
+    formed = await wait_job_running(plugin_env, api, namespace, job, GANG, template)
+    assert sorted(formed.nodes) == sorted(reservation["nodes"]), (reservation, formed.nodes)
+    times = sorted(scheduled_at(p) for p in formed.pods)
+    assert (times[-1] - times[0]).total_seconds() <= BOUND_TOGETHER_S, times
+    assert [r for r in cd_scheduler.log_records(RESERVED) if r.get("cd_uid") == uid] == [reservation]
+
+    async def released() -> bool | None:
+        done = [r for r in cd_scheduler.log_records(RELEASED) if r.get("cd_uid") == uid]
+        return True if done and not await reservations_of(store, uid) else None
+
+    await kube.eventually(released, f"the reservation of ComputeDomain {uid} released")
     await delete_job_and_wait_released(plugin_env, api, store, namespace, job, formed, cd_name)
     await delete_cd_and_wait_gone(plugin_env, api, store, namespace, cd_name, template, formed)

@@ -30,8 +30,14 @@ type Gang struct {
 	// Reservations made for this gang so far: the next one's id.
 	sequence int
 	// Pods assumed (Reserve) or bound (PostBind) -> node.
-	pods     map[types.UID]string
-	bound    sets.Set[types.UID]
+	pods  map[types.UID]string
+	bound sets.Set[types.UID]
+	// Assumed pods held at Permit until the gang is whole (so no part of a gang binds alone).
+	waiting sets.Set[types.UID]
+	// The advisor's last answer that the gang does not fit, and when it came: the gang's other
+	// pods, each retried on every cluster event, take it rather than ask again for a while.
+	noRoom   string
+	noRoomAt time.Time
 	lastUsed time.Time
 }
 
@@ -61,7 +67,9 @@ func (t *Table) Has(domainUID string) bool {
 func (t *Table) Get(domainUID string, size int32) *Gang {
 	found := t.byUID[domainUID]
 	if found == nil {
-		found = &Gang{DomainUID: domainUID, pods: map[types.UID]string{}, bound: sets.New[types.UID]()}
+		found = &Gang{
+			DomainUID: domainUID, pods: map[types.UID]string{}, bound: sets.New[types.UID](), waiting: sets.New[types.UID](),
+		}
 		t.byUID[domainUID] = found
 	}
 	if size > 0 {
@@ -150,6 +158,62 @@ func (x *Gang) Served() bool {
 	return boundNodes.HasAll(x.Held.Nodes...)
 }
 
+// RecordNoRoom keeps the advisor's answer that the gang does not fit ("" forgets it).
+func (x *Gang) RecordNoRoom(now time.Time, message string) {
+	x.noRoom, x.noRoomAt = message, now
+}
+
+// RecentNoRoom is the advisor's answer that the gang does not fit if it came less than `within`
+// before now, else "".
+func (x *Gang) RecentNoRoom(now time.Time, within time.Duration) string {
+	if x.noRoom == "" || !now.Before(x.noRoomAt.Add(within)) {
+		return ""
+	}
+	return x.noRoom
+}
+
+// Whole says whether a gang of known size has all its pods assumed or bound.
+func (x *Gang) Whole() bool {
+	return x.Size > 0 && int32(len(x.pods)) >= x.Size
+}
+
+// Has says whether the pod is assumed or bound as one of the gang's.
+func (x *Gang) Has(pod types.UID) bool {
+	_, found := x.pods[pod]
+	return found
+}
+
+// Hold records an assumed pod waiting at Permit for the rest of its gang.
+func (x *Gang) Hold(pod types.UID) {
+	x.waiting.Insert(pod)
+}
+
+// Waiting are the pods held at Permit.
+func (x *Gang) Waiting() []types.UID {
+	return sets.List(x.waiting)
+}
+
+// Let ends a held pod's wait (it was allowed to bind).
+func (x *Gang) Let(pod types.UID) {
+	x.waiting.Delete(pod)
+}
+
+// GiveUp ends the gang's wait when a held pod is rejected (the wait timed out, or a sibling
+// failed): the other held pods are to be rejected too, and, when no pod of the gang is bound,
+// its reservation is returned to be released, so that no part of the gang holds nodes. ok is
+// false when the pod was not held (nothing to give up: e.g. it failed after it was allowed).
+func (x *Gang) GiveUp(pod types.UID) (others []types.UID, drop *Reservation, ok bool) {
+	if !x.waiting.Has(pod) {
+		return nil, nil, false
+	}
+	others = sets.List(x.waiting.Delete(pod))
+	x.waiting = sets.New[types.UID]()
+	if x.bound.Len() == 0 {
+		drop, x.Held = x.Held, nil
+	}
+	return others, drop, true
+}
+
 // BusyElsewhere are nodes that pods of other gangs are assumed on or bound to: the advisor only
 // learns of them when their claims are prepared, so they are excluded from this gang's request.
 func (t *Table) BusyElsewhere(domainUID string) []string {
@@ -169,6 +233,7 @@ func (t *Table) ForgetPod(uid types.UID) {
 	for _, x := range t.byUID {
 		delete(x.pods, uid)
 		x.bound.Delete(uid)
+		x.waiting.Delete(uid)
 	}
 }
 

@@ -123,3 +123,94 @@ func TestARestartedTableKnowsNoGangAndNamesTheEarlierRunsFirstReservation(t *tes
 		t.Fatalf("FirstID %q is not NextID's first answer %q", first, next)
 	}
 }
+
+func TestWholeOnceEveryPodOfTheGangIsAssumedOrBound(t *testing.T) {
+	g := gangWith(3, []string{"a", "b", "c"}, t0.Add(time.Minute))
+	g.Bind("p1", "a")
+	g.Assume("p2", "b")
+	if g.Whole() {
+		t.Fatal("whole with two of three pods")
+	}
+	g.Assume("p3", "c")
+	if !g.Whole() {
+		t.Fatal("not whole with one pod bound and two assumed of three")
+	}
+	if gangWith(0, nil, t0).Whole() {
+		t.Fatal("a gang of unknown size is never whole")
+	}
+}
+
+func TestGivingUpRejectsTheOtherHeldPodsAndDropsAnUnusedReservation(t *testing.T) {
+	g := gangWith(3, []string{"a", "b", "c"}, t0.Add(time.Minute))
+	held := g.Held
+	g.Assume("p1", "a")
+	g.Hold("p1")
+	g.Assume("p2", "b")
+	g.Hold("p2")
+	g.Unassume("p1") // its wait timed out
+	others, drop, ok := g.GiveUp("p1")
+	if !ok || len(others) != 1 || others[0] != "p2" {
+		t.Fatalf("give up = %v, %v: want the other held pod p2", others, ok)
+	}
+	if drop != held || g.Held != nil {
+		t.Fatalf("the reservation of a gang with no bound pod is to be released: drop %v, held %v", drop, g.Held)
+	}
+	if len(g.Waiting()) != 0 {
+		t.Fatalf("still held: %v", g.Waiting())
+	}
+	// p2's own Unreserve, after its rejection, gives up nothing more.
+	g.Unassume("p2")
+	if _, _, ok := g.GiveUp("p2"); ok {
+		t.Fatal("a pod no longer held gave the gang up again")
+	}
+}
+
+func TestGivingUpKeepsTheReservationOfAGangWithBoundPods(t *testing.T) {
+	g := gangWith(3, []string{"a", "b", "c"}, t0.Add(time.Minute))
+	g.Bind("p0", "a") // bound before (an adopted gang)
+	g.Assume("p1", "b")
+	g.Hold("p1")
+	g.Unassume("p1")
+	if _, drop, ok := g.GiveUp("p1"); !ok || drop != nil || g.Held == nil {
+		t.Fatalf("a gang with a bound pod dropped its reservation: drop %v ok %v", drop, ok)
+	}
+}
+
+func TestAPodAllowedToBindIsNoLongerHeld(t *testing.T) {
+	g := gangWith(2, []string{"a", "b"}, t0.Add(time.Minute))
+	g.Assume("p1", "a")
+	g.Hold("p1")
+	g.Let("p1")
+	if _, _, ok := g.GiveUp("p1"); ok {
+		t.Fatal("a pod let through gave its gang up when it failed later")
+	}
+}
+
+func TestAForgottenPodIsNoLongerHeld(t *testing.T) {
+	table := NewTable("sched", func() time.Time { return t0 })
+	g := table.Get("uid-1", 2)
+	g.Assume("p1", "a")
+	g.Hold("p1")
+	table.ForgetPod("p1")
+	if len(g.Waiting()) != 0 || g.Has("p1") {
+		t.Fatalf("a deleted pod is still held: %v", g.Waiting())
+	}
+}
+
+func TestANoRoomAnswerServesTheGangsOtherPodsForAWhile(t *testing.T) {
+	g := gangWith(3, nil, t0)
+	if got := g.RecentNoRoom(t0, time.Second); got != "" {
+		t.Fatalf("an answer before any was asked: %q", got)
+	}
+	g.RecordNoRoom(t0, "no room for 3")
+	if got := g.RecentNoRoom(t0.Add(999*time.Millisecond), time.Second); got != "no room for 3" {
+		t.Fatalf("within the second: %q, want the answer", got)
+	}
+	if got := g.RecentNoRoom(t0.Add(time.Second), time.Second); got != "" {
+		t.Fatalf("a second later: %q, want none (ask the advisor again)", got)
+	}
+	g.RecordNoRoom(t0, "")
+	if got := g.RecentNoRoom(t0, time.Second); got != "" {
+		t.Fatalf("a forgotten answer still served: %q", got)
+	}
+}

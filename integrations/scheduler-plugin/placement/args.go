@@ -15,6 +15,10 @@ type Args struct {
 	// ReservationTTLSeconds is how long the advisor holds a gang's nodes if the gang never
 	// binds (default 120; the advisor caps it at its --max-reservation-ttl-s).
 	ReservationTTLSeconds int32 `json:"reservationTTLSeconds,omitempty"`
+	// GangWaitTimeout bounds how long a gang's scheduled pods wait at Permit for the rest of the
+	// gang before the whole gang is rejected and its reservation released (Go duration; default
+	// 60s; at most 15m, kube-scheduler's bound on a Permit wait).
+	GangWaitTimeout string `json:"gangWaitTimeout,omitempty"`
 	// Holder names this scheduler to the advisor: only the holder may release a reservation.
 	Holder string `json:"holder,omitempty"`
 	// TLS to the advisor (all empty = plaintext). CAFile alone verifies the server; with
@@ -29,12 +33,15 @@ const (
 	defaultCallTimeout = 5 * time.Second
 	defaultTTLSeconds  = 120
 	defaultHolder      = "computedomain-scheduler"
+	defaultGangWait    = 60 * time.Second
+	maxGangWait        = 15 * time.Minute
 )
 
 // settings are the validated Args.
 type settings struct {
 	address     string
 	callTimeout time.Duration
+	gangWait    time.Duration
 	ttlSeconds  int32
 	holder      string
 	tls         *tlsFiles
@@ -45,7 +52,7 @@ type tlsFiles struct {
 }
 
 func (a Args) settings() (settings, error) {
-	s := settings{address: a.AdvisorAddress, callTimeout: defaultCallTimeout, ttlSeconds: a.ReservationTTLSeconds, holder: a.Holder}
+	s := settings{address: a.AdvisorAddress, callTimeout: defaultCallTimeout, gangWait: defaultGangWait, ttlSeconds: a.ReservationTTLSeconds, holder: a.Holder}
 	if s.address == "" {
 		return s, fmt.Errorf("%s args: advisorAddress is required (the placement advisor's gRPC host:port)", Name)
 	}
@@ -55,6 +62,13 @@ func (a Args) settings() (settings, error) {
 			return s, fmt.Errorf("%s args: callTimeout %q is not a positive duration such as 5s", Name, a.CallTimeout)
 		}
 		s.callTimeout = d
+	}
+	if a.GangWaitTimeout != "" {
+		d, err := time.ParseDuration(a.GangWaitTimeout)
+		if err != nil || d <= 0 || d > maxGangWait {
+			return s, fmt.Errorf("%s args: gangWaitTimeout %q is not a positive duration of at most %s, such as 60s", Name, a.GangWaitTimeout, maxGangWait)
+		}
+		s.gangWait = d
 	}
 	if s.ttlSeconds < 0 {
 		return s, fmt.Errorf("%s args: reservationTTLSeconds must be >= 0, got %d", Name, s.ttlSeconds)

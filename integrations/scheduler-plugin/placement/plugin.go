@@ -2,8 +2,10 @@
 // (a gang) through the placement advisor: the first pod of a gang asks the advisor where the
 // whole gang goes (Place, then Reserve); that pod and the gang's later ones may only use the
 // reserved nodes (PreFilter narrows the nodes, Filter refuses others, Score ranks reserved ones
-// first); once every reserved node has a bound pod of the gang, the reservation is released
-// (PostBind). With the advisor unreachable the gang's pods wait, retried with backoff, and
+// first); each pod waits at Permit until the whole gang is scheduled, and the gang's pending pods
+// are moved to the active queue once one of them is assumed (gangwait.go); once every reserved
+// node has a bound pod of the gang, the reservation is released (PostBind). With the advisor
+// unreachable the gang's pods wait, retried with backoff, and
 // nothing is reserved or bound.
 package placement
 
@@ -44,6 +46,13 @@ type Plugin struct {
 	pods      corelisters.PodLister
 	domains   cache.Indexer // ComputeDomains by uid (for spec.numNodes); nil without a kubeconfig
 	gangs     *gang.Table
+	handle    fwk.Handle
+	gangWait  time.Duration // the longest a gang's pods wait at Permit for the rest of it
+	// Gangs whose held pods a settle check is due for, and gangs one of whose pods is to be
+	// tried again once their "no room" answer is stale (under the table's lock).
+	settling sets.Set[string]
+	probing  sets.Set[string]
+	logger   klog.Logger
 }
 
 var (
@@ -52,6 +61,7 @@ var (
 	_ fwk.PreScorePlugin  = &Plugin{}
 	_ fwk.ScorePlugin     = &Plugin{}
 	_ fwk.ReservePlugin   = &Plugin{}
+	_ fwk.PermitPlugin    = &Plugin{}
 	_ fwk.PostBindPlugin  = &Plugin{}
 )
 
@@ -83,6 +93,11 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		templates: handle.SharedInformerFactory().Resource().V1().ResourceClaimTemplates().Lister(),
 		pods:      handle.SharedInformerFactory().Core().V1().Pods().Lister(),
 		gangs:     gang.NewTable(s.holder, time.Now),
+		handle:    handle,
+		gangWait:  s.gangWait,
+		settling:  sets.New[string](),
+		probing:   sets.New[string](),
+		logger:    klog.FromContext(ctx),
 	}
 	_, _ = handle.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj interface{}) {
@@ -111,7 +126,7 @@ func New(ctx context.Context, obj runtime.Object, handle fwk.Handle) (fwk.Plugin
 		<-ctx.Done()
 		client.close()
 	}()
-	klog.FromContext(ctx).Info("ComputeDomain placement plugin ready", "advisor", s.address, "holder", s.holder, "callTimeout", s.callTimeout)
+	klog.FromContext(ctx).Info("ComputeDomain placement plugin ready", "advisor", s.address, "holder", s.holder, "callTimeout", s.callTimeout, "gangWaitTimeout", s.gangWait)
 	return p, nil
 }
 
@@ -150,6 +165,10 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 			g.Held = nil
 			go p.releaseQuietly(logger, held.ID)
 		}
+		if message := g.RecentNoRoom(p.gangs.Now(), noRoomReuse); message != "" {
+			p.probeLater(logger, domainUID, pod.Namespace)
+			return nil, fwk.NewStatus(fwk.Unschedulable, message)
+		}
 		candidates := make([]string, 0, len(nodes))
 		for _, n := range nodes {
 			candidates = append(candidates, n.Node().Name)
@@ -165,8 +184,14 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		}
 		held, err := p.advisor.placeAndReserve(ctx, request)
 		if err != nil {
-			return nil, p.refusal(logger, domainUID, request, err)
+			status := p.refusal(logger, domainUID, request, err)
+			var noRoom *infeasible
+			if errors.As(err, &noRoom) {
+				g.RecordNoRoom(p.gangs.Now(), status.Message())
+			}
+			return nil, status
 		}
+		g.RecordNoRoom(time.Time{}, "")
 		g.Held = held
 		if g.Clique == "" {
 			g.Clique = held.Clique
@@ -279,7 +304,8 @@ func (p *Plugin) Score(ctx context.Context, state fwk.CycleState, pod *v1.Pod, n
 // ScoreExtensions implements fwk.ScorePlugin (scores are already in range).
 func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 
-// Reserve records the node the pod is assumed on, so the gang's next pod takes another.
+// Reserve records the node the pod is assumed on, so the gang's next pod takes another, and
+// has the gang's pending pods tried next.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s, err := readState(state)
 	if err != nil {
@@ -287,19 +313,29 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	}
 	p.gangs.Lock()
 	defer p.gangs.Unlock()
-	p.gangs.Get(s.domainUID, 0).Assume(pod.UID, nodeName)
+	g := p.gangs.Get(s.domainUID, 0)
+	g.Assume(pod.UID, nodeName)
+	if pod.Spec.SchedulingGroup == nil && !g.Whole() {
+		p.activateSiblings(klog.FromContext(ctx).WithValues("cd_uid", s.domainUID), state, g, pod.Namespace)
+	}
 	return nil
 }
 
-// Unreserve forgets the node of a pod that did not bind.
+// Unreserve forgets the node of a pod that did not bind; a pod rejected while it waited for
+// its gang takes the gang's other waiting pods and its reservation with it.
 func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	s, err := readState(state)
 	if err != nil {
 		return
 	}
 	p.gangs.Lock()
-	defer p.gangs.Unlock()
-	p.gangs.Get(s.domainUID, 0).Unassume(pod.UID)
+	g := p.gangs.Get(s.domainUID, 0)
+	g.Unassume(pod.UID)
+	others, drop, gaveUp := g.GiveUp(pod.UID)
+	p.gangs.Unlock()
+	if gaveUp {
+		p.abandon(ctx, klog.FromContext(ctx).WithValues("cd_uid", s.domainUID), s.domainUID, pod, others, drop)
+	}
 }
 
 // PostBind marks the pod bound and releases the reservation once every reserved node has a
