@@ -1,6 +1,6 @@
 """Figures of the code's arrangement that issue 30 asks to show before and after.
 
-    python -m tools.archfigures [ROOT]
+    python -m tools.arch_figures [ROOT]
 
 Prints, read with `ast` from the repository at ROOT (default: the current folder):
 the largest class in services, libs and tools (without libs/gen) by lines; the polling
@@ -96,7 +96,7 @@ def library_service_imports(root: Path) -> list[CrossImport]:
 
 def rig_imports(root: Path) -> list[CrossImport]:
     """Every static import of tools.* from libs/ or services/: the product reaches the rig only
-    through its ports, which load a stand-in by name (libs/runtime/standins.py)."""
+    through its ports, which load a stand-in by name (libs/runtime/stand_ins.py)."""
     found: dict[tuple[str, int], CrossImport] = {}
     for top in ("libs", "services"):
         for path in python_files(root, top, skip=("libs/gen",)):

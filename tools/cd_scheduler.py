@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPONENT = REPO_ROOT / "manifests" / "components" / "scheduler-plugin" / "cd-scheduler.yaml"

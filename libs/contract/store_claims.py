@@ -3,13 +3,13 @@ it, and the ComputeDomain a user would have created (pure builders).
 
 In Kubernetes mode these are a ResourceClaim and a ComputeDomain object; without Kubernetes
 (cdsim, the chaos soak, the benchmarks) the same facts are written to the store, and the kubelet
-plugin's store claim source (``services/nodeagent/wire/claimsource.py``) reads them back.
+plugin's store claim source (``services/nodeagent/wire/claim_source.py``) reads them back.
 """
 
 from __future__ import annotations
 
 from libs.cdi.spec import ALLOCATION_ALL, ALLOCATION_SINGLE
-from libs.contract.channelconfig import channel_config_json
+from libs.contract.channel_config import channel_config_json
 from libs.contract.names import CHANNEL_DEVICE, CHANNEL_REQUEST, DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 

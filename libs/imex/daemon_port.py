@@ -1,11 +1,11 @@
 """The IMEX daemon port: what the IMEX agent does with a daemon, whichever program it is.
 
 The agent starts a daemon on its config file in a mount namespace of its own, with the domain's
-hosts file over /etc/hosts (libs/imex/hostsns.py), and asks the daemon's ctl, run in that
+hosts file over /etc/hosts (libs/imex/hosts_ns.py), and asks the daemon's ctl, run in that
 namespace, for its state and its links. The words the ctl prints are in
-libs/imex/daemonstate.py. Two implementations:
+libs/imex/daemon_state.py. Two implementations:
 
-* nvidia-imex and nvidia-imex-ctl, exec'd (libs/imex/nvidiaimex.py);
+* nvidia-imex and nvidia-imex-ctl, exec'd (libs/imex/nvidia_imex.py);
 * the simulator (tools/sim/imex/port.py): daemons forked from its fork server and its ctl called
   in-process. It is part of the rig, which the product does not import, so `open_imex_daemon`
   loads it by name.
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from libs.hardware.interface import ImexBackendName
-from libs.imex.nvidiaimex import ExecCtl, ExecLauncher
-from libs.runtime.standins import load_standin
+from libs.imex.nvidia_imex import ExecCtl, ExecLauncher
+from libs.runtime.stand_ins import load_standin
 
 # A callable of no argument returning the simulator's ImexDaemon (see the module docstring).
 SIMULATED_IMEX = "tools.sim.imex.port:simulated_imex_daemon"

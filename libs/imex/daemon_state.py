@@ -1,6 +1,6 @@
 """What an IMEX daemon reports through nvidia-imex-ctl: its states and its links' statuses.
 
-Part of the IMEX daemon port (libs/imex/daemonport.py): the real nvidia-imex prints these words,
+Part of the IMEX daemon port (libs/imex/daemon_port.py): the real nvidia-imex prints these words,
 the simulator (tools/sim/imex) reports the same ones, and the IMEX agent reads them. Kept apart
 from the port and free of imports because the simulated daemon imports it at start-up.
 """

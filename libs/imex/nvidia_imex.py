@@ -1,4 +1,4 @@
-"""The real nvidia-imex behind the IMEX daemon port (libs/imex/daemonport.py): both programs exec'd.
+"""The real nvidia-imex behind the IMEX daemon port (libs/imex/daemon_port.py): both programs exec'd.
 
 * `ExecLauncher`: ``nvidia-imex -c <config>`` (or any daemon command) started with ``unshare``
   in a mount namespace of its own with the domain's hosts file over /etc/hosts, in its own
@@ -16,11 +16,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from libs.imex import hostsns
+from libs.imex import hosts_ns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from libs.imex.daemonport import CtlOutput
+    from libs.imex.daemon_port import CtlOutput
 
 
 def spawn_daemon(argv: Sequence[str], cwd: Path, log_path: Path) -> subprocess.Popen[bytes]:
@@ -49,7 +49,7 @@ class ExecLauncher:
         self.command = list(command)
 
     def argv(self, config: Path, hosts: Path) -> list[str]:
-        return hostsns.private_hosts_argv([*self.command, "-c", str(config)], str(hosts))
+        return hosts_ns.private_hosts_argv([*self.command, "-c", str(config)], str(hosts))
 
     def spawn(self, argv: Sequence[str], cwd: Path, log_path: Path, hosts: Path) -> subprocess.Popen[bytes]:
         # The hosts file is in the command line already (`argv`).
@@ -63,7 +63,7 @@ class ExecCtl:
         self.command = list(command)
 
     async def __call__(self, args: list[str], pid: int, timeout_s: float) -> CtlOutput:
-        argv = hostsns.in_namespace_argv(pid, [*self.command, *args])
+        argv = hosts_ns.in_namespace_argv(pid, [*self.command, *args])
         name = " ".join(self.command)
         try:
             proc = await asyncio.create_subprocess_exec(

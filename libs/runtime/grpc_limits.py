@@ -25,7 +25,7 @@ from grpclib.protocol import H2Protocol
 from grpclib.protocol import Stream as H2Stream
 from grpclib.server import Handler, Server
 
-from libs.runtime.textlimits import clip
+from libs.runtime.text_limits import clip
 
 log = structlog.get_logger(__name__)
 

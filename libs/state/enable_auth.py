@@ -6,7 +6,7 @@ certificate's CN. `root` (who runs this) gets the root role; each component its 
 kept, and nothing is done once authentication is on. The Helm chart runs it after every install
 and upgrade as root (deployments/helm/compute-domains/templates/etcd-roles-job.yaml):
 
-    python -m libs.state.enableauth --etcd-endpoints=... --etcd-ca-file=... \\
+    python -m libs.state.enable_auth --etcd-endpoints=... --etcd-ca-file=... \\
         --etcd-cert-file=<root's> --etcd-key-file=<root's> [--etcd-prefix=/cd/v1/]
 """
 
@@ -68,18 +68,18 @@ async def enable_auth_at(config: EtcdConfig, operators: Sequence[str] = ()) -> b
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings_or_exit(
-        EtcdSettings, argv, prog="python -m libs.state.enableauth", description=__doc__.splitlines()[0]
+        EtcdSettings, argv, prog="python -m libs.state.enable_auth", description=__doc__.splitlines()[0]
     )
     config = EtcdConfig.from_settings(settings)
     if not (config.tls and config.cert_file):
         print(
-            "enableauth: give root's client certificate (--etcd-ca-file, --etcd-cert-file, --etcd-key-file)"
+            "enable_auth: give root's client certificate (--etcd-ca-file, --etcd-cert-file, --etcd-key-file)"
         )
         return 2
     try:
         changed = asyncio.run(asyncio.wait_for(enable_auth_at(config), RUN_TIMEOUT_S))
     except Exception as exc:  # any failure ends the run with its message; the Job retries
-        print(f"enableauth: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"enable_auth: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print("etcd authentication enabled" if changed else "etcd authentication was on already")
     return 0

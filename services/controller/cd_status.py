@@ -31,7 +31,7 @@ from libs.gen.computedomain.state import v1 as pb
 from services.controller.liveness import Liveness, liveness
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord
 from services.controller.reachability import Unreachable, unreachable
-from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
+from services.controller.status_model import ConditionEntry, NodeEntry, StatusValue
 
 CONDITION_READY = "Ready"
 

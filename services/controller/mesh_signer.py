@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.imex import meshpki, slots
+from libs.imex import mesh_pki, slots
 from libs.state.election import Leadership
 from libs.state.store import Absent, Compare, Delete, Op, Put, Store, Unchanged
 from services.controller.actions import DeleteMeshCredentials, SecureMesh, SignMeshCertificate
@@ -38,7 +38,7 @@ class MeshSigner:
         self.authority_validity = timedelta(seconds=authority_validity_s)
         self.clock = clock
         # A domain's CA never changes while the domain exists: read once per domain and term.
-        self._authorities: dict[str, tuple[str, int, meshpki.DomainAuthority]] = {}
+        self._authorities: dict[str, tuple[str, int, mesh_pki.DomainAuthority]] = {}
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -73,7 +73,7 @@ class MeshSigner:
         updated = dataclasses.replace(entry.value, mesh_mode=mode)
         ops: list[Op] = [Put(k.domain(uid), updated)]
         if action.mutual_tls:
-            authority = meshpki.new_domain_authority(uid, now=self._now(), validity=self.authority_validity)
+            authority = mesh_pki.new_domain_authority(uid, now=self._now(), validity=self.authority_validity)
             ops.append(
                 Put(
                     k.mesh_authority(uid),
@@ -96,14 +96,14 @@ class MeshSigner:
             )
         return ok
 
-    async def _authority(self, uid: str) -> tuple[str, int, meshpki.DomainAuthority] | None:
+    async def _authority(self, uid: str) -> tuple[str, int, mesh_pki.DomainAuthority] | None:
         cached = self._authorities.get(uid)
         if cached is not None:
             return cached
         ca = await self.store.get(self.keys.mesh_authority(uid), pb.MeshAuthority)
         if ca is None:
             return None
-        entry = (ca.key, ca.mod_revision, meshpki.DomainAuthority(ca.value.ca_cert_pem, ca.value.ca_key_pem))
+        entry = (ca.key, ca.mod_revision, mesh_pki.DomainAuthority(ca.value.ca_cert_pem, ca.value.ca_key_pem))
         self._authorities[uid] = entry
         return entry
 
@@ -122,7 +122,7 @@ class MeshSigner:
         ca_key, ca_revision, authority = ca
         slot = slots.slot_name(uid, member.clique_id, member.index)
         try:
-            cert_pem = meshpki.sign_node_certificate(
+            cert_pem = mesh_pki.sign_node_certificate(
                 authority,
                 request.csr_pem,
                 domain_uid=uid,
@@ -132,10 +132,10 @@ class MeshSigner:
                 now=self._now(),
                 validity=self.certificate_validity,
             )
-        except meshpki.MeshPkiError as exc:
+        except mesh_pki.MeshPkiError as exc:
             log.warning("mesh certificate request refused", cd_uid=uid, node=action.node, error=str(exc))
             return False
-        not_after = meshpki.certificate_facts(cert_pem).not_after
+        not_after = mesh_pki.certificate_facts(cert_pem).not_after
         certificate = pb.MeshCertificate(
             domain_uid=uid,
             node_name=action.node,

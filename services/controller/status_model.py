@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.protowire import bytes_field, varint_field
+from libs.state.proto_wire import bytes_field, varint_field
 
 
 @dataclass(frozen=True, slots=True)

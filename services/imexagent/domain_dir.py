@@ -5,7 +5,7 @@
 * ``config.cfg``: the daemon's configuration (libs/imex/config.py) with the simulator directive
   ``# SIM_HOSTS_FILE=<hosts>`` (a comment to nvidia-imex; the real daemon resolves through the
   system resolver). Every daemon, simulated or not, is started in a private mount namespace
-  with this file bind-mounted over /etc/hosts (libs/imex/hostsns.py), where its ctl runs too;
+  with this file bind-mounted over /etc/hosts (libs/imex/hosts_ns.py), where its ctl runs too;
 * ``nodes_config.cfg``: the 18 slot names of the domain's clique, written once before the first
   start and never while a daemon runs on it (a daemon reads it only at start);
 * ``hosts``: slot name -> address of its member (or the placeholder), replaced atomically when
@@ -25,9 +25,9 @@ from pathlib import Path
 from libs.fsio.atomic import write_atomic
 from libs.imex import config as imexcfg
 from libs.imex import slots
-from services.imexagent.meshcreds import mesh_files
+from services.imexagent.mesh_creds import mesh_files
 from services.imexagent.settings import ImexSettings
-from services.imexagent.slotmap import DesiredDaemon, Identity
+from services.imexagent.slot_map import DesiredDaemon, Identity
 
 CONFIG_FILE = "config.cfg"
 NODES_CONFIG_FILE = "nodes_config.cfg"

@@ -26,33 +26,33 @@ import structlog
 
 from libs.fsio.atomic import write_atomic
 from libs.gen.computedomain.state import v1 as pb
-from libs.imex import meshpki, slots
+from libs.imex import mesh_pki, slots
 from libs.imex.config import MeshTlsFiles
 from libs.runtime.backoff import Backoff
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import PrefixWatcher, Resync, watch_prefix
-from services.imexagent.slotmap import Identity
+from services.imexagent.slot_map import Identity
 
 log = structlog.get_logger(__name__)
 
-_PENDING_KEY = meshpki.MESH_KEY_FILE + ".next"
+_PENDING_KEY = mesh_pki.MESH_KEY_FILE + ".next"
 
 
 def mesh_files(directory: Path) -> MeshTlsFiles:
     return MeshTlsFiles(
-        key=str(directory / meshpki.MESH_KEY_FILE),
-        cert=str(directory / meshpki.MESH_CERT_FILE),
-        ca=str(directory / meshpki.MESH_CA_FILE),
+        key=str(directory / mesh_pki.MESH_KEY_FILE),
+        cert=str(directory / mesh_pki.MESH_CERT_FILE),
+        ca=str(directory / mesh_pki.MESH_CA_FILE),
     )
 
 
 def certificate_fits(cert_pem: bytes, key_pem: bytes, identity: Identity, now: datetime) -> bool:
     """Whether a certificate names this member's slot and address, matches the key and is valid."""
     try:
-        facts = meshpki.certificate_facts(cert_pem)
-        fits_key = meshpki.key_matches_certificate(key_pem, cert_pem)
-    except meshpki.MeshPkiError:
+        facts = mesh_pki.certificate_facts(cert_pem)
+        fits_key = mesh_pki.key_matches_certificate(key_pem, cert_pem)
+    except mesh_pki.MeshPkiError:
         return False
     slot = slots.slot_name(identity.domain_uid, identity.clique_id, identity.index)
     return (
@@ -195,8 +195,8 @@ class MeshCredentials:
                     await self._changed.wait()
 
     async def _request(self, identity: Identity) -> tuple[str, bytes, Identity]:
-        key_pem = meshpki.new_node_key()
-        csr = meshpki.certificate_request(key_pem, domain_uid=self.uid, node=self.node)
+        key_pem = mesh_pki.new_node_key()
+        csr = mesh_pki.certificate_request(key_pem, domain_uid=self.uid, node=self.node)
         await self._blocking(self._write_pending_key, key_pem)
         record = pb.MeshCertificateRequest(
             domain_uid=self.uid, node_name=self.node, csr_pem=csr, requested_unix_ms=int(self._clock() * 1000)
@@ -225,8 +225,8 @@ class MeshCredentials:
     async def _install(self, cert: pb.MeshCertificate, key_pem: bytes, identity: Identity) -> bool:
         now = datetime.fromtimestamp(self._clock(), UTC)
         try:
-            meshpki.verify_issued_by(cert.cert_pem, cert.ca_cert_pem, now=now)
-        except meshpki.MeshPkiError as exc:
+            mesh_pki.verify_issued_by(cert.cert_pem, cert.ca_cert_pem, now=now)
+        except mesh_pki.MeshPkiError as exc:
             log.error("IMEX mesh certificate unusable", cd_uid=self.uid, node=self.node, error=str(exc))
             return False
         if not certificate_fits(cert.cert_pem, key_pem, identity, now):
@@ -246,14 +246,14 @@ class MeshCredentials:
             "IMEX mesh certificate installed",
             cd_uid=self.uid,
             node=self.node,
-            not_after=meshpki.certificate_facts(cert.cert_pem).not_after.isoformat(),
+            not_after=mesh_pki.certificate_facts(cert.cert_pem).not_after.isoformat(),
             rotation=rotated,
         )
         self._on_change(rotated)
         return True
 
     def _schedule_renewal(self, cert_pem: bytes) -> None:
-        facts = meshpki.certificate_facts(cert_pem)
+        facts = mesh_pki.certificate_facts(cert_pem)
         now = self._clock()
         self.renew_at = now + (facts.not_after.timestamp() - now) * self.renew_fraction
 

@@ -1,4 +1,4 @@
-"""The gang placement benchmark's trace and figures (tools/bench/gangtrace.py)."""
+"""The gang placement benchmark's trace and figures (tools/bench/gang_trace.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tools.bench.gang_placement import (
     job_object,
     pod_group_object,
 )
-from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace, stranded_nodes
+from tools.bench.gang_trace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace, stranded_nodes
 
 
 def test_a_trace_is_seeded_and_its_gangs_fit_a_clique_and_arrive_in_order() -> None:

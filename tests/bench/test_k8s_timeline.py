@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.k8stimeline import collect, main, report
+from tools.bench.k8s_timeline import collect, main, report
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC).timestamp()
 

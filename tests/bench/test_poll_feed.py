@@ -10,8 +10,8 @@ import pytest
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from libs.state.watch import Resync, WatchEvent
-from tools.sim.scalesim.pollfeed import PolledPrefix, PrefixPoller
-from tools.sim.scalesim.watchhub import WatchHub
+from tools.sim.scalesim.poll_feed import PolledPrefix, PrefixPoller
+from tools.sim.scalesim.watch_hub import WatchHub
 
 Item = WatchEvent[pb.NodeBinding] | Resync[pb.NodeBinding]
 

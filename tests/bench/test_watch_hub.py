@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Put, Store
 from libs.state.watch import Resync, WatchEvent
-from tools.sim.scalesim.watchhub import WatchHub
+from tools.sim.scalesim.watch_hub import WatchHub
 
 Item = WatchEvent[pb.NodeBinding] | Resync[pb.NodeBinding]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.netports import free_port, free_ports
+from tools.net_ports import free_port, free_ports
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
-from services.controller import cdstatus
+from libs.state.domain_record import DomainRecord
+from services.controller import cd_status
 from services.controller.actions import (
     ActivateMember,
     DeleteDaemonStatus,
@@ -82,9 +82,9 @@ def disconnect(parts: dict, gone: str) -> None:
 
 
 def test_new_domain_waits_for_nodes() -> None:
-    v = cdstatus.ready_condition(obs())
+    v = cd_status.ready_condition(obs())
     assert not v.ready and v.reason == "WaitingForNodes"
-    status = cdstatus.desired_status(obs(), None, now_ms=1000)
+    status = cd_status.desired_status(obs(), None, now_ms=1000)
     assert not status.ready and status.nodes == ()
     cond = status.condition("Ready")
     assert cond is not None and (cond.status, cond.reason) == ("False", "WaitingForNodes")
@@ -92,7 +92,7 @@ def test_new_domain_waits_for_nodes() -> None:
 
 
 def test_all_members_ready_makes_domain_ready_with_node_entries() -> None:
-    status = cdstatus.desired_status(obs(**ready_members(3)), None, now_ms=5)
+    status = cd_status.desired_status(obs(**ready_members(3)), None, now_ms=5)
     assert status.ready
     assert [(n.name, n.index, n.clique_id, n.ready) for n in status.nodes] == [
         ("n0", 0, CLIQUE, True),
@@ -100,39 +100,39 @@ def test_all_members_ready_makes_domain_ready_with_node_entries() -> None:
         ("n2", 2, CLIQUE, True),
     ]
     assert status.nodes[1].ip_address == "127.0.0.2"
-    assert status.condition("Ready") == cdstatus.ConditionEntry(
+    assert status.condition("Ready") == cd_status.ConditionEntry(
         "Ready", "True", "AllNodesReady", "3 of 3 node(s) ready", 5
     )
     # The protobuf form carries the same content.
     stored = status.to_pb()
     assert stored.status == pb.Readiness.READY and stored.nodes[2].name == "n2"
-    assert cdstatus.StatusValue.from_pb(stored) == status
+    assert cd_status.StatusValue.from_pb(stored) == status
 
 
 def test_fewer_members_than_num_nodes_waits() -> None:
     o = obs(domain=domain(num_nodes=4), **ready_members(3))
-    v = cdstatus.ready_condition(o)
+    v = cd_status.ready_condition(o)
     assert not v.ready and v.reason == "WaitingForNodes" and "3 of 4" in v.message
-    assert cdstatus.ready_condition(obs(domain=domain(num_nodes=3), **ready_members(3))).ready
+    assert cd_status.ready_condition(obs(domain=domain(num_nodes=3), **ready_members(3))).ready
 
 
 def test_starting_daemon_is_not_ready_and_named() -> None:
     parts = ready_members(2)
     parts["daemons"]["n1"] = daemon(pb.DaemonState.STARTING)
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert not v.ready and v.reason == "ImexDaemonsNotReady" and "n1" in v.message
     parts["daemons"].pop("n1")
-    assert cdstatus.ready_condition(obs(**parts)).reason == "ImexDaemonsNotReady"
+    assert cd_status.ready_condition(obs(**parts)).reason == "ImexDaemonsNotReady"
 
 
 def test_failed_daemon_reports_its_error() -> None:
     parts = ready_members(2)
     parts["daemons"]["n0"] = daemon(pb.DaemonState.FAILED, "bind 127.0.0.1:50000: address in use")
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert v.reason == "ImexDaemonFailed" and "n0" in v.message and "address in use" in v.message
     # A crashed daemon being restarted reports NOT_READY with the exit reason.
     parts["daemons"]["n0"] = daemon(pb.DaemonState.NOT_READY, "exited with code 1")
-    assert cdstatus.ready_condition(obs(**parts)).reason == "ImexDaemonFailed"
+    assert cd_status.ready_condition(obs(**parts)).reason == "ImexDaemonFailed"
 
 
 def test_node_record_gone_while_peers_report_it_connected_is_not_lost() -> None:
@@ -140,7 +140,7 @@ def test_node_record_gone_while_peers_report_it_connected_is_not_lost() -> None:
     parts = ready_members(4)
     del parts["nodes"]["n2"]
     o = obs(**parts)
-    status = cdstatus.desired_status(o, None, now_ms=1)
+    status = cd_status.desired_status(o, None, now_ms=1)
     assert status.ready and status.condition("Ready").reason == "AllNodesReady"  # type: ignore[union-attr]
     assert plan_domain(o, 0, GRACE_MS).actions == []
     # One peer is enough to vouch for it.
@@ -153,7 +153,7 @@ def test_node_record_gone_and_no_peer_connected_is_lost_keeping_its_index() -> N
     parts = ready_members(4)
     del parts["nodes"]["n2"]
     disconnect(parts, "n2")
-    status = cdstatus.desired_status(obs(**parts), None, now_ms=1)
+    status = cd_status.desired_status(obs(**parts), None, now_ms=1)
     cond = status.condition("Ready")
     assert not status.ready
     assert cond is not None and cond.reason == "NodeLost"
@@ -180,7 +180,7 @@ def test_member_alone_in_its_clique_is_lost_when_its_record_is_gone() -> None:
     parts = ready_members(1)
     del parts["nodes"]["n0"]
     o = obs(**parts)
-    assert cdstatus.ready_condition(o).reason == "NodeLost"
+    assert cd_status.ready_condition(o).reason == "NodeLost"
     assert plan_domain(o, 0, GRACE_MS).actions == [MarkMemberLost("n0", ())]
     cpu = obs(members={"cpu0": member("cpu0", clique="")})
     assert plan_domain(cpu, 0, GRACE_MS).actions == [MarkMemberLost("cpu0", ())]
@@ -190,9 +190,9 @@ def test_lost_member_keeps_domain_not_ready_even_when_enough_nodes() -> None:
     parts = ready_members(4)
     parts["members"]["old"] = member("old", index=4, lost=True)
     o = obs(domain=domain(num_nodes=4), **parts)
-    v = cdstatus.ready_condition(o)
+    v = cd_status.ready_condition(o)
     assert not v.ready and v.reason == "NodeLost" and "old (index 4)" in v.message
-    entry = next(n for n in cdstatus.desired_status(o, None, 0).nodes if n.name == "old")
+    entry = next(n for n in cd_status.desired_status(o, None, 0).nodes if n.name == "old")
     assert (entry.index, entry.ready) == (4, False)
 
 
@@ -200,7 +200,7 @@ def test_ready_requires_every_daemon_connected_to_every_active_peer() -> None:
     parts = ready_members(3)
     parts["daemons"]["n0"] = daemon(pb.DaemonState.READY, connected=("n1",))
     parts["daemons"]["n2"] = daemon(pb.DaemonState.READY, connected=())
-    status = cdstatus.desired_status(obs(**parts), None, now_ms=1)
+    status = cd_status.desired_status(obs(**parts), None, now_ms=1)
     cond = status.condition("Ready")
     assert not status.ready and cond is not None and cond.reason == "WaitingForPeers"
     assert "1 of 3 node(s) ready" in cond.message
@@ -212,7 +212,7 @@ def test_a_daemon_still_starting_is_named_before_missing_connections() -> None:
     parts = ready_members(3)
     parts["daemons"]["n2"] = daemon(pb.DaemonState.STARTING)
     disconnect(parts, "n2")
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert v.reason == "ImexDaemonsNotReady" and "2 of 3 node(s) up; waiting for n2" in v.message
 
 
@@ -228,37 +228,37 @@ def test_mesh_is_per_clique_and_leaves_out_non_fabric_members() -> None:
         "a1": daemon(pb.DaemonState.READY, connected=("a0",)),
         "b0": daemon(pb.DaemonState.READY),
     }
-    assert cdstatus.ready_condition(obs(members=members, nodes=present(*members), daemons=daemons)).ready
+    assert cd_status.ready_condition(obs(members=members, nodes=present(*members), daemons=daemons)).ready
 
 
 def test_non_fabric_member_ready_when_node_present_and_healthy() -> None:
     m = {"cpu0": member("cpu0", clique="")}
-    assert cdstatus.ready_condition(obs(members=m, nodes=present("cpu0"))).ready
+    assert cd_status.ready_condition(obs(members=m, nodes=present("cpu0"))).ready
     unhealthy = present("cpu0", health=pb.Health.UNHEALTHY)
-    assert not cdstatus.ready_condition(obs(members=m, nodes=unhealthy)).ready
-    status = cdstatus.desired_status(obs(members=m, nodes=present("cpu0")), None, 0)
+    assert not cd_status.ready_condition(obs(members=m, nodes=unhealthy)).ready
+    status = cd_status.desired_status(obs(members=m, nodes=present("cpu0")), None, 0)
     assert (status.nodes[0].clique_id, status.nodes[0].index, status.nodes[0].ready) == ("", -1, True)
 
 
 def test_deleting_domain_is_terminating() -> None:
-    v = cdstatus.ready_condition(obs(domain=domain(deleting=True), **ready_members(2)))
+    v = cd_status.ready_condition(obs(domain=domain(deleting=True), **ready_members(2)))
     assert not v.ready and v.reason == "Terminating" and "2 member" in v.message
 
 
 def test_transition_time_changes_only_when_condition_status_changes() -> None:
     parts = ready_members(2)
     parts["daemons"]["n1"] = daemon(pb.DaemonState.STARTING)
-    first = cdstatus.desired_status(obs(**parts), None, now_ms=100)
+    first = cd_status.desired_status(obs(**parts), None, now_ms=100)
     # Same status (False) with a different reason and message: time stays.
     parts["daemons"]["n1"] = daemon(pb.DaemonState.FAILED, "boom")
-    second = cdstatus.desired_status(obs(**parts), first, now_ms=200)
+    second = cd_status.desired_status(obs(**parts), first, now_ms=200)
     assert second.conditions[0].last_transition_unix_ms == 100
     assert second.conditions[0].reason == "ImexDaemonFailed"
     parts["daemons"]["n1"] = daemon(pb.DaemonState.READY, connected=("n0",))
-    third = cdstatus.desired_status(obs(**parts), second, now_ms=300)
+    third = cd_status.desired_status(obs(**parts), second, now_ms=300)
     assert third.conditions[0].last_transition_unix_ms == 300
     # Recomputing an unchanged situation is not a change.
-    assert cdstatus.desired_status(obs(**parts), third, now_ms=400) == third
+    assert cd_status.desired_status(obs(**parts), third, now_ms=400) == third
 
 
 def test_plan_writes_status_only_on_change() -> None:
@@ -346,12 +346,12 @@ def test_a_daemon_waiting_for_recovery_is_the_reason_with_what_it_waits_for() ->
     parts["daemons"]["n0"] = _with_reason(
         pb.DaemonState.STARTING, "ImexDaemonWaitingForRecovery", waiting, ("n1", "n2")
     )
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert not v.ready and v.reason == "ImexDaemonWaitingForRecovery"
     assert v.message.startswith("IMEX daemon waiting for recovery on n0: ") and "n2 (slot 2)" in v.message
     # While a member is lost, NodeLost leads, and its message names the waiting daemon too.
     parts["members"]["n2"] = member("n2", 2, lost=True)
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert v.reason == "NodeLost" and "n2 (index 2)" in v.message
     assert "IMEX daemon waiting for recovery on n0" in v.message
 
@@ -362,6 +362,6 @@ def test_a_node_whose_driver_is_too_old_is_the_reason_before_other_failures() ->
         pb.DaemonState.FAILED, "ImexDriverTooOld", "driver 570.133.20 is older than 570.158.01: ..."
     )
     parts["daemons"]["n2"] = daemon(pb.DaemonState.FAILED, "exited with status 1")
-    v = cdstatus.ready_condition(obs(**parts))
+    v = cd_status.ready_condition(obs(**parts))
     assert v.reason == "ImexDriverTooOld"
     assert v.message == "IMEX daemon not started on n1: driver 570.133.20 is older than 570.158.01: ..."

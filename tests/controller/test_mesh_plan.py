@@ -4,10 +4,10 @@ current request, nothing kept for a node that is not a member."""
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from services.controller.actions import DeleteMeshCredentials, SecureMesh, SignMeshCertificate
-from services.controller.meshplan import mesh_actions
-from services.controller.meshview import MeshRequestRecord
+from services.controller.mesh_plan import mesh_actions
+from services.controller.mesh_view import MeshRequestRecord
 from services.controller.observed import DomainObservation, MemberRecord
 
 GRACE = 30_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.controller.kube.nodehealth import (
+from services.controller.kube.node_health import (
     CONDITION_NODES_READY,
     REASON_NODE_NOT_READY,
     NodeReadiness,

@@ -1,4 +1,4 @@
-"""The pure core of the node labels (services/controller/kube/nodelabel.py).
+"""The pure core of the node labels (services/controller/kube/node_label.py).
 
 `desired_nodes` and `plan_labels` decide what to patch for one domain, `may_take` whether a
 label naming another domain may be replaced, `NodeLabelCache` keeps what Kubernetes carries.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.controller.kube.nodelabel import (
+from services.controller.kube.node_label import (
     LabelPlan,
     NodeLabelCache,
     desired_nodes,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
-from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue, encode_status
+from services.controller.status_model import ConditionEntry, NodeEntry, StatusValue, encode_status
 
 text = st.text(max_size=40)
 nodes = st.builds(NodeEntry, text, text, text, st.integers(-(2**31), 2**31 - 1), st.booleans())

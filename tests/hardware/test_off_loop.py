@@ -9,7 +9,7 @@ import time
 import pytest
 
 from libs.hardware.errors import HardwareError
-from libs.hardware.offloop import HardwareStalled, OffLoopCalls
+from libs.hardware.off_loop import HardwareStalled, OffLoopCalls
 
 
 async def test_a_hung_query_times_out_and_blocks_no_second_thread() -> None:

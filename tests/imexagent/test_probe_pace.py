@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.imexagent.probepace import ProbePace
+from services.imexagent.probe_pace import ProbePace
 
 FAST, SLOW = 0.025, 1.0
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex import slots
-from services.imexagent.slotmap import (
+from services.imexagent.slot_map import (
     Identity,
     connected_nodes,
     membership_of,

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.nodeagent.core.jsonmembers import JsonMembers
+from services.nodeagent.core.json_members import JsonMembers
 
 
 def _dumps(obj: object) -> str:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.runtime.logging import configure_logging
-from libs.runtime.textlimits import MAX_ECHO_CHARS, MAX_LOG_VALUE_CHARS, clip, too_long
+from libs.runtime.text_limits import MAX_ECHO_CHARS, MAX_LOG_VALUE_CHARS, clip, too_long
 
 
 @given(st.text(max_size=400))

@@ -1,4 +1,4 @@
-"""The one reading of a stored ComputeDomain (libs/state/domainrecord.py) agrees with the full
+"""The one reading of a stored ComputeDomain (libs/state/domain_record.py) agrees with the full
 record: its fields, its readiness, and the record it writes back."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state import codec
-from libs.state.domainrecord import DomainRecord, from_full
+from libs.state.domain_record import DomainRecord, from_full
 
 
 def _domain(readiness: pb.Readiness, nodes: int) -> pb.ComputeDomain:

@@ -13,7 +13,7 @@ import aetcd.exceptions
 import pytest
 
 from libs.state.config import EtcdConfig
-from libs.state.etcdwatcher import PairedWatcher
+from libs.state.etcd_watcher import PairedWatcher
 from libs.state.store import Store
 
 

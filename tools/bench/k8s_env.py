@@ -28,10 +28,10 @@ import yaml
 
 from tools import launch
 from tools.bench import simenv
-from tools.cdsim.kubeplane import CRD_NAME, base_objects, extender_config
+from tools.cdsim.kube_plane import CRD_NAME, base_objects, extender_config
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.kubeletshim.nodes import CLIQUE_LABEL, ShimNode, nodes_document
 from tools.sim.scalesim.agent import AgentLayout

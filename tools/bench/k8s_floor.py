@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tools.bench.auditlog import stages
+from tools.bench.audit_log import stages
 
 if TYPE_CHECKING:
     from tools.bench.formation_k8s import Driver

@@ -2,7 +2,7 @@
 
 Run `formation_k8s` with ``CD_BENCH_KEEP=1 CD_BENCH_LOG_LEVEL=debug``, then
 
-    python -m tools.bench.k8stimeline <the kept directory>
+    python -m tools.bench.k8s_timeline <the kept directory>
 
 Per node it puts together: the pod's binding (the API server's audit log), the join and the first
 prepare's wait (the node agent), the binding seen, the daemon started, READY, its status written
@@ -146,7 +146,7 @@ def report(job_created: float, nodes: dict[str, NodeTimeline], last: int = 5) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="k8stimeline", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog="k8s_timeline", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("directory", type=Path, help="a formation_k8s directory kept with CD_BENCH_KEEP=1")
     args = parser.parse_args(argv)
     if not (args.directory / "audit.log").is_file():

@@ -1,7 +1,7 @@
 """ResourceClaims on a real kube-apiserver, for benchmarks that read claims as Kubernetes mode does.
 
 A node agent in Kubernetes mode resolves each claim kubelet names with a GET of the ResourceClaim
-(services/nodeagent/wire/claimsource.py). :class:`ApiServer` is the loopback control plane's etcd
+(services/nodeagent/wire/claim_source.py). :class:`ApiServer` is the loopback control plane's etcd
 (fsynced, as a production control plane's) and kube-apiserver, nothing else: no scheduler or
 controller manager shares the cores. :func:`create_allocated_claims` writes claims allocated the
 way kube-scheduler allocates the channel (the status subresource, with the request's opaque
@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from libs.contract.channelconfig import channel_config
+from libs.contract.channel_config import channel_config
 from libs.contract.names import CHANNEL_DEVICE, CHANNEL_DEVICE_CLASS, CHANNEL_REQUEST, DRIVER_NAME
 from libs.kube.client import without_env_lookups
-from libs.kube.resourceapi import device_request, resource_path
-from tools.bench.k8senv import DurableControlPlane
+from libs.kube.resource_api import device_request, resource_path
+from tools.bench.k8s_env import DurableControlPlane
 from tools.controlplane.cluster import SERVICE_IP, ControlPlaneError
 from tools.controlplane.pki import generate_pki
-from tools.netports import free_ports
+from tools.net_ports import free_ports
 
 RESOURCE_VERSION = "v1"
 _TIMEOUT_S = 30.0

@@ -39,13 +39,13 @@ import yaml
 
 from libs.contract.names import DRIVER_NAME
 from services.nodeagent.wire.resourceslice import CLIQUE_LABEL
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import SimConfig
+from tools.cdsim.run_state import SimConfig
 from tools.cdsim.services import AGENT_KIND, ServiceSpec
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.kubelet.addresses import NodeAddresses, node_ip
 from tools.sim.kubelet.inotify import current_budget
@@ -393,8 +393,10 @@ class KubeMode:
             # interrupted, so end its processes (SIGKILL: a graceful etcd takes ~7 s, and a
             # half-started cluster keeps nothing); its health wait then fails at once.
             kube_dir = str(self.layout.kube_dir)
-            starting = [p for p in procscan.cluster_processes(self.layout) if procscan.mentions(p, kube_dir)]
-            procscan.kill_all(starting, signal.SIGKILL)
+            starting = [
+                p for p in proc_scan.cluster_processes(self.layout) if proc_scan.mentions(p, kube_dir)
+            ]
+            proc_scan.kill_all(starting, signal.SIGKILL)
         await asyncio.to_thread(thread.join, 60.0)
         if thread.is_alive():
             log.warning("control plane did not stop in time")

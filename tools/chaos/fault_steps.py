@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S, agent_name, imex_agent_name
-from tools.chaos import checks, continuity, jobops
+from tools.chaos import checks, continuity, job_ops
 from tools.chaos import plan as p
-from tools.chaos.eventlog import EventLog
+from tools.chaos.event_log import EventLog
 from tools.chaos.tracking import ClusterHandle, SoakOptions, Tracked, failover_time
 from tools.sim import faults
 from tools.sim.faults import NotApplicable
@@ -107,7 +107,7 @@ class FaultSteps:
         except NotApplicable as exc:
             self._skipped(action, str(exc))
             return
-        except jobops.CALL_FAILURES as exc:  # etcd restarting under the fault's own store read
+        except job_ops.CALL_FAILURES as exc:  # etcd restarting under the fault's own store read
             self._skipped(action, f"{type(exc).__name__}: {exc}")
             return
         finally:
@@ -150,7 +150,7 @@ class FaultSteps:
                 c.node
                 for t in self.jobs.values()
                 if t.state == "submitting"
-                for c in (jobops.book_job(self.layout, *t.spec.key) or _NO_JOB).claims
+                for c in (job_ops.book_job(self.layout, *t.spec.key) or _NO_JOB).claims
             }
             - self.busy_nodes
         )
@@ -397,7 +397,7 @@ class FaultSteps:
         assert self.handle is not None
         return self.handle
 
-    def _nodes_with_daemons(self) -> dict[str, list[procscan.ProcessEntry]]:
+    def _nodes_with_daemons(self) -> dict[str, list[proc_scan.ProcessEntry]]:
         handle = self._handle()
         return faults.nodes_with_daemons(handle.layout, handle.cluster.node_names())
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from tools.cdsim import workload
 from tools.cdsim.layout import StateLayout
-from tools.chaos import checks, continuity, jobops
-from tools.chaos.eventlog import EventLog
+from tools.chaos import checks, continuity, job_ops
+from tools.chaos.event_log import EventLog
 from tools.chaos.tracking import ClusterHandle, SoakOptions, Tracked
 
 T = TypeVar("T")
@@ -56,17 +56,17 @@ class ImportWatch:
             return  # one member imports from nobody: nothing for invariant 6 to watch
         if not quiescent:
             ready = await self._while_running(
-                tracked, jobops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S)
+                tracked, job_ops.wait_ready(store, tracked.job.domain_uid, READY_WAIT_S)
             )
             if not ready:
                 if ready is False:
-                    self.events.add("job", f"imports {jobops.NOT_READY}", tracked.spec.describe())
-                    self.events.counts[f"job imports {jobops.NOT_READY}"] += 1
+                    self.events.add("job", f"imports {job_ops.NOT_READY}", tracked.spec.describe())
+                    self.events.counts[f"job imports {job_ops.NOT_READY}"] += 1
                 return
         armed_s = self.events.elapsed() if quiescent else tracked.armed_s
         timeout_s = self.options.settle_s if quiescent else IMPORT_TIMEOUT_S
         outcome = await self._while_running(
-            tracked, jobops.make_imports(self.layout, store, tracked.job, timeout_s)
+            tracked, job_ops.make_imports(self.layout, store, tracked.job, timeout_s)
         )
         if outcome is None:
             return  # deleted meanwhile
@@ -74,7 +74,7 @@ class ImportWatch:
         self.events.counts[f"job imports {outcome.result}"] += 1
         if tracked.state != "running":
             return  # deleted meanwhile
-        if outcome.result == jobops.IMPORTED and outcome.job is not None:
+        if outcome.result == job_ops.IMPORTED and outcome.job is not None:
             tracked.job, tracked.importers = outcome.job, outcome.job.importers
             tracked.armed_s, tracked.exempt_noted = armed_s, False
         elif quiescent:
@@ -108,7 +108,7 @@ class ImportWatch:
         for tracked in self.jobs.values():
             if tracked.state in ("deleting", "deleting-incomplete", "broken"):
                 continue
-            job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+            job = tracked.job or job_ops.book_job(self.layout, *tracked.spec.key)
             if job is not None:
                 out.add(job.domain_uid)
         return out
@@ -126,7 +126,7 @@ class ImportWatch:
         assert self.handle is not None
         try:
             members, daemons = await checks.members_and_daemons(self.handle.store)
-        except jobops.CALL_FAILURES:
+        except job_ops.CALL_FAILURES:
             if quiescent:
                 raise
             return

@@ -23,7 +23,7 @@ import grpclib.exceptions
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import TRANSIENT_ERRORS, Put, Store
 from tools.cdsim import advisor, credentials, jobs, kubelet, workload
-from tools.cdsim.jobbook import Job, JobBook, JobList
+from tools.cdsim.job_book import Job, JobBook, JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 

@@ -19,7 +19,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import example_compute_domain
-from tools.cdsim.jobbook import Importer
+from tools.cdsim.job_book import Importer
 
 JOB_LABEL = "e2e-job"
 # Pods tolerate a not-ready or unreachable node as long as upstream's default (300 s), not the

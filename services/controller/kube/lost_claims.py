@@ -20,7 +20,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.kube.resourceapi import ServedVersion, typed_api
+from libs.kube.resource_api import ServedVersion, typed_api
 from libs.state.election import Leadership
 from libs.state.store import Absent, Delete, Store, Unchanged
 from services.controller.liveness import liveness

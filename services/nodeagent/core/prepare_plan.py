@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from libs.cdi.spec import channels_for, claim_cdi_device_id
-from libs.contract.channelconfig import ChannelConfig, ConfigError, decode_channel_config
+from libs.contract.channel_config import ChannelConfig, ConfigError, decode_channel_config
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME, REASON_DRIVER_TOO_OLD
 from libs.gen.computedomain.state import v1 as pb
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, ClaimState
 from services.nodeagent.core.claim import ClaimRef, ResolvedClaim
-from services.nodeagent.core.domainheader import DomainHeader
+from services.nodeagent.core.domain_header import DomainHeader
 from services.nodeagent.core.errors import PermanentClaimError, RetryableClaimError
 
 

@@ -24,7 +24,7 @@ from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.keys import Keys
 from libs.state.watch import PrefixWatcher, Resync, watch_prefix
-from services.nodeagent.shell.nodeview import NodeView
+from services.nodeagent.shell.node_view import NodeView
 from services.nodeagent.shell.state import STORE_FAILURES, DeviceState
 
 log = structlog.get_logger(__name__)

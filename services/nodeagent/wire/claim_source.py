@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 import structlog
 
-from libs.contract.channelconfig import ConfigError, parse_parameters_json
+from libs.contract.channel_config import ConfigError, parse_parameters_json
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
-from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion, resource_path
+from libs.kube.resource_api import ResourceApiUnavailable, ServedVersion, resource_path
 from libs.state.store import TRANSIENT_ERRORS, Store
 from services.nodeagent.core.claim import ClaimRef, DeviceResult, OpaqueParameters, ResolvedClaim
 from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError

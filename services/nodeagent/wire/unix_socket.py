@@ -20,7 +20,7 @@ import structlog
 from grpclib.server import Server
 
 from libs.runtime.errors import PermanentError
-from libs.runtime.grpclimits import LimitedServer, ServerLimits
+from libs.runtime.grpc_limits import LimitedServer, ServerLimits
 
 log = structlog.get_logger(__name__)
 

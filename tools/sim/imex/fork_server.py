@@ -1,5 +1,5 @@
 """Fork server of the simulated IMEX daemon, run as a script:
-``python -I -S <repo>/tools/sim/imex/forkserver.py --title-room <padding>``.
+``python -I -S <repo>/tools/sim/imex/fork_server.py --title-room <padding>``.
 
 A fresh interpreter costs the simulated daemon 30 ms of CPU before its first line of work, 65 ms
 with the TLS mesh (``ssl``), a cost the real ``nvidia-imex`` (a native binary) does not have: a
@@ -15,7 +15,7 @@ Protocol: one JSON request per line on stdin, one JSON answer per line on stdout
 
     {"op": "spawn", "argv": [...], "args": ["-c", cfg], "cwd": dir, "log": file,
      "hosts": file (optional: the child gets a mount namespace with it over /etc/hosts,
-     libs/imex/hostsns.py)} -> {"pid": n}
+     libs/imex/hosts_ns.py)} -> {"pid": n}
     {"op": "wait", "pid": n} -> {"returncode": code}   (code as subprocess.Popen's; null if unknown)
     any failure -> {"error": "..."}
 
@@ -29,8 +29,8 @@ import sys
 import traceback
 
 if __name__ == "__main__":
-    # This file is <root>/tools/sim/imex/forkserver.py; put <root> on the path (-I omits it).
-    sys.path.insert(0, __file__[: -len("tools/sim/imex/forkserver.py")] or ".")
+    # This file is <root>/tools/sim/imex/fork_server.py; put <root> on the path (-I omits it).
+    sys.path.insert(0, __file__[: -len("tools/sim/imex/fork_server.py")] or ".")
 
 # Reaped children whose status nobody asked for yet; bounded (an answer nobody asks for is dropped).
 _MAX_KEPT_STATUSES = 4096
@@ -71,7 +71,7 @@ def _run_child(request: dict, main: object) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         set_cmdline(request["argv"])
         if request.get("hosts"):
-            from libs.imex.hostsns import NamespaceError, enter_private_hosts  # loaded by main()
+            from libs.imex.hosts_ns import NamespaceError, enter_private_hosts  # loaded by main()
 
             try:
                 enter_private_hosts(request["hosts"])
@@ -141,10 +141,10 @@ class _Server:
 
 
 def main() -> int:
-    from libs.imex import hostsns
-    from tools.sim.imex import daemon, meshtls  # noqa: F401  (meshtls: ssl, paid once here)
+    from libs.imex import hosts_ns
+    from tools.sim.imex import daemon, mesh_tls  # noqa: F401  (mesh_tls: ssl, paid once here)
 
-    hostsns.load_libc()  # ctypes and libc, paid once here too
+    hosts_ns.load_libc()  # ctypes and libc, paid once here too
 
     return _Server(daemon.main).serve()
 

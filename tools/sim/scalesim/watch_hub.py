@@ -15,7 +15,7 @@ The view of a key first seen through an event has ``lease=0`` (watch events do n
 its create revision is tracked exactly (a put of a new key creates it at that revision).
 
 A feed of a directory (a prefix ending in ``/``, such as a domain's members) can be opened
-differently (`directory_watch`, e.g. `tools.sim.scalesim.pollfeed.PrefixPoller`) and on a client of its
+differently (`directory_watch`, e.g. `tools.sim.scalesim.poll_feed.PrefixPoller`) and on a client of its
 own (`directory_store`). A client's watch stream hands the event loop one response at a time, so
 on a loaded host it drains a few dozen a second; the members feed of a 256-node domain carries
 hundreds in a burst, and the single-key watches sharing its stream (a node's binding, its daemon's
