@@ -12,7 +12,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.manifests.helm import helm_binary
 from tests.skips import unexpected
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.etcd.server import EtcdServer, etcd_binary
 
 

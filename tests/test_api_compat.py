@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 
 REPO = Path(__file__).resolve().parents[1]
 API = "computedomain/placement/v1"

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools.cachedtool import BuildError, cached_tool
+from tools.cached_tool import BuildError, cached_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"

@@ -13,7 +13,7 @@ from libs.cdi.spec import (
     claim_device_name,
     render_claim_spec,
 )
-from libs.cdi.specdir import DEFAULT_CDI_ROOT, ClaimSpecDir
+from libs.cdi.spec_dir import DEFAULT_CDI_ROOT, ClaimSpecDir
 from libs.cdi.versions import CdiVersionError, check_cdi_version, required_cdi_version
 
 __all__ = [

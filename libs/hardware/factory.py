@@ -8,7 +8,7 @@ from typing import Literal, Protocol, cast, get_args
 
 from libs.hardware.imex_channels import DEFAULT_PROC_DEVICES
 from libs.hardware.interface import NodeHardware
-from libs.runtime.standins import load_standin
+from libs.runtime.stand_ins import load_standin
 
 HardwareKind = Literal["nvml", "simulated"]
 HARDWARE_KINDS: tuple[str, ...] = get_args(HardwareKind)

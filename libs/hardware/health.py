@@ -10,7 +10,7 @@ import structlog
 from libs.hardware.errors import HardwareError
 from libs.hardware.interface import HardwareSnapshot, HealthEvent
 from libs.hardware.model import GpuInfo
-from libs.hardware.offloop import OffLoopCalls
+from libs.hardware.off_loop import OffLoopCalls
 
 log = structlog.get_logger(__name__)
 

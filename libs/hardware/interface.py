@@ -18,7 +18,7 @@ from libs.hardware.model import GpuHealth, GpuInfo
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from libs.hardware.offloop import OffLoopCalls
+    from libs.hardware.off_loop import OffLoopCalls
 
 ImexBackendName = Literal["nvidia", "simulated"]
 """Which IMEX daemon goes with this hardware: real ``nvidia-imex`` or the TCP simulator."""

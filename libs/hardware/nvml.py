@@ -26,7 +26,7 @@ from libs.hardware.imex_channels import (
 )
 from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendName
 from libs.hardware.model import ZERO_CLUSTER_UUID, FabricInfo, FabricState, GpuHealth, GpuInfo
-from libs.hardware.offloop import OffLoopCalls
+from libs.hardware.off_loop import OffLoopCalls
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""IMEX daemon configuration, driver support and the IMEX daemon port (libs/imex/daemonport.py).
+"""IMEX daemon configuration, driver support and the IMEX daemon port (libs/imex/daemon_port.py).
 
 The simulated daemon that implements the port lives with the rest of the rig in tools/sim/imex.
 """

@@ -161,7 +161,7 @@ def slot_addresses(domain_members: Iterable[pb.Member], clique_id: str) -> list[
     member keeps its index and address) or the placeholder.
 
     Should two records hold one index (an invariant 2 violation, reported as such), the lower node
-    name wins, as in the IMEX agent (services/imexagent/slotmap.py), so the one fault is not
+    name wins, as in the IMEX agent (services/imexagent/slot_map.py), so the one fault is not
     reported again as every daemon's wrong slot resolution.
     """
     out = [slots.PLACEHOLDER_ADDRESS] * slots.MAX_SLOTS

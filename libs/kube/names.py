@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from libs.runtime.textlimits import clip
+from libs.runtime.text_limits import clip
 
 MAX_LABEL_LENGTH = 63
 MAX_SUBDOMAIN_LENGTH = 253

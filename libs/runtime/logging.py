@@ -13,7 +13,7 @@ from typing import Any, Literal, TextIO, cast
 
 import structlog
 
-from libs.runtime.textlimits import MAX_LOG_VALUE_CHARS, clip
+from libs.runtime.text_limits import MAX_LOG_VALUE_CHARS, clip
 
 LogFormat = Literal["json", "console", "auto"]
 

@@ -46,7 +46,7 @@ from aetcd import rpc
 
 from libs.runtime.backoff import Backoff
 from libs.state.config import EtcdConfig
-from libs.state.etcdwatcher import STALE_TOKEN_MARKERS, PairedWatcher
+from libs.state.etcd_watcher import STALE_TOKEN_MARKERS, PairedWatcher
 
 log = structlog.get_logger(__name__)
 

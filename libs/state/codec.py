@@ -13,7 +13,7 @@ import betterproto
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.errors import PermanentError
-from libs.state.protowire import varint
+from libs.state.proto_wire import varint
 
 SCHEMA_VERSION = 1
 _PACKAGE = "computedomain.state.v1"

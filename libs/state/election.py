@@ -20,7 +20,7 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
-from libs.state.leasevalidity import LeaseValidity
+from libs.state.lease_validity import LeaseValidity
 from libs.state.store import Absent, CreatedAt, Put, Store
 
 log = structlog.get_logger(__name__)

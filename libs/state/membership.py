@@ -26,8 +26,8 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.backoff import Backoff
 from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import encode_payload
-from libs.state.domainrecord import DomainRecord
-from libs.state.protowire import varint_field
+from libs.state.domain_record import DomainRecord
+from libs.state.proto_wire import varint_field
 from libs.state.store import (
     Absent,
     Compare,

@@ -21,7 +21,7 @@ import structlog
 
 from libs.runtime.backoff import Backoff
 from libs.runtime.errors import PermanentError, RetryableError
-from libs.runtime.textlimits import clip, too_long
+from libs.runtime.text_limits import clip, too_long
 from libs.state.store import Store
 from services.advisor import policies
 from services.advisor.capacity import CapacityReport, capacity_report

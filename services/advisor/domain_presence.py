@@ -21,7 +21,7 @@ from typing import Literal
 import structlog
 
 from libs.runtime.backoff import Backoff
-from libs.state.domainrecord import DomainRecord as DomainGate
+from libs.state.domain_record import DomainRecord as DomainGate
 from libs.state.keys import Keys
 from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import Resync, watch_prefix

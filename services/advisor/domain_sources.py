@@ -141,7 +141,7 @@ class KubeTemplateSource:
     version the API server prefers, discovered on first use)."""
 
     def __init__(self, api_client: Any, version: str = "", timeout_s: float = 5.0) -> None:
-        from libs.kube.resourceapi import ServedVersion
+        from libs.kube.resource_api import ServedVersion
 
         self.api_client = api_client
         self.served = ServedVersion(api_client, version, timeout_s)

@@ -30,7 +30,7 @@ import structlog
 from aiohttp import web
 
 from libs.runtime.errors import PermanentError
-from libs.runtime.textlimits import clip
+from libs.runtime.text_limits import clip
 from services.advisor.domain_placement import SIZE_ANNOTATION, DomainPlacer
 from services.advisor.domain_sources import DomainSizeSource, TemplateDomainSource
 from services.advisor.metrics import AdvisorMetrics

@@ -23,7 +23,7 @@ from grpclib.health.check import ServiceStatus
 from grpclib.server import Server
 
 from libs.runtime.cancellation import cancel_until_done
-from libs.runtime.grpclimits import ServerLimits
+from libs.runtime.grpc_limits import ServerLimits
 from libs.runtime.health import Health, start_health_server
 from libs.runtime.service import run_service, stop_on_signals
 from libs.state.store import Store, with_retries

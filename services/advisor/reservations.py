@@ -34,7 +34,7 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.errors import PermanentError, RetryableError
 from libs.state.codec import encode_payload
-from libs.state.protowire import bytes_field
+from libs.state.proto_wire import bytes_field
 from libs.state.store import TRANSIENT_ERRORS, Absent, Compare, Delete, Op, Present, Put, Store, Unchanged
 from services.advisor.commit_batcher import CommitBatcher
 

@@ -1,5 +1,5 @@
 """The advisor's grpclib server: write coalescing and a codec that lets hot handlers take raw bytes
-(on `libs.runtime.grpclimits.LimitedServer`, for the limits grpclib lacks).
+(on `libs.runtime.grpc_limits.LimitedServer`, for the limits grpclib lacks).
 
 grpclib writes each HTTP/2 frame group of a response (headers, data, trailers)
 with its own transport.write, i.e. its own send() system call. On small VMs a
@@ -15,7 +15,7 @@ from typing import Any
 
 from grpclib.encoding.base import CodecBase
 
-from libs.runtime.grpclimits import LimitedH2Protocol, LimitedServer
+from libs.runtime.grpc_limits import LimitedH2Protocol, LimitedServer
 
 
 class WireCodec(CodecBase):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 
 from libs.runtime.errors import PermanentError
-from libs.state.protowire import varint
+from libs.state.proto_wire import varint
 from services.advisor.model import (
     Decision,
     InvalidRequest,

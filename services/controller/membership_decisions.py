@@ -14,7 +14,7 @@
   node out of other domains, and the domain shows NodeLost. A node lost for
   good never unprepares: in Kubernetes mode the adapter checks the claims of
   `lost_holdings` against the API server and drops the records of claims that
-  are gone there (`kube/lostclaims.py`), which releases the member.
+  are gone there (`kube/lost_claims.py`), which releases the member.
 - Records of a domain that no longer exists (a join that raced the
   teardown) are released after a grace period, long enough for the
   Kubernetes adapter to mirror a freshly created CR.

@@ -3,7 +3,7 @@
 The controller keeps one in-memory view of the store (see `view.py`) for
 thousands of nodes and domains; these slotted records hold only the fields the
 decisions need, which keeps that view small. A `DomainObservation` is the
-input of the pure core (`cdstatus.py`, `membership_decisions.py`, `teardown.py`).
+input of the pure core (`cd_status.py`, `membership_decisions.py`, `teardown.py`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
-from services.controller.meshview import MeshRequestRecord
-from services.controller.statusmodel import StatusValue
+from libs.state.domain_record import DomainRecord
+from services.controller.mesh_view import MeshRequestRecord
+from services.controller.status_model import StatusValue
 
 
 @dataclass(frozen=True, slots=True)

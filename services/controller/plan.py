@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.controller import cdstatus, membership_decisions, teardown
+from services.controller import cd_status, membership_decisions, teardown
 from services.controller.actions import Action, DeleteDomain
 from services.controller.liveness import liveness
-from services.controller.meshplan import mesh_actions
+from services.controller.mesh_plan import mesh_actions
 from services.controller.observed import DomainObservation
-from services.controller.statusmodel import StatusValue
+from services.controller.status_model import StatusValue
 
 
 @dataclass(frozen=True)
@@ -42,5 +42,5 @@ def plan_domain(
         actions += membership_decisions.stale_daemon_statuses(obs, now_ms, orphan_grace_ms)
     if any(isinstance(a, DeleteDomain) for a in actions):
         return DomainPlan(None, actions)
-    desired = cdstatus.desired_status(obs, obs.status, now_ms, live)
+    desired = cd_status.desired_status(obs, obs.status, now_ms, live)
     return DomainPlan(desired if desired != obs.status else None, actions, recheck)

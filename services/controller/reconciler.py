@@ -27,7 +27,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import run_all
 from libs.runtime.errors import PermanentError
 from libs.state.codec import UndecodableValue, decode
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.election import Leadership
 from libs.state.membership import activate_member, mark_member_lost
 from libs.state.store import Absent, Compare, Delete, Op, Put, Read, Store, Unchanged
@@ -44,10 +44,10 @@ from services.controller.actions import (
     SecureMesh,
     SignMeshCertificate,
 )
-from services.controller.meshsigner import MeshSigner
+from services.controller.mesh_signer import MeshSigner
 from services.controller.metrics import ControllerMetrics
 from services.controller.plan import plan_domain
-from services.controller.statusmodel import StatusValue, encode_status
+from services.controller.status_model import StatusValue, encode_status
 from services.controller.view import StoreView
 from services.controller.workqueue import QueueShutDown, WorkQueue
 

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.keys import Keys
 from libs.state.watch import Resync, WatchEvent
-from services.controller.meshview import MeshView
+from services.controller.mesh_view import MeshView
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
-from services.controller.statusmodel import StatusValue
+from services.controller.status_model import StatusValue
 
 
 @dataclass(slots=True)

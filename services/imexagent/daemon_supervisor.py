@@ -29,18 +29,18 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import ImexBackendName, NodeHardware
-from libs.imex.daemonport import ImexDaemon, open_imex_daemon
-from libs.imex.nvidiaimex import ExecCtl, ExecLauncher
+from libs.imex.daemon_port import ImexDaemon, open_imex_daemon
+from libs.imex.nvidia_imex import ExecCtl, ExecLauncher
 from libs.runtime.backoff import Backoff
 from libs.state.keys import Keys
 from libs.state.store import TRANSIENT_ERRORS, Store
 from libs.state.watch import M, PrefixWatcher, Resync, WatchEvent, watch_prefix
 from services.imexagent import process as proc
-from services.imexagent.domaindir import DomainDir, domain_dirs
+from services.imexagent.domain_dir import DomainDir, domain_dirs
 from services.imexagent.probe import CtlProbe, ReadinessProbe
 from services.imexagent.runner import DomainDaemon
 from services.imexagent.settings import ImexSettings
-from services.imexagent.slotmap import DesiredDaemon, Membership, membership_of
+from services.imexagent.slot_map import DesiredDaemon, Membership, membership_of
 
 log = structlog.get_logger(__name__)
 

@@ -30,12 +30,12 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import CliqueStatus, FabricState, GpuHealth, HardwareError, HardwareSnapshot, NodeHardware
 from libs.hardware.clique import parse_clique_id
 from libs.hardware.health import DEFAULT_QUERY_TIMEOUT_S
-from libs.hardware.offloop import OffLoopCalls
+from libs.hardware.off_loop import OffLoopCalls
 from libs.runtime.backoff import Backoff
 from libs.runtime.health import Health
 from libs.state.codec import UndecodableValue
 from libs.state.lease import KeptLease
-from libs.state.noderecord import clique_settled
+from libs.state.node_record import clique_settled
 from libs.state.store import Store, with_retries
 from libs.state.watch import PrefixWatcher, Resync, watch_prefix
 

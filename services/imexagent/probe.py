@@ -4,8 +4,8 @@ nvidia-imex's command protocol is not public, so the probe is what an operator w
 ``nvidia-imex-ctl -q -c <config>`` for the state (local only: READY once the daemon is up), and
 once READY ``nvidia-imex-ctl -N -j -c <config>`` for this daemon's connection to every node of
 its map. ``-N`` resolves the node names itself, and they resolve only in the daemon's mount
-namespace (libs/imex/hostsns.py), so every call runs there. The ctl is the IMEX daemon port's
-`CtlRunner` (libs/imex/daemonport.py): nvidia-imex-ctl started with ``nsenter``
+namespace (libs/imex/hosts_ns.py), so every call runs there. The ctl is the IMEX daemon port's
+`CtlRunner` (libs/imex/daemon_port.py): nvidia-imex-ctl started with ``nsenter``
 (``--imex-backend=nvidia``), or the simulator's ctl called in-process.
 
 Both print the same text, which the same parsers read. The parsers take what they can and never
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from libs.imex.daemonport import CtlOutput, CtlRunner
-from libs.imex.daemonstate import CONN_CONNECTED as CONNECTED
-from libs.imex.daemonstate import STATE_READY, STATE_UNAVAILABLE, STATE_WAITING_FOR_RECOVERY
+from libs.imex.daemon_port import CtlOutput, CtlRunner
+from libs.imex.daemon_state import CONN_CONNECTED as CONNECTED
+from libs.imex.daemon_state import STATE_READY, STATE_UNAVAILABLE, STATE_WAITING_FOR_RECOVERY
 
 # The letters of nvidia-imex-ctl -N's connectivity table, by their names.
 CTL_LEGEND = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from libs.fsio.atomic import write_atomic
-from libs.imex.daemonport import StartedProcess
+from libs.imex.daemon_port import StartedProcess
 
 log = structlog.get_logger(__name__)
 

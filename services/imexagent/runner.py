@@ -39,8 +39,8 @@ import structlog
 from libs.contract.names import REASON_DRIVER_TOO_OLD, REASON_WAITING_FOR_RECOVERY
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex.config import MeshTlsFiles
-from libs.imex.daemonport import DaemonLauncher, StartedProcess
-from libs.imex.daemonstate import STATE_WAITING_FOR_RECOVERY
+from libs.imex.daemon_port import DaemonLauncher, StartedProcess
+from libs.imex.daemon_state import STATE_WAITING_FOR_RECOVERY
 from libs.imex.driver import host_names_refusal
 from libs.runtime.backoff import Backoff
 from libs.state.store import TRANSIENT_ERRORS, Put, Store, StoreUnavailable, Unchanged, with_retries
@@ -54,12 +54,12 @@ from services.imexagent.daemon_lifecycle import (
     ProbeAction,
     ReloadPolicy,
 )
-from services.imexagent.domaindir import DomainDir
-from services.imexagent.meshcreds import MeshCredentials
+from services.imexagent.domain_dir import DomainDir
+from services.imexagent.mesh_creds import MeshCredentials
 from services.imexagent.probe import CONNECTED, CtlProbe, ProbeResult, ReadinessProbe
-from services.imexagent.probepace import ProbePace
+from services.imexagent.probe_pace import ProbePace
 from services.imexagent.settings import ImexSettings
-from services.imexagent.slotmap import (
+from services.imexagent.slot_map import (
     DesiredDaemon,
     Identity,
     connected_nodes,
@@ -444,7 +444,7 @@ class DomainDaemon:
         if text == self.written_hosts:
             self._hosts_for = addresses
             return
-        # On the loop: a small write without fsync (domaindir.py); through the shared thread pool
+        # On the loop: a small write without fsync (domain_dir.py); through the shared thread pool
         # it queued behind every other blocking call of the process. In place: every daemon
         # sees the file through a bind mount over its /etc/hosts.
         self.dir.write_hosts(text, in_place=True)

@@ -46,7 +46,7 @@ class ImexSettings:
     log_file_max_size_mb: int = 64
     # What an empty slot resolves to: an address nothing listens on.
     placeholder_address: str = slots.PLACEHOLDER_ADDRESS
-    # Probing: from fast, growing, just after a start or a change (services/imexagent/probepace.py),
+    # Probing: from fast, growing, just after a start or a change (services/imexagent/probe_pace.py),
     # slow once READY (a READY daemon is still probed, for the peers it reports connected).
     poll_interval_starting_s: float = 0.025
     # ... and while a peer is not connected yet (the domain's Ready waits for exactly that).

@@ -29,10 +29,10 @@ from libs.runtime.service import run_service, serving, stop_on_signals
 from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.shell.storebatch import BatchedReads, StoreBatch
-from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
+from services.nodeagent.shell.store_batch import BatchedReads, StoreBatch
+from services.nodeagent.wire.claim_source import KubeClaimSource, StoreClaimSource
 from services.nodeagent.wire.plugin import Plugin, compose_plugin
-from services.nodeagent.wire.unixsocket import SocketInUse
+from services.nodeagent.wire.unix_socket import SocketInUse
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from services.advisor.standard_services import standard_services
 from services.advisor.transport import CorkedServer
 from tests.advisor.fleet import cluster_records, put_nodes
 from tests.advisor.harness import running_advisor, settings_for
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 from tools.sim.hardware.cluster import ClusterDescription
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import asyncio
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.cancellation import cancel_until_done
-from libs.state.domainrecord import DomainRecord as DomainGate
+from libs.state.domain_record import DomainRecord as DomainGate
 from libs.state.store import Store
 from services.advisor.domain_presence import DomainPresence
 from services.advisor.domain_sources import StoreDomainSizes

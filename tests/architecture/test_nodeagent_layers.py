@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.archfigures import imported_modules, module_name, parse
+from tools.arch_figures import imported_modules, module_name, parse
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "services" / "nodeagent"

@@ -1,6 +1,6 @@
 """The product does not import the rig (issue 30): no module under libs/ or services/ imports
 tools.*. Simulated hardware and the IMEX simulator live in tools/sim and are reached through the
-ports (libs/hardware/factory.py, libs/imex/daemonport.py), which load them by name at run time.
+ports (libs/hardware/factory.py, libs/imex/daemon_port.py), which load them by name at run time.
 
 Every module under libs/ (without libs/gen) and services/ is parsed with `ast`.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from libs.hardware.factory import SIMULATED_HARDWARE
-from libs.imex.daemonport import SIMULATED_IMEX, ImexDaemon
-from libs.runtime.standins import load_standin
-from tools.archfigures import rig_imports
+from libs.imex.daemon_port import SIMULATED_IMEX, ImexDaemon
+from libs.runtime.stand_ins import load_standin
+from tools.arch_figures import rig_imports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_no_product_module_imports_the_rig() -> None:
     found = rig_imports(REPO)
     assert not found, (
         "libs/ or services/ import tools; reach a stand-in through its port "
-        "(libs/runtime/standins.py loads it by name):\n"
+        "(libs/runtime/stand_ins.py loads it by name):\n"
         + "\n".join(f"  {c.path}:{c.line} imports {c.imported}" for c in found)
     )
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.archfigures import cross_service_imports, library_service_imports
+from tools.arch_figures import cross_service_imports, library_service_imports
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tools.bench import growth, report, run
-from tools.bench.auditlog import AuditReader, parse_line, summarize
+from tools.bench.audit_log import AuditReader, parse_line, summarize
 from tools.bench.fit import fit_exponent, top_exponent, verdict
 from tools.bench.scaling import GROWTH
 

@@ -16,8 +16,8 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
 from libs.state.store import Put, Store
 from tools.bench import simenv
-from tools.cdsim import kubelet, procscan
-from tools.cdsim.jobbook import Job
+from tools.cdsim import kubelet, proc_scan
+from tools.cdsim.job_book import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.scalesim.agent import AgentOptions
@@ -118,17 +118,17 @@ async def test_hosted_agents_prepare_through_their_sockets_and_stop_their_daemon
         for outcome, claim in zip(outcomes, job.claims, strict=True):
             cdi_files = list(host.layout(claim.node).cdi_root.glob("*.json"))
             assert len(cdi_files) == 1 and outcome.cdi_device_ids
-        assert len(procscan.imex_daemons_under(state_dir)) == 3
+        assert len(proc_scan.imex_daemons_under(state_dir)) == 3
 
         assert all([(await kubelet.unprepare(call, deadline_s=30)).ok for call in calls])
         members, _ = await store.list(store.keys.members(job.domain_uid), pb.Member)
         assert members == []
         # Leaving the domain stops each node's daemon (invariant 5 of docs/state-model.md).
         for _ in range(150):
-            if not procscan.imex_daemons_under(state_dir):
+            if not proc_scan.imex_daemons_under(state_dir):
                 break
             await asyncio.sleep(0.1)
-        assert procscan.imex_daemons_under(state_dir) == []
+        assert proc_scan.imex_daemons_under(state_dir) == []
         assert await host.stop() == 0  # nothing left for the host to kill
     finally:
         await host.stop()

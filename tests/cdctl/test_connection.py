@@ -8,7 +8,7 @@ from pathlib import Path
 from tools.cdctl.connection import add_connection_flags, etcd_config
 from tools.cdsim import credentials
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -23,7 +23,7 @@ from jsonschema import Draft7Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from tools.cachedtool import BuildError, cached_tool
+from tools.cached_tool import BuildError, cached_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.watch import Resync, watch_prefix
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 
 
 def cdsim(state_dir: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

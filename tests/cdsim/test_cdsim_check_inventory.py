@@ -19,7 +19,7 @@ from tests.cdsim.cli import cdsim, ok
 from tests.nodeagent.agent_procs import sim_cluster
 from tests.polling import eventually
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import ProcessInfo, RunState
+from tools.cdsim.run_state import ProcessInfo, RunState
 from tools.cdsim.services import IMEX_AGENT_KIND, imex_agent_name
 from tools.etcd.server import EtcdServer
 

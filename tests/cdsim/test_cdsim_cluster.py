@@ -29,7 +29,7 @@ from tests.polling import eventually, wait_until
 from tools.cdsim import credentials
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 from tools.cdsim.services import IMEX_AGENT_LEASE_TTL_S
 
 pytestmark = pytest.mark.slow
@@ -203,7 +203,7 @@ def test_fault_kill_node_is_reported_as_node_lost_and_recovers(cluster: Path) ->
 
 
 def _imex_pids(state_dir: Path, node: str) -> list[int]:
-    from tools.cdsim.procscan import imex_daemons_under
+    from tools.cdsim.proc_scan import imex_daemons_under
 
     return [p.pid for p in imex_daemons_under(StateLayout.at(state_dir).node(node).imex_dir)]
 

@@ -28,13 +28,13 @@ from libs.imex import config as imexcfg
 from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, run_state, status
 from tests.polling import eventually, wait_until
-from tools.cdsim.etcdgate import EtcdGate
-from tools.cdsim.jobbook import Importer
+from tools.cdsim.etcd_gate import EtcdGate
+from tools.cdsim.job_book import Importer
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 from tools.cdsim.workload import missing_pairs
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.imex import client as simclient
 
 TRAYS = 6

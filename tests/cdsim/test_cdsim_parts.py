@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from libs.contract.channelconfig import parse_parameters_json
+from libs.contract.channel_config import parse_parameters_json
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.settings import load_settings
 from services.advisor.settings import AdvisorSettings
@@ -21,11 +21,11 @@ from services.imexagent.settings import ImexAgentSettings
 from services.nodeagent.settings import AgentSettings
 from tests.polling import wait_until
 from tools.cdsim import credentials, jobs
-from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
+from tools.cdsim.job_book import ClaimRecord, Job, JobBook
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
 from tools.cdsim.lifecycle import CommandError, UpOptions, up
 from tools.cdsim.progress import Progress, render_bar
-from tools.cdsim.runstate import SimConfig
+from tools.cdsim.run_state import SimConfig
 from tools.cdsim.services import Ports, advisor_spec, agent_spec, all_specs, controller_spec, imex_agent_spec
 from tools.cdsim.status import tray_cell
 from tools.cdsim.timeline import SubmitTimeline

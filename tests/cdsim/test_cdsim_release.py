@@ -14,7 +14,7 @@ from grpclib.server import Server
 
 from libs.gen.computedomain.placement import v1 as pp
 from tools.cdsim import advisor
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 
 class ScriptedAdvisor(pp.PlacementAdvisorBase):

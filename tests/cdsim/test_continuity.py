@@ -26,7 +26,7 @@ from tests import address_blocks
 from tests.cdsim.cli import ReadyWatch, cdsim, daemon_instances, ok, status
 from tests.polling import wait_until
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 
 pytestmark = pytest.mark.slow
 

@@ -33,10 +33,10 @@ import yaml
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok
 from tests.polling import wait_until
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import KUBE_MARKERS, cluster_processes
-from tools.cdsim.runstate import RunState
+from tools.cdsim.proc_scan import KUBE_MARKERS, cluster_processes
+from tools.cdsim.run_state import RunState
 from tools.cdsim.services import AGENT_HEALTH_PORT, IMEX_AGENT_HEALTH_PORT
 from tools.controlplane.binaries import ensure_binaries
 from tools.sim.kubelet.addresses import NODE_IP_NETWORK, addresses_in_range

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.cdsim.cli import cdsim
-from tools.cdsim import procscan
-from tools.cdsim.kubeplane import DEFAULT_TRAYS, extender_config, kubernetes_specs, set_flag
+from tools.cdsim import proc_scan
+from tools.cdsim.kube_plane import DEFAULT_TRAYS, extender_config, kubernetes_specs, set_flag
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.main import build_parser
-from tools.cdsim.runstate import SimConfig
+from tools.cdsim.run_state import SimConfig
 from tools.cdsim.services import Ports, all_specs
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.kubelet.inotify import (
@@ -83,8 +83,8 @@ def test_up_takes_kubernetes_and_the_process_scan_knows_the_control_plane() -> N
     args = build_parser().parse_args(["up", "--kubernetes", "--racks", "2"])
     assert args.kubernetes is True and args.racks == 2
     assert build_parser().parse_args(["up"]).kubernetes is False
-    assert {"kube-apiserver", "kube-scheduler", "kube-controller-manager"} <= set(procscan.KUBE_MARKERS)
-    assert {"/kubelet", "/crisim"} <= set(procscan.KUBE_MARKERS)
+    assert {"kube-apiserver", "kube-scheduler", "kube-controller-manager"} <= set(proc_scan.KUBE_MARKERS)
+    assert {"/kubelet", "/crisim"} <= set(proc_scan.KUBE_MARKERS)
 
 
 def test_kubernetes_mode_defaults_to_the_trays_that_fit_and_simulation_keeps_a_full_rack() -> None:

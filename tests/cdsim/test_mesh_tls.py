@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from libs.imex import meshpki, slots
+from libs.imex import mesh_pki, slots
 from tests import address_blocks
 from tests.cdsim.cli import cdsim, daemon_instances, ok, run_state, status
 from tests.polling import wait_until
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_the_domain_runs_mutual_tls_with_certificates_for_each_members_slot(clus
         directory = layout.node(node["name"]).imex_dir / doc["uid"]
         config = (directory / "config.cfg").read_text()
         assert "IMEX_ENABLE_AUTH_ENCRYPTION=1" in config and "IMEX_AUTH_ENCRYPTION_MODE=SSL_TLS" in config
-        facts = meshpki.certificate_facts((directory / meshpki.MESH_CERT_FILE).read_bytes())
+        facts = mesh_pki.certificate_facts((directory / mesh_pki.MESH_CERT_FILE).read_bytes())
         assert (facts.domain_uid, facts.node) == (doc["uid"], node["name"])
         assert facts.dns_names == (slots.slot_name(doc["uid"], node["clique"], node["index"]),)
         assert facts.addresses == (node["address"],)
@@ -89,7 +89,7 @@ def test_the_domain_runs_mutual_tls_with_certificates_for_each_members_slot(clus
 
 def test_key_files_are_for_root_only_and_no_node_key_is_in_the_store_or_the_logs(cluster: Path) -> None:
     for directory in member_dirs(cluster):
-        for name in (meshpki.MESH_KEY_FILE, meshpki.MESH_CERT_FILE, meshpki.MESH_CA_FILE):
+        for name in (mesh_pki.MESH_KEY_FILE, mesh_pki.MESH_CERT_FILE, mesh_pki.MESH_CA_FILE):
             mode = stat.S_IMODE((directory / name).stat().st_mode)
             assert mode == 0o600, f"{directory / name} has mode {oct(mode)}"
     values = asyncio.run(store_values(cluster))
@@ -143,7 +143,7 @@ def test_the_plaintext_setting_runs_domains_without_tls() -> None:
         assert doc["status"] == "Ready" and doc["imex_mesh"] == "Plaintext"
         for directory in member_dirs(state_dir, "plain"):
             assert "IMEX_ENABLE_AUTH_ENCRYPTION=0" in (directory / "config.cfg").read_text()
-            assert not (directory / meshpki.MESH_KEY_FILE).exists()
+            assert not (directory / mesh_pki.MESH_KEY_FILE).exists()
         values = asyncio.run(store_values(state_dir))
         assert [k for k in values if "/mesh" in k] == []
     finally:

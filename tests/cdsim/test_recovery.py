@@ -24,7 +24,7 @@ from tests.cdsim.cli import cdsim, ok, run_state, status
 from tests.polling import wait_until
 from tools.cdsim.jobs import open_store
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 
 pytestmark = pytest.mark.slow
 

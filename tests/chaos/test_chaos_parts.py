@@ -16,7 +16,7 @@ from libs.state.store import Put, Store
 from tools.cdsim.layout import StateLayout
 from tools.chaos import checks
 from tools.chaos import plan as p
-from tools.chaos.eventlog import EventLog
+from tools.chaos.event_log import EventLog
 from tools.chaos.snapshot import StoreSnapshot
 from tools.chaos.tracking import failover_time
 

@@ -30,12 +30,12 @@ import yaml
 from libs.runtime.settings import load_settings
 from tools import launch
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState, SimConfig
+from tools.cdsim.run_state import RunState, SimConfig
 from tools.cdsim.services import Ports, all_specs
 from tools.dashboard.cdsim_hook import dashboard_spec
 from tools.etcd.server import etcd_binary
 from tools.gen_settings_docs import settings_of_entry_point
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import SimulatedNodeHardware
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.membership import lowest_free_index
 from services.controller.actions import (
     ActivateMember,
@@ -40,7 +40,7 @@ from services.controller.actions import (
 )
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 from services.controller.plan import plan_domain
-from services.controller.statusmodel import StatusValue
+from services.controller.status_model import StatusValue
 
 LIMIT = 3  # max members per clique in one domain; small so that "clique full" happens
 GRACE_MS = 1_000

@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.controller.kube.nodelabel import NodeLabeler
+from services.controller.kube.node_label import NodeLabeler
 from tests.controller.harness import AgentDouble
 from tests.controller.test_kube_adapter import (  # noqa: F401 - fixtures shared with the adapter tests
     CLIQUE,

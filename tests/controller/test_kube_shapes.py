@@ -20,7 +20,7 @@ from services.controller.kube.computedomain import (
 from services.controller.kube.events import transition_events
 from services.controller.kube.resourceclaimtemplate import build_rct, owner_uid
 from services.controller.kube.sweep import Labelled, leftovers
-from services.controller.statusmodel import ConditionEntry, NodeEntry, StatusValue
+from services.controller.status_model import ConditionEntry, NodeEntry, StatusValue
 
 UID = "6f1c7d2e-0000-4000-8000-000000000001"
 

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
-from services.controller.kube.lostclaims import allocated_nodes, claim_gone
+from libs.state.domain_record import DomainRecord
+from services.controller.kube.lost_claims import allocated_nodes, claim_gone
 from services.controller.membership_decisions import lost_holdings
 from services.controller.observed import DaemonRecord, DomainObservation, MemberRecord, NodeRecord
 

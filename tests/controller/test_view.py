@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.keys import Keys
 from libs.state.store import Versioned
 from libs.state.watch import Resync, WatchEvent

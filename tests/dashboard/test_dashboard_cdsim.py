@@ -24,7 +24,7 @@ from playwright.async_api import expect
 from tests import address_blocks
 from tests.dashboard.browser import background_colour, chromium_page, save_screenshot
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from tests.dashboard import records
 from tests.dashboard.conftest import Served
 from tests.polling import eventually
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
+from tools.cdsim.run_state import ProcessInfo, RunState, SimConfig
 from tools.dashboard import cdsim_hook
 from tools.dashboard.main import DashboardConfigError, main, resolve_target
 from tools.dashboard.page import PAGE_HTML

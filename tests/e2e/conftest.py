@@ -31,9 +31,9 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1Objec
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tests.e2e.harness import E2EEnvironment
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.controlplane.binaries import Binaries, ensure_binaries, ensure_node_binaries, supported_minors
-from tools.sim.kubelet.hoststate import host_state
+from tools.sim.kubelet.host_state import host_state
 
 E2E_RACKS = 2
 E2E_TRAYS = 4
@@ -114,7 +114,7 @@ def e2e_env() -> Iterator[E2EEnvironment]:
 @pytest.fixture(scope="module")
 def shim_env() -> Iterator[E2EEnvironment]:
     """A small environment (one rack of three trays) whose nodes the kubelet shim plays, as in the
-    256-node benchmark (tools/bench/k8senv.py): for the shim's own tests and the differential test."""
+    256-node benchmark (tools/bench/k8s_env.py): for the shim's own tests and the differential test."""
     env = E2EEnvironment(newest_binaries(), racks=1, trays=3, kubelets="shim")
     with running(env):
         yield env
@@ -123,7 +123,7 @@ def shim_env() -> Iterator[E2EEnvironment]:
 @pytest.fixture(scope="module")
 def kubelet_env() -> Iterator[E2EEnvironment]:
     """A small environment (one rack of four trays) whose nodes run the upstream kubelet on crisim;
-    after it stops, the host is as before (tools.sim.kubelet.hoststate)."""
+    after it stops, the host is as before (tools.sim.kubelet.host_state)."""
     before = host_state()
     env = E2EEnvironment(newest_binaries(), racks=1, trays=4, kubelets="real")
     with running(env):

@@ -48,7 +48,7 @@ from tests.manifests.kustomize import build as kustomize_build
 from tests.manifests.kustomize import build_kubectl
 from tests.polling import wait_until
 from tools import launch
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 from tools.cdsim.layout import StateLayout
 from tools.containerd.images import NodeImages, prepare_images
 from tools.containerd.network import PodNetworkNamespace
@@ -57,7 +57,7 @@ from tools.controlplane.binaries import Binaries, ensure_node_binaries
 from tools.controlplane.cluster import DEFAULT_CONTROLLERS, ControlPlane
 from tools.etcd.server import EtcdServer
 from tools.launch import pid_alive
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 from tools.sim.kubelet.addresses import NodeAddresses, node_ip

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from libs.kube.resourceapi import device_request, discover_version, resource_path, typed_api
+from libs.kube.resource_api import device_request, discover_version, resource_path, typed_api
 from tests import polling
 from tests.e2e.harness import DEVICE_CLASS
 

@@ -19,15 +19,15 @@ import yaml
 
 from tests.e2e.harness import E2EEnvironment, log_tail, terminate
 from tests.polling import wait_until
-from tools import cdscheduler
+from tools import cd_scheduler
 from tools.controlplane.cluster import die_with_parent
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 
 def grant_plugin_reads(env: E2EEnvironment) -> None:
     """The component's extra ClusterRole, bound to kube-scheduler's user (the environment's
     scheduler identity) instead of the component's ServiceAccount."""
-    env.kubectl_apply(cdscheduler.plugin_reads("e2e-cd-scheduler-as-kube-scheduler"))
+    env.kubectl_apply(cd_scheduler.plugin_reads("e2e-cd-scheduler-as-kube-scheduler"))
 
 
 @dataclass
@@ -51,20 +51,20 @@ class SecondScheduler:
     def config(self) -> dict[str, Any]:
         """The shipped configuration, one profile per entry of `profiles`, on this control plane."""
         # A long TTL: a reservation gone within a test was released, not expired.
-        return cdscheduler.config(
+        return cd_scheduler.config(
             self.profiles,
             self.env.cp.scheduler_kubeconfig,
             plugin_args={"reservationTTLSeconds": 600, "callTimeout": "2s"},
         )
 
     def start(self) -> None:
-        binary = cdscheduler.cd_scheduler_binary()
+        binary = cd_scheduler.cd_scheduler_binary()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.work_dir / "config.yaml"
         config_path.write_text(yaml.safe_dump(self.config()))
         self.port = free_port()
         kubeconfig = self.env.cp.scheduler_kubeconfig
-        cmd = cdscheduler.command(
+        cmd = cd_scheduler.command(
             binary, config_path, kubeconfig, self.port, self.work_dir / "certs", self.extra_args
         )
         with open(self.log_path, "ab") as log:
@@ -85,7 +85,7 @@ class SecondScheduler:
             raise RuntimeError(
                 f"cd-scheduler exited with {self.process.returncode}:\n{log_tail(self.log_path)}"
             )
-        return cdscheduler.healthy(self.port)
+        return cd_scheduler.healthy(self.port)
 
     def stop(self) -> None:
         if self.process is not None:

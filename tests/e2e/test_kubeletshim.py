@@ -4,7 +4,7 @@ kubelet would remove them otherwise), and a restarted shim releases the claims o
 while it was down.
 
 The shim stays only where real kubelets do not fit on one machine (the 256-node formation
-benchmark, tools/bench/k8senv.py), so the differential test below runs one scenario through the
+benchmark, tools/bench/k8s_env.py), so the differential test below runs one scenario through the
 shim and through real kubelets (the session environment) and asserts that our kubelet plugin sees
 the same DRA calls: every node's plugin registered, each of the Job's claims prepared and
 unprepared once, and the same CDI devices reaching the container runtime (crisim's record on the

@@ -19,7 +19,7 @@ import pytest
 from libs.gen import pluginregistration as reg
 from libs.runtime.health import Health
 from services.nodeagent.wire.registration import RegistrationServer, RegistrationService
-from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
+from services.nodeagent.wire.unix_socket import start_unix_server, stop_unix_server
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.kubeletshim import plugin
 from tools.sim.kubeletshim.nodes import (

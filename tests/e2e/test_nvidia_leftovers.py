@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1ObjectMeta
 
-from libs.kube.resourceapi import device_request, resource_path
+from libs.kube.resource_api import device_request, resource_path
 from libs.state.store import Store
 from tests.e2e import audit, kube
 from tests.e2e.conftest import admin_api, fresh_namespace, newest_binaries, running, services_store

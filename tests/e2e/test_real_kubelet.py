@@ -25,7 +25,7 @@ from libs.cdi.spec import claim_cdi_device_id
 from libs.gen.computedomain.state import v1 as pb
 from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
-from services.controller.kube.nodehealth import CONDITION_NODES_READY, REASON_NODE_NOT_READY
+from services.controller.kube.node_health import CONDITION_NODES_READY, REASON_NODE_NOT_READY
 from services.nodeagent.wire.resourceslice import resource_slice_name
 from tests.e2e import kube
 from tests.e2e.conftest import admin_api, fresh_namespace, services_store

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from libs.kube.resourceapi import device_attributes, resource_path
+from libs.kube.resource_api import device_attributes, resource_path
 from tests.e2e import kube
 from tests.e2e.harness import CLIQUE_LABEL, E2EEnvironment
 from tools.sim.hardware.simulated import FaultInjector, SimulatedNodePaths

@@ -41,7 +41,7 @@ from tests.e2e.scenario import (
 )
 from tests.e2e.second_scheduler import SecondScheduler, grant_plugin_reads
 from tools.controlplane import cluster
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

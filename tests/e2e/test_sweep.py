@@ -10,7 +10,7 @@ import uuid
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from libs.kube.resourceapi import device_request
+from libs.kube.resource_api import device_request
 from tests.e2e import kube
 from tests.e2e.harness import DOMAIN_LABEL, E2EEnvironment
 from tests.e2e.scenario import apply_example_cd

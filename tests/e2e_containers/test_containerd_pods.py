@@ -29,7 +29,7 @@ from tools.containerd.config import BRIDGE_NAME, pod_range
 from tools.containerd.node import ContainerdKubeletNode
 from tools.containers.engine import CGROUP_ROOT
 from tools.sim.kubelet.addresses import addresses_in_range
-from tools.sim.kubelet.hoststate import host_state
+from tools.sim.kubelet.host_state import host_state
 
 pytestmark = pytest.mark.e2e
 

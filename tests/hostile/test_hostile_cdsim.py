@@ -27,7 +27,7 @@ from tests import address_blocks
 from tests.cdsim.cli import cdsim, ok, status
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.main import main
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import signal
 from datetime import timedelta
 from pathlib import Path
 
-from libs.imex import meshpki
+from libs.imex import mesh_pki
 from services.imexagent.probe import CtlProbe
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tests.imex.test_imex_mesh_tls import (
@@ -35,7 +35,7 @@ def established(nodes: list[SimNode]) -> list[int]:
 
 
 async def test_a_reload_of_an_unusable_file_keeps_the_mesh_and_says_why(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 3, ca)
     await start(nodes)
     instances = await running_job(nodes)
@@ -66,7 +66,7 @@ async def test_a_reload_of_an_unusable_file_keeps_the_mesh_and_says_why(cluster:
 
 
 async def test_a_successful_reload_makes_every_peer_reload(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 3, ca)
     await start(nodes)
     instances = await running_job(nodes)
@@ -86,7 +86,7 @@ async def test_a_successful_reload_makes_every_peer_reload(cluster: SimCluster) 
 
 
 async def test_sigusr1_is_acted_on_once_per_5_seconds_with_tls(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 2, ca)
     for node in nodes:
         node.sigusr1_min_interval_s = None  # nvidia-imex's 5 s

@@ -15,7 +15,7 @@ import pytest
 
 from libs.imex import slots
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
-from libs.imex.hostsns import private_hosts_argv
+from libs.imex.hosts_ns import private_hosts_argv
 from tests.imex.simdomain import (
     REPO_ROOT,
     SimCluster,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.sim.imex.daemonlog import DaemonLog
+from tools.sim.imex.daemon_log import DaemonLog
 
 
 def test_log_rotates_into_numbered_files_and_keeps_the_newest_lines(tmp_path: Path):

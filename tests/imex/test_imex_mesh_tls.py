@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from libs.imex import meshpki
+from libs.imex import mesh_pki
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT, MeshTlsFiles
 from tests.imex.simdomain import SimCluster, SimNode, start
 from tools.sim.imex import client
@@ -29,7 +29,7 @@ def now() -> datetime:
 def write_credentials(
     node: SimNode,
     index: int,
-    authority: meshpki.DomainAuthority,
+    authority: mesh_pki.DomainAuthority,
     *,
     validity: timedelta = timedelta(hours=1),
     cert_pem: bytes | None = None,
@@ -38,9 +38,9 @@ def write_credentials(
     """The files the IMEX agent writes: the node's key, its certificate for slot ``index``, the CA."""
     node.directory.mkdir(parents=True, exist_ok=True)
     if cert_pem is None:
-        key_pem = meshpki.new_node_key()
-        csr = meshpki.certificate_request(key_pem, domain_uid=node.domain_uid, node=f"node-{index}")
-        cert_pem = meshpki.sign_node_certificate(
+        key_pem = mesh_pki.new_node_key()
+        csr = mesh_pki.certificate_request(key_pem, domain_uid=node.domain_uid, node=f"node-{index}")
+        cert_pem = mesh_pki.sign_node_certificate(
             authority,
             csr,
             domain_uid=node.domain_uid,
@@ -52,9 +52,9 @@ def write_credentials(
         )
     assert key_pem is not None
     files = MeshTlsFiles(
-        key=str(node.directory / meshpki.MESH_KEY_FILE),
-        cert=str(node.directory / meshpki.MESH_CERT_FILE),
-        ca=str(node.directory / meshpki.MESH_CA_FILE),
+        key=str(node.directory / mesh_pki.MESH_KEY_FILE),
+        cert=str(node.directory / mesh_pki.MESH_CERT_FILE),
+        ca=str(node.directory / mesh_pki.MESH_CA_FILE),
     )
     Path(files.key).write_bytes(key_pem)
     Path(files.key).chmod(0o600)
@@ -65,7 +65,7 @@ def write_credentials(
 
 def expiry_of(node: SimNode) -> datetime:
     assert node.mesh_tls is not None
-    return meshpki.certificate_facts(Path(node.mesh_tls.cert).read_bytes()).not_after
+    return mesh_pki.certificate_facts(Path(node.mesh_tls.cert).read_bytes()).not_after
 
 
 def remove_ca_file(node: SimNode) -> None:
@@ -73,7 +73,7 @@ def remove_ca_file(node: SimNode) -> None:
     Path(node.mesh_tls.ca).unlink()
 
 
-def tls_domain(cluster: SimCluster, size: int, authority: meshpki.DomainAuthority) -> list[SimNode]:
+def tls_domain(cluster: SimCluster, size: int, authority: mesh_pki.DomainAuthority) -> list[SimNode]:
     nodes = cluster.domain(size, DOMAIN)
     members = [n.address for n in nodes]
     for index, node in enumerate(nodes):
@@ -119,7 +119,7 @@ async def assert_job_intact(members: list[SimNode], instances: dict[int, str]) -
 
 
 async def test_a_tls_domain_forms_and_runs_a_job(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 3, ca)
     await start(nodes)
     instances = await running_job(nodes)
@@ -129,12 +129,12 @@ async def test_a_tls_domain_forms_and_runs_a_job(cluster: SimCluster) -> None:
 
 async def outsider_is_refused(cluster: SimCluster, credentials: str) -> None:
     """Slot 3 is mapped to the outsider's address everywhere, so only its credentials are wrong."""
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 4, ca)
     members, outsider = nodes[:3], nodes[3]
     if credentials == "foreign-ca":
         write_credentials(
-            outsider, 3, meshpki.new_domain_authority("cd-uid-2", now=now(), validity=timedelta(days=1))
+            outsider, 3, mesh_pki.new_domain_authority("cd-uid-2", now=now(), validity=timedelta(days=1))
         )
     elif credentials == "self-signed":
         cert, key = self_signed(outsider, 3)
@@ -181,7 +181,7 @@ async def test_a_plain_tcp_daemon_is_refused(cluster: SimCluster) -> None:
 
 
 async def test_a_plain_tcp_client_gets_nothing_but_a_closed_connection(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 2, ca)
     await start(nodes)
     instances = await running_job(nodes)
@@ -196,11 +196,11 @@ async def test_a_plain_tcp_client_gets_nothing_but_a_closed_connection(cluster: 
 
 async def test_a_certificate_for_another_slot_is_refused(cluster: SimCluster) -> None:
     """Node 2 holds a genuine certificate of the domain, but for slot 1: it cannot pose as node 2."""
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = tls_domain(cluster, 3, ca)
-    stolen = (nodes[1].directory / meshpki.MESH_CERT_FILE).read_bytes()
+    stolen = (nodes[1].directory / mesh_pki.MESH_CERT_FILE).read_bytes()
     write_credentials(
-        nodes[2], 1, ca, cert_pem=stolen, key_pem=(nodes[1].directory / meshpki.MESH_KEY_FILE).read_bytes()
+        nodes[2], 1, ca, cert_pem=stolen, key_pem=(nodes[1].directory / mesh_pki.MESH_KEY_FILE).read_bytes()
     )
     nodes[2].write_config([n.address for n in nodes])
     await start(nodes[:2])
@@ -214,7 +214,7 @@ async def test_a_certificate_for_another_slot_is_refused(cluster: SimCluster) ->
 async def test_rotation_by_sigusr1_keeps_the_job_running(cluster: SimCluster) -> None:
     """Certificates that expire a few seconds after start; new ones are written and SIGUSR1 sent.
     The reconnections after SIGUSR1 can only succeed with the new certificates."""
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     nodes = cluster.domain(3, DOMAIN)
     for index, node in enumerate(nodes):
         write_credentials(node, index, ca, validity=timedelta(seconds=5))
@@ -236,7 +236,7 @@ async def test_rotation_by_sigusr1_keeps_the_job_running(cluster: SimCluster) ->
 
 
 async def test_an_unreadable_credential_stops_the_daemon_at_start(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     (node,) = tls_domain(cluster, 1, ca)
     remove_ca_file(node)
     node.spawn()
@@ -245,7 +245,7 @@ async def test_an_unreadable_credential_stops_the_daemon_at_start(cluster: SimCl
 
 
 async def test_gssapi_and_unknown_modes_stop_the_daemon(cluster: SimCluster) -> None:
-    ca = meshpki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
+    ca = mesh_pki.new_domain_authority(DOMAIN, now=now(), validity=timedelta(days=1))
     (node,) = tls_domain(cluster, 1, ca)
     text = node.config_path.read_text()
     for mode, error in (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from libs.imex.hostsns import in_namespace_argv
+from libs.imex.hosts_ns import in_namespace_argv
 from libs.state.store import Store
 from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under
 

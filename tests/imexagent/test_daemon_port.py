@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from libs.imex.hostsns import private_hosts_argv
-from libs.imex.nvidiaimex import ExecCtl, ExecLauncher
+from libs.imex.hosts_ns import private_hosts_argv
+from libs.imex.nvidia_imex import ExecCtl, ExecLauncher
 from services.imexagent.daemon_supervisor import imex_daemon_for
 from services.imexagent.settings import ImexSettings
 from tools.sim.imex.launch import simulator_daemon_argv

@@ -26,14 +26,14 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from libs.state.watch import Resync, watch_prefix
 from services.imexagent.daemon_supervisor import ImexSupervisor
-from services.imexagent.domaindir import HOSTS_FILE, NODES_CONFIG_FILE
+from services.imexagent.domain_dir import HOSTS_FILE, NODES_CONFIG_FILE
 from services.imexagent.main import run_imex_agent
 from services.imexagent.settings import ImexAgentSettings
 from tests.imexagent.imex_rack import FAST, Rack, free_cluster, kill_daemons_under
 from tests.polling import eventually
 from tools import launch
 from tools.launch import pid_alive
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.simulated import SimulatedNodeHardware, prepare_node_dirs
 from tools.sim.imex import client as simclient
 
@@ -376,7 +376,7 @@ async def test_a_peer_joining_while_the_hosts_file_is_written_still_reaches_it(
     """A membership change that lands during a hosts write is written next, not taken as written."""
     import threading
 
-    from services.imexagent.domaindir import DomainDir
+    from services.imexagent.domain_dir import DomainDir
 
     a, b, c = rack.node(0), rack.node(1), rack.node(2)
     for node in (a, b, c):

@@ -14,7 +14,7 @@ from pathlib import Path
 from libs.gen.computedomain.state import v1 as pb
 from libs.imex.config import DEFAULT_CMD_PORT
 from libs.state.store import Store
-from services.imexagent.domaindir import CONFIG_FILE
+from services.imexagent.domain_dir import CONFIG_FILE
 from services.imexagent.settings import DEFAULT_DISCONNECTED_GRACE_S
 from tests.imexagent.imex_rack import FAST, Node, Rack, free_cluster, kill_daemons_under
 from tools.sim.imex import client as simclient

@@ -16,7 +16,7 @@ import pytest
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware import FabricState, GpuHealth, HardwareSnapshot
 from libs.runtime.health import Health
-from libs.state.noderecord import clique_settled
+from libs.state.node_record import clique_settled
 from libs.state.store import Store
 from services.imexagent.node_record_keeper import (
     NodeRecordKeeper,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from libs.imex import slots
-from libs.imex.nvidiaimex import ExecLauncher
-from services.imexagent.domaindir import DomainDir
+from libs.imex.nvidia_imex import ExecLauncher
+from services.imexagent.domain_dir import DomainDir
 from tests.polling import wait_until
 
 UID = "0f0e0d0c-1111-2222-3333-444455556666"

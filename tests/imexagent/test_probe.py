@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from libs.imex.hostsns import private_hosts_argv
-from libs.imex.nvidiaimex import ExecCtl
+from libs.imex.hosts_ns import private_hosts_argv
+from libs.imex.nvidia_imex import ExecCtl
 from services.imexagent.probe import (
     CtlProbe,
     parse_ctl_nodes_json,

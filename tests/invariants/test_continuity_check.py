@@ -17,7 +17,7 @@ from libs.state.store import Store
 from tests.imex.simdomain import CLIQUE, SimCluster, SimNode
 from tests.invariants.rig import new_uid
 from tools.cdsim import workload
-from tools.cdsim.jobbook import Importer
+from tools.cdsim.job_book import Importer
 from tools.sim.imex.client import Import
 
 JOB = "job-a"

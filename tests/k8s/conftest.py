@@ -20,7 +20,7 @@ import pytest
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client import ApiClient
 
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.controlplane.binaries import Binaries, ensure_binaries, supported_minors
 from tools.controlplane.cluster import ControlPlane
 

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tests.manifests.helm import CHART, HELM_TIMEOUT_S
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.controlplane.binaries import ensure_binaries, supported_minors
 from tools.controlplane.cluster import ControlPlane
 

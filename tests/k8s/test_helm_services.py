@@ -54,11 +54,11 @@ from tests.address_blocks import CHART_SERVICES
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import REPO_ROOT, Obj, container, env_values, find, of_kind, pod_spec
 from tests.polling import wait_until
-from tools.cachedtool import BuildError
-from tools.cdsim import procscan
+from tools.cached_tool import BuildError
+from tools.cdsim import proc_scan
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane, die_with_parent
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 
@@ -251,7 +251,7 @@ def run_roles_job(host: Host, objects: list[Obj], endpoints: str) -> str:
     job = find(objects, "Job", "cd-etcd-roles")
     c = container(job)
     fs = host.container("etcd-roles", job, c)
-    assert c["command"][:3] == ["python", "-m", "libs.state.enableauth"]
+    assert c["command"][:3] == ["python", "-m", "libs.state.enable_auth"]
     env = {**env_values(c), "ETCD_ENDPOINT": endpoints}
     argv = [sys.executable, *c["command"][1:]]
     for arg in c["args"]:
@@ -463,5 +463,5 @@ def test_the_charts_etcd_and_services_start_from_what_it_renders(
         procs.stop()
         # The IMEX agent leaves its daemons running when it stops (the next agent adopts them):
         # left alive, they hold the node's IMEX ports for the next run.
-        procscan.kill_all(procscan.imex_daemons_under(root))
+        proc_scan.kill_all(proc_scan.imex_daemons_under(root))
         shutil.rmtree(root, ignore_errors=True)

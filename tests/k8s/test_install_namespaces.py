@@ -21,7 +21,7 @@ from services.nodeagent.wire.resourceslice import build_resource_slice
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import MANIFESTS, Obj
 from tests.polling import wait_until
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.controlplane.cluster import ControlPlane
 
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, V1Namespace, V1ObjectMeta
 
-from libs.kube.resourceapi import ServedVersion, discover_version, resource_path
+from libs.kube.resource_api import ServedVersion, discover_version, resource_path
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.nodeagent.wire.resourceslice import (
     ResourceSlicePublisher,
@@ -31,7 +31,7 @@ from tests.k8s.conftest import admin_api
 from tests.manifests.helm import helm_binary, render
 from tests.manifests.objects import NAMESPACE
 from tests.manifests.test_resource_versions import render_v1beta1_overlay
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 from tools.controlplane.binaries import ensure_binaries, supported_minors
 from tools.controlplane.cluster import ControlPlane, dra_args, merge_flags, workload_scheduling_args
 from tools.controlplane.nodes import create_schedulable_node

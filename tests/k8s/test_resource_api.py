@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from libs.kube.resourceapi import (
+from libs.kube.resource_api import (
     ResourceApiUnavailable,
     ServedVersion,
     api_version,

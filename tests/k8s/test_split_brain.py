@@ -26,7 +26,7 @@ from tools import launch
 from tools.controlplane.binaries import Binaries
 from tools.controlplane.cluster import ControlPlane
 from tools.etcd.server import EtcdServer
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 TTL_S = 2
 WRITES = ("create", "update", "patch", "delete", "deletecollection")

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from tests.manifests.objects import REPO_ROOT, Obj
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 
 CHART = REPO_ROOT / "deployments" / "helm" / "compute-domains"
 RELEASE = "cd"

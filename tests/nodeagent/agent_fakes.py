@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.cdi.specdir import ClaimSpecDir
+from libs.cdi.spec_dir import ClaimSpecDir
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
@@ -17,7 +17,7 @@ from services.nodeagent.core.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.state import DeviceState
-from services.nodeagent.wire.claimsource import StoreClaimSource
+from services.nodeagent.wire.claim_source import StoreClaimSource
 
 CLIQUE = "1c9e3f0a-6b7d-5e21-9a43-2f1b0c4d5e6f.7"
 MAJOR = 234

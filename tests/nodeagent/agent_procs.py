@@ -31,7 +31,7 @@ from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.wire.driver import dra_socket_path
 from tests.polling import eventually
 from tools import launch
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import FaultInjector, prepare_node_dirs
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from libs.contract.channelconfig import (
+from libs.contract.channel_config import (
     ChannelConfig,
     ConfigError,
     decode_channel_config,
@@ -22,7 +22,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import ClaimGone, PermanentClaimError, RetryableClaimError
-from services.nodeagent.wire.claimsource import (
+from services.nodeagent.wire.claim_source import (
     KubeClaimSource,
     StoreClaimSource,
     parse_resource_claim,

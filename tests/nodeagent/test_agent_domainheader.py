@@ -7,7 +7,7 @@ import dataclasses
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import encode
 from libs.state.store import Store
-from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header, get_domain_header
+from services.nodeagent.core.domain_header import DomainHeader, decode_domain_header, get_domain_header
 
 
 def full_domain() -> pb.ComputeDomain:

@@ -17,7 +17,7 @@ from libs.state.store import Store
 from services.nodeagent.core.checkpoint import ClaimState, checkpoint_path
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import PermanentClaimError, RetryableClaimError
-from services.nodeagent.core.prepareplan import PreparedDevice
+from services.nodeagent.core.prepare_plan import PreparedDevice
 from tests.nodeagent.agent_fakes import (
     MAJOR,
     FakeDaemons,

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store, Versioned
 from libs.state.watch import Resync, WatchEvent
-from services.nodeagent.shell.daemonview import DaemonView
+from services.nodeagent.shell.daemon_view import DaemonView
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.shell.nodeview import NodeRecordState, NodeView
+from services.nodeagent.shell.node_view import NodeRecordState, NodeView
 from tests.nodeagent.agent_fakes import CLIQUE, fabric_node, new_uid
 from tests.polling import eventually
 

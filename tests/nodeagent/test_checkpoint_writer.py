@@ -16,7 +16,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, ClaimState, checkpoint_path
 from services.nodeagent.core.errors import RetryableClaimError
-from services.nodeagent.shell.checkpointwriter import CheckpointWriter
+from services.nodeagent.shell.checkpoint_writer import CheckpointWriter
 from tests.nodeagent.agent_fakes import fabric_node, make_device_state, new_uid, put_claim, put_domain
 
 

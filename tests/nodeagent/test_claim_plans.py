@@ -36,9 +36,9 @@ from services.nodeagent.core.checkpoint import (
     Tombstone,
 )
 from services.nodeagent.core.claim import ClaimRef, DeviceResult, OpaqueParameters, ResolvedClaim
-from services.nodeagent.core.domainheader import DomainHeader
+from services.nodeagent.core.domain_header import DomainHeader
 from services.nodeagent.core.errors import PermanentClaimError, RetryableClaimError
-from services.nodeagent.core.prepareplan import (
+from services.nodeagent.core.prepare_plan import (
     PreparePlan,
     StartStep,
     admit_claim,
@@ -48,7 +48,7 @@ from services.nodeagent.core.prepareplan import (
     plan_prepare,
     plan_start,
 )
-from services.nodeagent.core.reconcileplan import (
+from services.nodeagent.core.reconcile_plan import (
     DropRecord,
     RebuildEntry,
     domain_to_leave,
@@ -56,7 +56,7 @@ from services.nodeagent.core.reconcileplan import (
     record_problem,
     restored_record,
 )
-from services.nodeagent.core.unprepareplan import UnprepareStep, forget, leaves_domain, plan_unprepare
+from services.nodeagent.core.unprepare_plan import UnprepareStep, forget, leaves_domain, plan_unprepare
 from tests.nodeagent.agent_fakes import channel_parameters, fabric_node
 
 T = TypeVar("T")

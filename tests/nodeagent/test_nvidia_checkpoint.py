@@ -1,7 +1,7 @@
 """First start after NVIDIA's driver: its checkpoint (same path as ours) is migrated, or refused.
 
 The fixtures in tests/nodeagent/fixtures/ are checkpoints as NVIDIA's compute-domain kubelet
-plugin writes them (see services/nodeagent/core/nvidiacheckpoint.py for the format and its source).
+plugin writes them (see services/nodeagent/core/nvidia_checkpoint.py for the format and its source).
 When they were made they were decoded with the Go types of k8s.io/api v0.36.0-rc.0, re-marshalled
 byte for byte identical, and their checksums recomputed with go-spew and hash/fnv as kubelet's
 checkpointmanager does; the known answers below come from that run.
@@ -27,12 +27,12 @@ from libs.invariants.checker import check_store_invariants
 from libs.state.store import Store
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimState, checkpoint_path
 from services.nodeagent.core.claim import ClaimRef
-from services.nodeagent.core.nvidiacheckpoint import (
+from services.nodeagent.core.nvidia_checkpoint import (
     NvidiaCheckpointError,
     parse_nvidia_checkpoint,
     upstream_checksum,
 )
-from services.nodeagent.core.prepareplan import PreparedDevice
+from services.nodeagent.core.prepare_plan import PreparedDevice
 from services.nodeagent.wire.driver import ClaimDispatcher
 from tests.nodeagent.agent_fakes import (
     NodeUnderTest,

@@ -13,8 +13,8 @@ from libs.state.store import Store
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import ClaimGone
 from services.nodeagent.shell.state import STORE_FAILURES
-from services.nodeagent.shell.storebatch import BatchedReads, StoreBatch
-from services.nodeagent.wire.claimsource import StoreClaimSource
+from services.nodeagent.shell.store_batch import BatchedReads, StoreBatch
+from services.nodeagent.wire.claim_source import StoreClaimSource
 from tests.nodeagent.agent_fakes import new_uid, put_claim, put_domain
 from tools.etcd.server import EtcdServer
 

@@ -8,8 +8,8 @@ Each call is turned into the RBAC permission it needs, (API group, resource, ver
 * `CustomObjectsApi` calls: the same, with `group` and `plural` taken from the call's arguments
   (literals, or names resolved in the calling module);
 * raw `ApiClient.call_api(path, method, ...)` calls, from their literal path and method, or a path
-  built in the call by `libs.kube.resourceapi.resource_path(version, plural, namespace, name)`;
-* `libs.kube.resourceapi.typed_api(...)`, the typed client of the served resource.k8s.io version:
+  built in the call by `libs.kube.resource_api.resource_path(version, plural, namespace, name)`;
+* `libs.kube.resource_api.typed_api(...)`, the typed client of the served resource.k8s.io version:
   read as `ResourceV1Api` (every version has the same methods, group and resource names);
 * a list method handed to `Watch().stream(...)`, or called with `watch=True`: verb watch.
 

@@ -27,13 +27,13 @@ from aetcd import rpc
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools import launch
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import SimConfig
+from tools.cdsim.run_state import SimConfig
 from tools.cdsim.services import Ports, ServiceSpec, all_specs
 from tools.controlplane.pki import CertKeyPair, generate_pki, issue_from_ca
 from tools.etcd.server import EtcdServer
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 
@@ -255,6 +255,6 @@ def destroy(cluster: SecuredCluster) -> None:
     with contextlib.suppress(Exception):
         cluster.stop_all()
     # A daemon whose IMEX agent was killed before it could stop it would hold its port.
-    procscan.kill_all(procscan.imex_daemons_under(cluster.root))
+    proc_scan.kill_all(proc_scan.imex_daemons_under(cluster.root))
     cluster.etcd.destroy()
     shutil.rmtree(cluster.root, ignore_errors=True)

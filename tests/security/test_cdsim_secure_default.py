@@ -35,7 +35,7 @@ from tests.cdsim.cli import cdsim, ok, run_state, status
 from tests.security.leaks import find_leaks, key_bodies
 from tools.cdsim import credentials
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.procscan import cluster_processes
+from tools.cdsim.proc_scan import cluster_processes
 from tools.controlplane.pki import issue_from_ca, new_ca
 from tools.dashboard.cdsim_hook import dashboard_url
 

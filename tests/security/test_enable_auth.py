@@ -1,4 +1,4 @@
-"""libs/state/enableauth.py on a real etcd: it finishes what an interrupted run began (roles and
+"""libs/state/enable_auth.py on a real etcd: it finishes what an interrupted run began (roles and
 users that exist are kept), every component gets its user and the ranges of libs/state/roles.py,
 an operator the whole prefix. tests/k8s/test_helm_services.py runs it twice, as the chart does (with
 root's certificate): the second run finds authentication on."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aetcd import rpc
 
-from libs.state import enableauth, roles
+from libs.state import enable_auth, roles
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.etcd.server import EtcdServer
@@ -26,14 +26,14 @@ async def test_an_interrupted_run_is_finished(etcd_bin: Path, tmp_path: Path) ->
         async with Store(EtcdConfig(endpoint=server.endpoint, prefix=PREFIX)) as store:
             auth = rpc.AuthStub(store.client.channel)
             # What a run that died half-way left (root with a password, so this test can log in).
-            await auth.RoleAdd(rpc.AuthRoleAddRequest(name=enableauth.ROOT), timeout=5)
-            await auth.UserAdd(rpc.AuthUserAddRequest(name=enableauth.ROOT, password=password), timeout=5)
+            await auth.RoleAdd(rpc.AuthRoleAddRequest(name=enable_auth.ROOT), timeout=5)
+            await auth.UserAdd(rpc.AuthUserAddRequest(name=enable_auth.ROOT, password=password), timeout=5)
             await auth.RoleAdd(rpc.AuthRoleAddRequest(name=roles.NODE_AGENT), timeout=5)
-            assert await enableauth.enable_auth(auth, PREFIX, operators=("operator",))
+            assert await enable_auth.enable_auth(auth, PREFIX, operators=("operator",))
         async with Store(EtcdConfig(endpoint=server.endpoint, prefix=PREFIX)) as store:
             auth = rpc.AuthStub(store.client.channel)
             login = await auth.Authenticate(
-                rpc.AuthenticateRequest(name=enableauth.ROOT, password=password), timeout=5
+                rpc.AuthenticateRequest(name=enable_auth.ROOT, password=password), timeout=5
             )
             as_root = (("token", login.token),)
             assert (await auth.AuthStatus(rpc.AuthStatusRequest(), timeout=5, metadata=as_root)).enabled

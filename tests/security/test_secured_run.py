@@ -39,7 +39,7 @@ from tests.security.secured_cluster import (
     service_specs,
 )
 from tools.cdsim import advisor, jobs, kubelet
-from tools.cdsim.jobbook import Job
+from tools.cdsim.job_book import Job
 from tools.cdsim.layout import cluster_node_paths
 from tools.cdsim.services import ServiceSpec, agent_name, imex_agent_name
 

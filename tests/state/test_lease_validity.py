@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
 from libs.state.election import Leadership
-from libs.state.leasevalidity import LeaseValidity
+from libs.state.lease_validity import LeaseValidity
 from services.controller.kube.fence import NotLeading, fence_writes
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 
 @given(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools import launch
-from tools.bench.proccpu import cpu_seconds
+from tools.bench.proc_cpu import cpu_seconds
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tools.bench.proccpu import cpu_seconds
+from tools.bench.proc_cpu import cpu_seconds
 from tools.bench.stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,13 +42,13 @@ from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.config import EtcdConfig
-from libs.state.domainrecord import DomainRecord as DomainReadiness
+from libs.state.domain_record import DomainRecord as DomainReadiness
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.bench import simenv
 from tools.bench.stats import percentile
-from tools.cdsim import kubelet, procscan
-from tools.cdsim.jobbook import Job
+from tools.cdsim import kubelet, proc_scan
+from tools.cdsim.job_book import Job
 from tools.cdsim.jobs import build_claim, build_domain, plan_claims
 
 TARGET_18_P50_S = 1.0
@@ -209,7 +209,7 @@ async def _drive(
     scenario: Scenario, endpoint: str, prefix: str, sockets: dict[str, str], state_dir: Path
 ) -> None:
     def daemons_running() -> int:
-        return len(procscan.imex_daemons_under(state_dir))
+        return len(proc_scan.imex_daemons_under(state_dir))
 
     nodes = list(sockets)
     async with Store(EtcdConfig(endpoint=endpoint, prefix=prefix, timeout_s=10.0)) as store:

@@ -1,6 +1,6 @@
 """Benchmark: a ComputeDomain and an Indexed Job of N pods formed on a real Kubernetes control plane.
 
-Set-up (tools/bench/k8senv.py): kube-apiserver (auditing every write), kube-scheduler with the
+Set-up (tools/bench/k8s_env.py): kube-apiserver (auditing every write), kube-scheduler with the
 placement advisor's extender, kube-controller-manager; our etcd, a `cd-controller` in Kubernetes
 mode and the advisor; the kubelet shim playing kubelet for N nodes of simulated NVL72 racks, whose
 IMEX agents and kubelet plugins run in scale-mode hosts in Kubernetes mode (claims read from the
@@ -18,7 +18,7 @@ One formation:
    with N nodes, both seen through watches on the API server.
 
 Before each formation, Kubernetes' own time for the same Job without a ComputeDomain (its pods
-claim nothing; tools/bench/k8sfloor.py): the floor, and the formation's ratio to it.
+claim nothing; tools/bench/k8s_floor.py): the floor, and the formation's ratio to it.
 
 Reported: the formation time (t0 to both), the times of its stages, and the API server writes our
 components (cd-controller, the node agents) made from the ComputeDomain's creation until the
@@ -49,16 +49,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import load_kube_config
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.kube.resourceapi import discover_version, resource_path
+from libs.kube.resource_api import discover_version, resource_path
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-from tools.bench.auditlog import BENCH_USER_AGENT, AuditReader, stages, summarize
-from tools.bench.k8senv import KubeEnvironment, KubeSettings
-from tools.bench.k8sfloor import run_plain_job
-from tools.cdsim import procscan
+from tools.bench.audit_log import BENCH_USER_AGENT, AuditReader, stages, summarize
+from tools.bench.k8s_env import KubeEnvironment, KubeSettings
+from tools.bench.k8s_floor import run_plain_job
+from tools.cdsim import proc_scan
 from tools.controlplane.binaries import ensure_binaries
-from tools.sim.kubeletshim.apijson import read_json, watch_events
+from tools.sim.kubeletshim.api_json import read_json, watch_events
 
 TARGET_S = 30.0
 TARGET_WRITES_PER_NODE = 2.0
@@ -82,7 +82,7 @@ class Formation:
     teardown_s: float = 0.0
     teardown_writes: dict[str, Any] | None = None
     watch_restarts: int = 0  # the benchmark's own watches resumed after the server ended them
-    # The same Job without a ComputeDomain, run just before (tools/bench/k8sfloor.py).
+    # The same Job without a ComputeDomain, run just before (tools/bench/k8s_floor.py).
     plain_job: dict[str, Any] | None = None
     # How long the teardown then waited for the advisor's reservations of the domain to expire.
     reservations_expired_after_s: float = 0.0
@@ -362,7 +362,7 @@ class Driver:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}/{cd}"
 
         async def gone() -> bool:
-            daemons = procscan.imex_daemons_under(self.env.base)
+            daemons = proc_scan.imex_daemons_under(self.env.base)
             return await self.get(path) is None and not daemons
 
         await self.until(f"ComputeDomain {cd} and its daemons gone", gone, _TEARDOWN_TIMEOUT_S)

@@ -2,14 +2,14 @@
 scheduling, then by the placement advisor (through the scheduler extender, and through cd-scheduler's
 plugin), on a real control plane.
 
-Set-up (tools/bench/k8senv.py): kube-apiserver, kube-controller-manager and kube-scheduler 1.37
+Set-up (tools/bench/k8s_env.py): kube-apiserver, kube-controller-manager and kube-scheduler 1.37
 (scheduling.k8s.io/v1beta1 with GenericWorkload and TopologyAwareWorkloadScheduling on), our
 etcd, a `cd-controller` and a `cd-placement-advisor`, the kubelet shim playing kubelet for two
 racks of 18 simulated NVL72 trays (two cliques), whose IMEX agents and kubelet plugins run in
 scale-mode hosts in Kubernetes mode (a ResourceSlice with one channel per node). This process
 plays the users.
 
-One trace (tools/bench/gangtrace.py: seeded; gangs of 1 to 18 nodes arriving and leaving, at times
+One trace (tools/bench/gang_trace.py: seeded; gangs of 1 to 18 nodes arriving and leaving, at times
 wanting more nodes than are free) is replayed once per mode, each time in a fresh namespace:
 
 - native: kube-scheduler's default configuration (no extender); each gang is a PodGroup
@@ -29,7 +29,7 @@ of that many pods, each claiming the domain's channel (so one pod per node). A J
 its gang's arrival; once all its pods are bound, the gang holds its nodes for its hold time, then
 its Job, PodGroup and ComputeDomain are deleted. The cluster is sampled every tick (pods listed
 from the API server): per gang, the time from its Job's creation to all its pods bound; per
-sample, free nodes per clique (no pod of ours on them), from which gangtrace.Tally counts
+sample, free nodes per clique (no pod of ours on them), from which gang_trace.Tally counts
 stranded nodes and the largest free block.
 
     python -m tools.bench.gang_placement [--gangs 40 --seed 7] [--out FILE]
@@ -54,15 +54,15 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.client import ApiClient, BatchV1Api, CoreV1Api, CustomObjectsApi
 
-from libs.kube.resourceapi import discover_version, resource_path
-from tools import cdscheduler, launch
+from libs.kube.resource_api import discover_version, resource_path
+from tools import cd_scheduler, launch
 from tools.bench import simenv
 from tools.bench.formation_k8s import api_client
-from tools.bench.gangtrace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
-from tools.bench.k8senv import KubeEnvironment, KubeSettings
+from tools.bench.gang_trace import MAX_GANG, Gang, Tally, fewer_stranded, make_trace
+from tools.bench.k8s_env import KubeEnvironment, KubeSettings
 from tools.controlplane.binaries import ensure_binaries
 from tools.controlplane.cluster import WORKLOAD_SCHEDULING_MINOR, workload_scheduling_args
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.kubeletshim.nodes import CLIQUE_LABEL
 
 TARGET_FEWER_STRANDED = 0.30
@@ -371,10 +371,10 @@ class PluginScheduler:
         env = self.env
         env.plane.kubectl(
             "apply", "--server-side", "-f", "-",
-            input=yaml.safe_dump_all(cdscheduler.plugin_reads("bench-cd-scheduler-as-kube-scheduler")),
+            input=yaml.safe_dump_all(cd_scheduler.plugin_reads("bench-cd-scheduler-as-kube-scheduler")),
         )  # fmt: skip
         kube_config = yaml.safe_load((env.base / "kube-scheduler.yaml").read_text())
-        config = cdscheduler.config(
+        config = cd_scheduler.config(
             {PLUGIN_SCHEDULER: f"127.0.0.1:{env.advisor_grpc_port}"},
             env.plane.scheduler_kubeconfig,
             scheduler_settings={"percentageOfNodesToScore": kube_config.get("percentageOfNodesToScore")},
@@ -386,8 +386,8 @@ class PluginScheduler:
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
         gates = tuple(workload_scheduling_args(env.binaries.minor)[1]) if self.gang_gates else ()
-        argv = cdscheduler.command(
-            cdscheduler.cd_scheduler_binary(),
+        argv = cd_scheduler.command(
+            cd_scheduler.cd_scheduler_binary(),
             config_path,
             env.plane.scheduler_kubeconfig,
             port,
@@ -396,7 +396,7 @@ class PluginScheduler:
         )
         started = launch.spawn("cd-scheduler", argv, env.log("cd-scheduler"), append=True)
         self.process = started.proc
-        started.wait_healthy(lambda: cdscheduler.healthy(port), _SETUP_TIMEOUT_S, "healthy", max_poll_s=1.0)
+        started.wait_healthy(lambda: cd_scheduler.healthy(port), _SETUP_TIMEOUT_S, "healthy", max_poll_s=1.0)
 
     def stop(self) -> None:
         if self.process is not None:

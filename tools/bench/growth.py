@@ -38,7 +38,7 @@ from libs.state.store import Store
 from tools.bench import controller_churn as churn
 from tools.bench import formation, simenv
 from tools.bench.fit import TOLERANCE, fit_exponent, top_exponent, verdict
-from tools.bench.proccpu import cpu_seconds
+from tools.bench.proc_cpu import cpu_seconds
 from tools.etcd.server import EtcdServer, etcd_binary
 
 TARGET_1008_S = 30.0

@@ -1,6 +1,6 @@
 """A/B of a claim GET: kubernetes-asyncio's own client against libs/kube/client.py's.
 
-Both read one allocated ResourceClaim from a real kube-apiserver (tools/bench/kubeclaims.py),
+Both read one allocated ResourceClaim from a real kube-apiserver (tools/bench/kube_claims.py),
 the way the node agent's claim source does, alternately in one process, `--rounds` times:
 `--calls` GETs one at a time per variant and round. Reported per variant and round: this
 process's CPU time per GET (what the agent's event loop pays; a busy machine inflates it far less
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from libs.kube.resourceapi import resource_path
-from tools.bench import kubeclaims, simenv
+from libs.kube.resource_api import resource_path
+from tools.bench import kube_claims, simenv
 from tools.bench.prepare_load import summary
 from tools.controlplane.binaries import ensure_binaries
 
@@ -39,25 +39,25 @@ async def _plain_client(kubeconfig: Path) -> Any:
 
 
 async def _measure(api: Any, calls: int) -> dict[str, float]:
-    path = resource_path(kubeclaims.RESOURCE_VERSION, "resourceclaims", NAMESPACE, CLAIM)
+    path = resource_path(kube_claims.RESOURCE_VERSION, "resourceclaims", NAMESPACE, CLAIM)
     for _ in range(20):  # warm-up: the connection
-        await kubeclaims.request(api, "GET", path)
+        await kube_claims.request(api, "GET", path)
     latencies: list[float] = []
     cpu = time.process_time()
     for _ in range(calls):
         began = time.perf_counter()
-        await kubeclaims.request(api, "GET", path)
+        await kube_claims.request(api, "GET", path)
         latencies.append(time.perf_counter() - began)
     return {"cpu_ms_per_get": round((time.process_time() - cpu) * 1000 / calls, 3), **summary(latencies)}
 
 
-async def run(args: argparse.Namespace, kube: kubeclaims.ApiServer) -> dict[str, Any]:
+async def run(args: argparse.Namespace, kube: kube_claims.ApiServer) -> dict[str, Any]:
     clients = {
         "kubernetes_asyncio": await _plain_client(kube.kubeconfig),
-        "without_env_lookups": await kubeclaims.api_client(kube.kubeconfig),
+        "without_env_lookups": await kube_claims.api_client(kube.kubeconfig),
     }
     try:
-        await kubeclaims.create_allocated_claims(
+        await kube_claims.create_allocated_claims(
             clients["without_env_lookups"], NAMESPACE, [CLAIM], "rack0-tray0", "domain-0"
         )
         results: dict[str, list[dict[str, float]]] = {name: [] for name in clients}
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.calls < 1 or args.rounds < 1:
         parser.error("--calls and --rounds must be >= 1")
     base = simenv.scratch_dir("kube-ab-")
-    kube = kubeclaims.ApiServer(ensure_binaries(), base / "kube", wait_for_controllers=False)
+    kube = kube_claims.ApiServer(ensure_binaries(), base / "kube", wait_for_controllers=False)
     try:
         kube.start()
         results = asyncio.run(run(args, kube))

@@ -7,7 +7,7 @@ processes with simulated hardware (the IMEX agent: node record and daemon; the k
 a ComputeDomain and an anchor claim prepared first (the node is a member and its daemon READY).
 With ``--claim-source kubernetes`` (the default) the plugin reads each claim as Kubernetes mode
 does, a GET of the ResourceClaim from a real kube-apiserver (its etcd fsynced; the claims created
-and allocated beforehand, tools/bench/kubeclaims.py); ``store`` reads the claim records of
+and allocated beforehand, tools/bench/kube_claims.py); ``store`` reads the claim records of
 simulation instead. Then, each on claims of its own, every call timed at the client (kubelet's
 view):
 1. ``--calls`` prepares and unprepares one at a time (4 claims held besides the anchor);
@@ -46,18 +46,18 @@ from typing import Any
 from grpclib.client import Channel
 
 from libs.contract.names import DRIVER_NAME
-from libs.contract.storeclaims import store_claim
+from libs.contract.store_claims import store_claim
 from libs.gen.computedomain.state import v1 as pb
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools import launch
-from tools.bench import kubeclaims, simenv
+from tools.bench import kube_claims, simenv
 from tools.bench import prepare_load as load
-from tools.bench.proccpu import cpu_seconds
+from tools.bench.proc_cpu import cpu_seconds
 from tools.controlplane.binaries import ensure_binaries
 from tools.etcd.server import EtcdServer, etcd_binary
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 
@@ -123,14 +123,14 @@ class Phases:
 
 
 async def write_claims(
-    args: argparse.Namespace, store: Store, domain_uid: str, kube: kubeclaims.ApiServer | None, count: int
+    args: argparse.Namespace, store: Store, domain_uid: str, kube: kube_claims.ApiServer | None, count: int
 ) -> list[dra.Claim]:
     """`count` claims allocated the channel of NODE for the domain, where the plugin reads them."""
     names = [f"claim-{i:05d}" for i in range(count)]
     if kube is not None:
-        api = await kubeclaims.api_client(kube.kubeconfig)
+        api = await kube_claims.api_client(kube.kubeconfig)
         try:
-            uids = await kubeclaims.create_allocated_claims(api, NAMESPACE, names, NODE, domain_uid)
+            uids = await kube_claims.create_allocated_claims(api, NAMESPACE, names, NODE, domain_uid)
         finally:
             await api.close()
     else:
@@ -215,7 +215,7 @@ async def measure(
 
 
 async def measure_floors(
-    args: argparse.Namespace, work: Path, store: Store, kube: kubeclaims.ApiServer | None, claim: dra.Claim
+    args: argparse.Namespace, work: Path, store: Store, kube: kube_claims.ApiServer | None, claim: dra.Claim
 ) -> dict[str, Any]:
     floors: dict[str, Any] = {}
     floors["dra_call"] = load.summary(await load.dra_call_floor(work, args.floor_calls))
@@ -224,10 +224,10 @@ async def measure_floors(
     )
     floors["etcd_txn"] = load.summary(await load.etcd_txn_floor(store, record, args.floor_calls))
     if kube is not None:
-        api = await kubeclaims.api_client(kube.kubeconfig)
+        api = await kube_claims.api_client(kube.kubeconfig)
         try:
             floors["kube_get"] = load.summary(
-                await kubeclaims.get_floor(api, NAMESPACE, claim.name, args.floor_calls)
+                await kube_claims.get_floor(api, NAMESPACE, claim.name, args.floor_calls)
             )
         finally:
             await api.close()
@@ -241,7 +241,7 @@ async def bench(
     cdi_root: Path,
     endpoint: str,
     etcd_pid: int | None,
-    kube: kubeclaims.ApiServer | None,
+    kube: kube_claims.ApiServer | None,
 ) -> dict[str, Any]:
     etcd = EtcdConfig(endpoint=endpoint, prefix=f"/bench-{uuid.uuid4().hex[:8]}/")
     cluster = ClusterDescription(racks=1, trays_per_rack=2, seed=f"bench-{base.name}", address_block=199)
@@ -358,12 +358,12 @@ async def bench(
 
 async def run(args: argparse.Namespace, base: Path, cdi_root: Path) -> dict[str, Any]:
     server: EtcdServer | None = None
-    kube: kubeclaims.ApiServer | None = None
+    kube: kube_claims.ApiServer | None = None
     # etcd's data on disk, fsynced, as a control plane keeps it (tools/bench/simenv.py).
     etcd_dir = simenv.scratch_dir("nabench-etcd-")
     try:
         if args.claim_source == "kubernetes":
-            kube = kubeclaims.ApiServer(ensure_binaries(), base / "kube", wait_for_controllers=False)
+            kube = kube_claims.ApiServer(ensure_binaries(), base / "kube", wait_for_controllers=False)
             await asyncio.to_thread(kube.start)
         endpoint = args.etcd_endpoint
         if not endpoint:

@@ -29,7 +29,7 @@ from typing import Any
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.bench import simenv
-from tools.bench.proccpu import cpu_seconds
+from tools.bench.proc_cpu import cpu_seconds
 
 
 async def count_records(endpoint: str, prefix: str) -> tuple[int, int]:

@@ -29,9 +29,9 @@ from typing import Any
 
 from libs.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from tools import launch
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.etcd.server import EtcdServer, etcd_binary
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 
 _SHM = Path("/dev/shm")
@@ -324,7 +324,7 @@ def remove_tree(path: Path) -> None:
 def kill_leftover_daemons(base: Path) -> int:
     """SIGKILL simulated IMEX daemons still running from under `base`; how many there were.
     (A stopped host stops its daemons; any left over would hold loopback ports for the next run.)"""
-    return len(procscan.kill_all(procscan.imex_daemons_under(base)))
+    return len(proc_scan.kill_all(proc_scan.imex_daemons_under(base)))
 
 
 def process_rss_mb(pid: int) -> tuple[float, float]:

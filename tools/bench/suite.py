@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tools.bench.benchmark import Benchmark, Extra, Metric, Raw, at, get_path, own_settings
-from tools.bench.kubeletload import PREPARE
+from tools.bench.kubelet_load import PREPARE
 from tools.bench.scaling import FORMATION_K8S, GROWTH
 
 __all__ = ["REQUIRED_METRICS", "SUITE", "Benchmark", "Extra", "Metric", "Raw", "own_settings"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from libs.state.config import EtcdConfig
 from tools.cdsim import credentials
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 
 DEFAULT_ENDPOINT = "127.0.0.1:2379"
 PASSWORD_ENV = "CDCTL_ETCD_PASSWORD"

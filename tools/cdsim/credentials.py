@@ -19,15 +19,15 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.state import enableauth, roles
+from libs.state import enable_auth, roles
 from libs.state.config import EtcdConfig
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.controlplane.pki import CertKeyPair, issue_from_ca, new_ca
 
 CA = "ca"
 ETCD_SERVER = "etcd-server"
 ADVISOR_SERVER = "advisor-server"
-ROOT = enableauth.ROOT  # etcd's root user: only to set up auth
+ROOT = enable_auth.ROOT  # etcd's root user: only to set up auth
 CLIENT = "cdsim"  # cdsim's commands, cdctl, the dashboard, the chaos tool
 LOOPBACK = "127.0.0.1"
 AUTH_TIMEOUT_S = 5.0
@@ -105,7 +105,7 @@ async def enable_etcd_auth(credentials: Credentials, endpoint: str, prefix: str 
     cdsim's as an operator, then auth on. Nothing to do if auth is on already (etcd restarted on
     the same data)."""
     config = dataclasses.replace(credentials.etcd_config(endpoint, ROOT, prefix), timeout_s=AUTH_TIMEOUT_S)
-    await enableauth.enable_auth_at(config, operators=(CLIENT,))
+    await enable_auth.enable_auth_at(config, operators=(CLIENT,))
 
 
 def of_run(state: RunState) -> Credentials | None:

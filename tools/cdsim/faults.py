@@ -106,7 +106,7 @@ def partition_etcd(layout: StateLayout, node: str, seconds: float, out: TextIO) 
 
 
 def cut_links(layout: StateLayout, node: str, seconds: float, out: TextIO) -> None:
-    """Partition the node's IMEX links for `seconds` while every process lives (tools/cdsim/linkcut.py)."""
+    """Partition the node's IMEX links for `seconds` while every process lives (tools/cdsim/link_cut.py)."""
     _check(layout, node)
     try:
         cut = _do(faults.cut_links(layout, node, seconds), " (is the node in a domain?)")

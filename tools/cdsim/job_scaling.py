@@ -21,7 +21,7 @@ from typing import TextIO
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tools.cdsim import advisor, credentials, kubelet, workload
-from tools.cdsim.jobbook import ClaimRecord, Job, JobBook
+from tools.cdsim.job_book import ClaimRecord, Job, JobBook
 from tools.cdsim.jobs import (
     check_nodes,
     claim_call,
@@ -35,7 +35,7 @@ from tools.cdsim.jobs import (
 )
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.sim.hardware.cluster import ClusterDescription
 
 

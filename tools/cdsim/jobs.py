@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from libs.contract.storeclaims import store_claim, store_domain
+from libs.contract.store_claims import store_claim, store_domain
 from libs.gen.computedomain.state import v1 as pb
 from libs.kube.names import subdomain_problem
 from libs.runtime.cancellation import cancel_until_done
@@ -26,11 +26,11 @@ from libs.state.keys import Keys
 from libs.state.store import Delete, Put, Store
 from libs.state.watch import Resync, watch_prefix
 from tools.cdsim import advisor, credentials, kubelet, workload
-from tools.cdsim.jobbook import ClaimRecord, Job, JobBook, JobList
+from tools.cdsim.job_book import ClaimRecord, Job, JobBook, JobList
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
 from tools.cdsim.progress import Progress
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.cdsim.timeline import SubmitTimeline
 from tools.sim.hardware.cluster import ClusterDescription
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TextIO
 
 from libs.imex.driver import SIMULATED_DRIVER_VERSION
-from tools.cachedtool import BuildError
-from tools.cdsim import control, credentials, procscan
-from tools.cdsim.kubeplane import check_inotify_budget
+from tools.cached_tool import BuildError
+from tools.cdsim import control, credentials, proc_scan
+from tools.cdsim.kube_plane import check_inotify_budget
 from tools.cdsim.layout import MAX_UNIX_SOCKET_PATH, StateLayout
-from tools.cdsim.runstate import (
+from tools.cdsim.run_state import (
     CONFIG_FILE_NAME,
     RunState,
     SimConfig,
@@ -33,7 +33,7 @@ from tools.sim.kubelet.addresses import NodeAddressError, node_ip, remove_leftov
 from tools.sim.kubelet.inotify import InotifyBudgetExceeded
 
 UP_TIMEOUT_S = 150.0
-# `up --kubernetes` also starts a control plane (tools.cdsim.kubeplane.STARTUP_TIMEOUT_S, plus slack).
+# `up --kubernetes` also starts a control plane (tools.cdsim.kube_plane.STARTUP_TIMEOUT_S, plus slack).
 KUBE_UP_TIMEOUT_S = 420.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOWN_TIMEOUT_S = 60.0
@@ -125,7 +125,7 @@ def up(layout: StateLayout, options: UpOptions, out: TextIO) -> None:
             f"Use `cdsim status` to see it or `cdsim down` to stop it first."
         )
     try:
-        stray = procscan.cluster_processes(layout)
+        stray = proc_scan.cluster_processes(layout)
         if stray:
             raise CommandError(
                 f"processes of an earlier run in {layout.root} still run (pids "
@@ -294,9 +294,9 @@ def down(layout: StateLayout, out: TextIO) -> None:
         stopped = True
     else:
         stopped = False
-    leftovers = procscan.cluster_processes(layout)
+    leftovers = proc_scan.cluster_processes(layout)
     if leftovers:
-        procscan.kill_all(leftovers)
+        proc_scan.kill_all(leftovers)
         out.write(f"killed {len(leftovers)} leftover process(es) of {layout.root}\n")
     removed = _remove_leftover_node_ips(layout)
     if removed:

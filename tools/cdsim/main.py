@@ -35,11 +35,11 @@ from libs.runtime.logging import configure_logging
 from libs.state.store import TRANSIENT_ERRORS
 from tools.cdsim import faults, job_scaling, jobs, lifecycle
 from tools.cdsim.advisor import PLACEMENT_MODES
-from tools.cdsim.jobbook import JobBook
-from tools.cdsim.kubeplane import DEFAULT_TRAYS as KUBE_DEFAULT_TRAYS
+from tools.cdsim.job_book import JobBook
+from tools.cdsim.kube_plane import DEFAULT_TRAYS as KUBE_DEFAULT_TRAYS
 from tools.cdsim.layout import StateLayout, cluster_node_paths
 from tools.cdsim.lifecycle import CommandError
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.cdsim.services import IMEX_AGENT_KIND
 from tools.cdsim.status import collect, render
 from tools.dashboard.cdsim_hook import dashboard_url

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from tools import launch
 from tools.cdsim.credentials import Credentials
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import SimConfig
+from tools.cdsim.run_state import SimConfig
 from tools.sim.hardware.cluster import ClusterDescription
 
 AGENT_TARGET = launch.service_target("node-agent")
@@ -48,7 +48,7 @@ class Ports:
     advisor_grpc: int
     advisor_health: int
     controller_health: tuple[int, ...]
-    # Per node: the port of its etcd gate (tools.cdsim.etcdgate), through which both of the
+    # Per node: the port of its etcd gate (tools.cdsim.etcd_gate), through which both of the
     # node's programs reach etcd, so that one node can be partitioned from the store. A node
     # without a gate talks to etcd directly.
     node_etcd: Mapping[str, int] = field(default_factory=dict)

@@ -9,9 +9,9 @@ from typing import Any
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.store import Store
 from tools.cdsim import workload
-from tools.cdsim.jobbook import JobList
+from tools.cdsim.job_book import JobList
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.cdsim.services import agent_name, imex_agent_name
 from tools.sim.hardware.cluster import ClusterDescription
 

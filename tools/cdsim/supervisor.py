@@ -40,14 +40,14 @@ import structlog
 
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.cdsim.credentials import ETCD_SERVER, Credentials, enable_etcd_auth
-from tools.cdsim.etcdgate import EtcdGate
-from tools.cdsim.kubeplane import PRELOAD_MODULES as KUBE_PRELOAD_MODULES
-from tools.cdsim.kubeplane import STARTUP_TIMEOUT_S as KUBE_STARTUP_TIMEOUT_S
-from tools.cdsim.kubeplane import KubeMode
+from tools.cdsim.etcd_gate import EtcdGate
+from tools.cdsim.kube_plane import PRELOAD_MODULES as KUBE_PRELOAD_MODULES
+from tools.cdsim.kube_plane import STARTUP_TIMEOUT_S as KUBE_STARTUP_TIMEOUT_S
+from tools.cdsim.kube_plane import KubeMode
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import ProcessInfo, RunState, SimConfig
+from tools.cdsim.run_state import ProcessInfo, RunState, SimConfig
 from tools.cdsim.services import (
     AGENT_KIND,
     IMEX_AGENT_KIND,
@@ -59,7 +59,7 @@ from tools.cdsim.services import (
 )
 from tools.dashboard.cdsim_hook import dashboard_port, dashboard_spec
 from tools.etcd.server import EtcdServer
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 
 log = structlog.get_logger(__name__)
@@ -475,8 +475,8 @@ class Supervisor:
                 service.restart.cancel()  # already down: keep it down as long as asked
                 self._schedule_restart(service, float(delay))
             if service.spec.kind == IMEX_AGENT_KIND:
-                daemons = procscan.imex_daemons_under(self.layout.node(node).imex_dir)
-                for pid in procscan.kill_all(daemons, signal.SIGKILL):
+                daemons = proc_scan.imex_daemons_under(self.layout.node(node).imex_dir)
+                for pid in proc_scan.kill_all(daemons, signal.SIGKILL):
                     killed[f"imex-daemon-{pid}"] = pid
         restart_in = max((s.spec.restart_delay_s for s in node_services), default=0.0)
         return {"ok": True, "killed": killed, "restart_in_s": restart_in if delay is None else float(delay)}
@@ -666,11 +666,13 @@ class Supervisor:
             await asyncio.to_thread(self.etcd.stop)
         self.state.processes["etcd"].running = False
         leftovers = [
-            p for p in procscan.cluster_processes(self.layout) if procscan.SUPERVISOR_MARKER not in p.command
+            p
+            for p in proc_scan.cluster_processes(self.layout)
+            if proc_scan.SUPERVISOR_MARKER not in p.command
         ]
         if leftovers:
             log.warning("killing leftover processes", pids=[p.pid for p in leftovers])
-            procscan.kill_all(leftovers)
+            proc_scan.kill_all(leftovers)
         for service in self.services.values():
             service.info.running = service.info.healthy = False
             service.info.pid = 0
@@ -684,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("json", "info")
     layout = StateLayout.at(args.state_dir)
     if args.lock_fd < 0:
-        from tools.cdsim.runstate import try_lock
+        from tools.cdsim.run_state import try_lock
 
         if try_lock(layout) is None:
             print(f"another supervisor runs in {layout.root}", file=sys.stderr)

@@ -22,7 +22,7 @@ from libs.gen.computedomain.state import v1 as pb
 from libs.imex import config as imexcfg
 from libs.runtime.backoff import Backoff
 from libs.state.store import Store
-from tools.cdsim.jobbook import Importer
+from tools.cdsim.job_book import Importer
 from tools.sim.imex import client as simclient
 
 QUERY_TIMEOUT_S = 2.0

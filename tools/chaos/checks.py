@@ -18,7 +18,7 @@ from typing import Any
 from libs.gen.computedomain.state import v1 as pb
 from libs.invariants import checker as invariants
 from libs.state.store import Store
-from tools.cdsim import procscan
+from tools.cdsim import proc_scan
 from tools.cdsim.layout import StateLayout
 from tools.chaos.snapshot import StoreSnapshot
 
@@ -68,7 +68,7 @@ async def stray_daemons(store: Store, layout: StateLayout, nodes: Iterable[str])
     kept = (pb.MemberState.ACTIVE, pb.MemberState.LOST)
     active = {(m.value.domain_uid, m.value.node_name) for m in members if m.value.state in kept}
     found = []
-    running = [p for p in procscan.list_processes() if procscan.IMEX_DAEMON_MARKER in p.command]
+    running = [p for p in proc_scan.list_processes() if proc_scan.IMEX_DAEMON_MARKER in p.command]
     for node in nodes:
         imex_dir = layout.node(node).imex_dir
         for process in running:

@@ -34,13 +34,13 @@ import structlog
 from libs.gen.computedomain.state import v1 as pb
 from libs.invariants import checker as invariants
 from tools.cdsim import jobs, lifecycle
-from tools.cdsim.jobbook import Job
+from tools.cdsim.job_book import Job
 from tools.cdsim.layout import StateLayout, cluster_node_paths
-from tools.chaos import checks, continuity, jobops
+from tools.chaos import checks, continuity, job_ops
 from tools.chaos import plan as p
-from tools.chaos.eventlog import EventLog
-from tools.chaos.faultsteps import FaultSteps
-from tools.chaos.importwatch import ImportWatch
+from tools.chaos.event_log import EventLog
+from tools.chaos.fault_steps import FaultSteps
+from tools.chaos.import_watch import ImportWatch
 from tools.chaos.tracking import ClusterHandle, DeletedDomain, SoakOptions, Tracked
 from tools.sim import faults
 from tools.sim.hardware.cluster import ClusterDescription
@@ -196,7 +196,7 @@ class Soak(FaultSteps, ImportWatch):
     # ---- jobs ------------------------------------------------------------------------------
 
     def _submit(self, step: p.Step) -> None:
-        spec = jobops.JobSpec(f"j{step.number:05d}", step.namespace, step.job_size, step.all_channels)
+        spec = job_ops.JobSpec(f"j{step.number:05d}", step.namespace, step.job_size, step.all_channels)
         if sum(1 for t in self.jobs.values() if t.state == "submitting") >= MAX_SUBMITS_IN_FLIGHT:
             self.events.counts["job submit skipped (submits in flight)"] += 1
             return
@@ -204,24 +204,24 @@ class Soak(FaultSteps, ImportWatch):
         self.events.add("job", "submit", spec.describe(), count="job submit")
         self._spawn(f"submit {spec.name}", self._submit_run(spec))
 
-    async def _submit_run(self, spec: jobops.JobSpec) -> None:
+    async def _submit_run(self, spec: job_ops.JobSpec) -> None:
         assert self.handle is not None
-        outcome = await jobops.submit(self.layout, self.handle.store, spec, self.options.prepare_deadline_s)
+        outcome = await job_ops.submit(self.layout, self.handle.store, spec, self.options.prepare_deadline_s)
         tracked = self.jobs[spec.key]
         tracked.job = outcome.job
         self.events.add("job", f"submit {outcome.result}", f"{spec.describe()}: {outcome.detail}")
         self.events.counts[f"job submit {outcome.result}"] += 1
-        if outcome.result == jobops.HUNG:
+        if outcome.result == job_ops.HUNG:
             self._fail(f"live: submit of {spec.describe()} hung: {outcome.detail}")
             tracked.state = "broken"
-        elif outcome.result == jobops.SUBMITTED:
+        elif outcome.result == job_ops.SUBMITTED:
             tracked.state = "running"
             await self._import(tracked, quiescent=False)
-        elif outcome.result in (jobops.REFUSED, jobops.ADVISOR_DOWN):
+        elif outcome.result in (job_ops.REFUSED, job_ops.ADVISOR_DOWN):
             del self.jobs[spec.key]
         elif outcome.job is None:
             del self.jobs[spec.key]  # nothing was recorded: nothing to clean up
-        elif outcome.result == jobops.PREPARE_LATE:
+        elif outcome.result == job_ops.PREPARE_LATE:
             tracked.state = "failed"
         else:
             tracked.state = "broken"  # half-created: it is deleted, not resumed
@@ -235,7 +235,7 @@ class Soak(FaultSteps, ImportWatch):
             self.events.counts["job delete skipped (no job)"] += 1
             return
         tracked = self.jobs[key]
-        job = tracked.job or jobops.book_job(self.layout, *key)
+        job = tracked.job or job_ops.book_job(self.layout, *key)
         if job is None:
             del self.jobs[key]
             return
@@ -247,12 +247,12 @@ class Soak(FaultSteps, ImportWatch):
     async def _delete_run(self, tracked: Tracked, job: Job, check_first: bool = False) -> None:
         if check_first:
             await self._check_before_delete(tracked)
-        outcome = await jobops.delete(self.layout, job, DELETE_TIMEOUT_S)
+        outcome = await job_ops.delete(self.layout, job, DELETE_TIMEOUT_S)
         self.events.add("job", f"delete {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}")
         self.events.counts[f"job delete {outcome.result}"] += 1
-        if outcome.result == jobops.HUNG:
+        if outcome.result == job_ops.HUNG:
             self._fail(f"live: delete of {tracked.spec.describe()} hung: {outcome.detail}")
-        if outcome.result == jobops.DELETED:
+        if outcome.result == job_ops.DELETED:
             self.jobs.pop(tracked.spec.key, None)
             self.gone_pending.append(
                 DeletedDomain(job.domain_uid, tuple(c.uid for c in job.claims), tracked.spec.describe())
@@ -268,7 +268,7 @@ class Soak(FaultSteps, ImportWatch):
         while True:
             try:
                 violations, revision = await checks.instant_violations(self.handle.store)
-            except jobops.CALL_FAILURES:
+            except job_ops.CALL_FAILURES:
                 self.events.counts["check 1-3 skipped (store unavailable)"] += 1
             else:
                 self.events.counts["check 1-3"] += 1
@@ -305,7 +305,7 @@ class Soak(FaultSteps, ImportWatch):
         while time.monotonic() - began < self.options.settle_s:
             try:
                 found = await probe()
-            except jobops.CALL_FAILURES as exc:
+            except job_ops.CALL_FAILURES as exc:
                 found = [f"{what}: store unavailable ({type(exc).__name__})"]
             if not found:
                 took = f"ok after {time.monotonic() - began:.1f}s"
@@ -332,11 +332,11 @@ class Soak(FaultSteps, ImportWatch):
         # Kubelet keeps retrying the claims of a pod; a job whose submit gave up is retried now.
         for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
             if tracked.state == "failed" and tracked.job is not None:
-                outcome = await jobops.prepare_again(self.layout, tracked.job, self.options.settle_s)
+                outcome = await job_ops.prepare_again(self.layout, tracked.job, self.options.settle_s)
                 self.events.add(
                     "job", f"prepare again {outcome.result}", f"{tracked.spec.describe()}: {outcome.detail}"
                 )
-                if outcome.result != jobops.SUBMITTED:
+                if outcome.result != job_ops.SUBMITTED:
                     self._fail(
                         f"live: {tracked.spec.describe()} cannot be prepared once faults stopped: {outcome.detail}"
                     )
@@ -345,7 +345,7 @@ class Soak(FaultSteps, ImportWatch):
         # Half-created and half-deleted jobs are deleted now (a user would delete them again).
         for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
             if tracked.state in ("broken", "deleting-incomplete"):
-                job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+                job = tracked.job or job_ops.book_job(self.layout, *tracked.spec.key)
                 if job is None:
                     self.jobs.pop(tracked.spec.key, None)
                     continue
@@ -419,7 +419,7 @@ class Soak(FaultSteps, ImportWatch):
         store = self.handle.store
         self.events.add("phase", "deleting every job", f"{len(self.jobs)} jobs")
         for tracked in sorted(self.jobs.values(), key=lambda t: t.spec.key):
-            job = tracked.job or jobops.book_job(self.layout, *tracked.spec.key)
+            job = tracked.job or job_ops.book_job(self.layout, *tracked.spec.key)
             if job is not None:
                 was_running = tracked.state == "running"
                 tracked.state = "deleting"

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.state.store import Store
-from tools.cdsim.jobbook import Importer, Job
+from tools.cdsim.job_book import Importer, Job
 from tools.cdsim.layout import StateLayout
-from tools.chaos.jobops import JobSpec
+from tools.chaos.job_ops import JobSpec
 from tools.sim.hardware.cluster import ClusterDescription
 
 

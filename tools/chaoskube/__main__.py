@@ -24,11 +24,11 @@ from tests.e2e.harness import E2EEnvironment
 from tools.chaoskube.soak import KubeSoak, KubeSoakOptions
 from tools.controlplane.binaries import ensure_binaries, ensure_node_binaries
 from tools.sim.kubelet.addresses import addresses_in_range
-from tools.sim.kubelet.hoststate import host_state
+from tools.sim.kubelet.host_state import host_state
 
 
 def _host(state: dict[str, object]) -> dict[str, object]:
-    """What this environment's kubelets could change on the host (tools.sim.kubelet.hoststate): the
+    """What this environment's kubelets could change on the host (tools.sim.kubelet.host_state): the
     kernel values and kubelet's host paths; node IPs and mounts of other environments running
     on the machine at the same time are not ours, so the node IPs are checked by address."""
     return {k: v for k, v in state.items() if k in ("sysctl", "paths")}

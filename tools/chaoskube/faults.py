@@ -32,7 +32,7 @@ from libs.state.store import Store
 from tests.e2e import kube
 from tests.e2e.harness import CONTROLLER_TARGET, E2EEnvironment, terminate
 from tools.launch import pid_alive
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.faults import CONTROLLER_ELECTION
 
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"

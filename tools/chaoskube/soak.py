@@ -39,9 +39,9 @@ from tests.e2e.harness import E2EEnvironment
 from tools.cdsim import workload
 from tools.chaos import checks, continuity
 from tools.chaos import plan as p
-from tools.chaos.eventlog import EventLog
-from tools.chaoskube import faults, kubejobs
-from tools.chaoskube.kubejobs import KubeJob
+from tools.chaos.event_log import EventLog
+from tools.chaoskube import faults, kube_jobs
+from tools.chaoskube.kube_jobs import KubeJob
 from tools.launch import pid_alive
 
 KUBELET_RESTART = "kubelet-restart"
@@ -214,7 +214,7 @@ class KubeSoak:
         self._spawn(f"submit {job.name}", self._submit_run(job))
 
     async def _submit_run(self, job: KubeJob) -> None:
-        await self._retrying("submit", lambda: kubejobs.submit(self.api, job))
+        await self._retrying("submit", lambda: kube_jobs.submit(self.api, job))
         pods = await self._wait_formed(job, FORM_TIMEOUT_S)
         if pods is None:
             return  # left to the quiescence
@@ -244,7 +244,7 @@ class KubeSoak:
             if job.state == "deleting":
                 return None
             with contextlib.suppress(*API_ERRORS):
-                pods = await kubejobs.formed(self.api, self.store, job)
+                pods = await kube_jobs.formed(self.api, self.store, job)
                 if pods is not None:
                     return pods
             await asyncio.sleep(0.5)
@@ -278,7 +278,7 @@ class KubeSoak:
     async def _delete_run(self, job: KubeJob, check_first: bool) -> None:
         if check_first and job.importers and not job.exempt:
             await self._check_one(job, " (before delete)")
-        await self._retrying("delete", lambda: kubejobs.delete(self.api, job))
+        await self._retrying("delete", lambda: kube_jobs.delete(self.api, job))
         began = time.monotonic()
         while not await self._gone(job):
             if time.monotonic() - began > self.options.settle_s:
@@ -292,7 +292,7 @@ class KubeSoak:
 
     async def _gone(self, job: KubeJob) -> bool:
         try:
-            return await kubejobs.gone(self.api, self.store, job)
+            return await kube_jobs.gone(self.api, self.store, job)
         except API_ERRORS:
             return False
 
@@ -366,7 +366,7 @@ class KubeSoak:
         found = []
         try:
             for namespace in NAMESPACES:
-                pods = await kube.list_pods(self.api, namespace, kubejobs.JOB_LABEL)
+                pods = await kube.list_pods(self.api, namespace, kube_jobs.JOB_LABEL)
                 found += [p_["metadata"]["name"] for p_ in pods if p_["spec"].get("nodeName") == node]
         except API_ERRORS:
             return None
@@ -436,7 +436,7 @@ class KubeSoak:
         async def not_formed() -> list[str]:
             missing = []
             for job in forming:
-                pods = await kubejobs.formed(self.api, self.store, job)
+                pods = await kube_jobs.formed(self.api, self.store, job)
                 if pods is None:
                     missing.append(f"live: {job.describe()} not formed (pods running and domain Ready)")
                 elif job.state == "forming":

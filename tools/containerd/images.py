@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.cachedtool import REPO
+from tools.cached_tool import REPO
 
 _BUILDAH_TIMEOUT_S = 600.0
 

@@ -1,6 +1,6 @@
 """Locate (building on first use) the control-plane and etcd binaries, per Kubernetes minor.
 
-Both come from their build scripts through tools/cachedtool.py. tools/controlplane/go.mod pins the
+Both come from their build scripts through tools/cached_tool.py. tools/controlplane/go.mod pins the
 newest supported release; versions/v<minor>.mod pins each older one (same cmd/ mains). Each is
 cached in its own folder, ~/.cache/computedomains/controlplane/<version>/.
 
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.cachedtool import REPO, BuildError, cached_tool
+from tools.cached_tool import REPO, BuildError, cached_tool
 
 # A cold build of the Kubernetes binaries takes 10-25 minutes on two cores.
 BUILD_TIMEOUT_S = 3600.0

@@ -40,7 +40,7 @@ from tools.controlplane.pki import (
     generate_pki,
     issue_from_ca,
 )
-from tools.netports import free_ports
+from tools.net_ports import free_ports
 
 log = structlog.get_logger(__name__)
 

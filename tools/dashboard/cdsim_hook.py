@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState, SimConfig
+from tools.cdsim.run_state import RunState, SimConfig
 from tools.cdsim.services import ServiceSpec
-from tools.netports import free_port
+from tools.net_ports import free_port
 
 DASHBOARD_NAME = "dashboard"
 DASHBOARD_KIND = "dashboard"

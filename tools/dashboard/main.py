@@ -25,7 +25,7 @@ from libs.state.config import EtcdConfig
 from libs.state.store import Store
 from tools.cdsim.credentials import Credentials, of_run
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.dashboard.feed import DashboardFeed
 from tools.dashboard.metrics import DashboardMetrics
 from tools.dashboard.model import RESOURCES, DashboardView

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import launch
-from tools.cachedtool import BuildError, cached_tool
-from tools.netports import free_port
+from tools.cached_tool import BuildError, cached_tool
+from tools.net_ports import free_port
 
 
 class EtcdError(RuntimeError):

@@ -1,7 +1,7 @@
 """What the two ways `make image-smoke` runs a program of the image share: a named container of
 an image running one command line with directories bind-mounted at the same path, the runtime's
 client kept in the foreground with its output in a log file. Each runtime adds how it starts and
-stops (tools/image/container.py for buildah, tools/containers/dockerrun.py for docker)."""
+stops (tools/image/container.py for buildah, tools/containers/docker_run.py for docker)."""
 
 from __future__ import annotations
 

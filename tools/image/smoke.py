@@ -41,10 +41,10 @@ import structlog
 from libs.runtime.logging import configure_logging
 from tools.bench.simenv import free_address_block
 from tools.cdsim import jobs
-from tools.cdsim.jobbook import JobBook
+from tools.cdsim.job_book import JobBook
 from tools.cdsim.layout import StateLayout
 from tools.cdsim.lifecycle import CommandError
-from tools.cdsim.runstate import RunState, SimConfig
+from tools.cdsim.run_state import RunState, SimConfig
 from tools.cdsim.services import (
     ADVISOR_TARGET,
     AGENT_TARGET,
@@ -56,11 +56,11 @@ from tools.cdsim.services import (
     controller_spec,
     imex_agent_spec,
 )
-from tools.containers.dockerrun import DockerContainer
+from tools.containers.docker_run import DockerContainer
 from tools.containers.engine import Engine, EngineError
 from tools.containers.images import load_built_image
 from tools.image.container import Container, ContainerError, buildah
-from tools.netports import free_port
+from tools.net_ports import free_port
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.hardware.simulated import prepare_node_dirs
 
@@ -136,8 +136,8 @@ class Smoke:
         )
         # An IMEX agent gives each daemon a mount namespace of its own (as in docker-compose.yml).
         # An IMEX agent's fork server of simulated daemons ends with its agent; the daemons it forks
-        # must be gone once their domain is (tools/sim/imex/forkserver.py).
-        helpers = ("tools/sim/imex/forkserver.py",) if sys_admin else ()
+        # must be gone once their domain is (tools/sim/imex/fork_server.py).
+        helpers = ("tools/sim/imex/fork_server.py",) if sys_admin else ()
         c = (
             DockerContainer(*args, sys_admin=sys_admin, helpers=helpers)
             if self.runtime == "docker"

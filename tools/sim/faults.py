@@ -21,9 +21,9 @@ from pathlib import Path
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import UnknownNodeError
 from libs.state.store import TRANSIENT_ERRORS, Store
-from tools.cdsim import control, linkcut, procscan
+from tools.cdsim import control, link_cut, proc_scan
 from tools.cdsim.layout import StateLayout
-from tools.cdsim.runstate import RunState
+from tools.cdsim.run_state import RunState
 from tools.cdsim.services import agent_name, controller_name, imex_agent_name
 from tools.launch import pid_alive
 from tools.sim.hardware.cluster import ClusterDescription
@@ -163,8 +163,8 @@ async def cut_links(layout: StateLayout, node: str, seconds: float) -> dict[int,
     lives); the daemons end the cut by themselves. Returns daemon pid -> domain. A `seconds` out
     of range is a ValueError."""
     try:
-        return await linkcut.cut_links(layout.node(node).imex_dir, seconds)
-    except linkcut.NoDaemon as exc:
+        return await link_cut.cut_links(layout.node(node).imex_dir, seconds)
+    except link_cut.NoDaemon as exc:
         raise NotApplicable(f"no IMEX daemon of {node} took the cut: {exc}") from None
 
 
@@ -194,10 +194,10 @@ def _write_in_place(path: Path, data: bytes) -> bool:
     return existed
 
 
-def nodes_with_daemons(layout: StateLayout, nodes: Iterable[str]) -> dict[str, list[procscan.ProcessEntry]]:
+def nodes_with_daemons(layout: StateLayout, nodes: Iterable[str]) -> dict[str, list[proc_scan.ProcessEntry]]:
     """Simulated IMEX daemons running now, by node (one /proc scan)."""
-    running = [p for p in procscan.list_processes() if procscan.mentions(p, procscan.IMEX_DAEMON_MARKER)]
-    out: dict[str, list[procscan.ProcessEntry]] = {}
+    running = [p for p in proc_scan.list_processes() if proc_scan.mentions(p, proc_scan.IMEX_DAEMON_MARKER)]
+    out: dict[str, list[proc_scan.ProcessEntry]] = {}
     for node in nodes:
         prefix = str(layout.node(node).imex_dir).rstrip("/") + "/"
         mine = [p for p in running if any(a.startswith(prefix) for a in p.argv)]
@@ -208,13 +208,13 @@ def nodes_with_daemons(layout: StateLayout, nodes: Iterable[str]) -> dict[str, l
 
 def kill_imex(layout: StateLayout, node: str) -> list[int]:
     """SIGKILL the node's IMEX daemons; the pids killed."""
-    daemons = procscan.imex_daemons_under(layout.node(node).imex_dir)
+    daemons = proc_scan.imex_daemons_under(layout.node(node).imex_dir)
     if not daemons:
         raise NotApplicable(f"no IMEX daemon runs on {node}")
-    return procscan.kill_all(daemons, signal.SIGKILL)
+    return proc_scan.kill_all(daemons, signal.SIGKILL)
 
 
-def _config_of(entry: procscan.ProcessEntry) -> str:
+def _config_of(entry: proc_scan.ProcessEntry) -> str:
     argv = list(entry.argv)
     if "-c" in argv and argv.index("-c") + 1 < len(argv):
         return argv[argv.index("-c") + 1]
@@ -224,7 +224,7 @@ def _config_of(entry: procscan.ProcessEntry) -> str:
 async def imex_fault(layout: StateLayout, node: str, fault: str) -> tuple[int, str]:
     """Tell the node's simulated daemon to crash or hang (through its command service); returns
     its pid and its domain."""
-    daemons = procscan.imex_daemons_under(layout.node(node).imex_dir)
+    daemons = proc_scan.imex_daemons_under(layout.node(node).imex_dir)
     if not daemons:
         raise NotApplicable(f"no IMEX daemon runs on {node}")
     entry = daemons[0]

@@ -14,11 +14,11 @@ record changes, is queued, and a worker brings the pair in line:
 - store domain of source "kubernetes" whose CR is gone: marked deleting;
 - every pass, whatever the CR's state: the Nodes of the domain's members carry
   `resource.nvidia.com/computeDomain=<uid>` and no other Node carries this uid
-  (`nodelabel.py`); before the finalizer of a deleted CR goes, every Node
+  (`node_label.py`); before the finalizer of a deleted CR goes, every Node
   labelled with its uid loses the label.
 
 Every few seconds the claims held by lost members are checked against the API
-server, and the records of those gone there are dropped (`lostclaims.py`), so a
+server, and the records of those gone there are dropped (`lost_claims.py`), so a
 node lost for good gives its index back once Kubernetes has deleted its pods.
 
 A periodic sweep removes RCTs and node labels of CDs that no longer exist, and
@@ -43,7 +43,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.kube.client import without_env_lookups
-from libs.kube.resourceapi import ResourceApiUnavailable, ServedVersion
+from libs.kube.resource_api import ResourceApiUnavailable, ServedVersion
 from libs.runtime.backoff import Backoff
 from libs.runtime.errors import RetryableError
 from libs.state.election import Leadership
@@ -69,14 +69,14 @@ from services.controller.kube.computedomain import (
 )
 from services.controller.kube.events import EventRecorder, EventSpec, transition_events
 from services.controller.kube.fence import fence_writes
-from services.controller.kube.lostclaims import CHECK_INTERVAL_S, drop_vanished_claims
-from services.controller.kube.nodehealth import (
+from services.controller.kube.lost_claims import CHECK_INTERVAL_S, drop_vanished_claims
+from services.controller.kube.node_health import (
     NODE_HEALTH_INTERVAL_S,
     NodeHealth,
     node_events,
     with_nodes_condition,
 )
-from services.controller.kube.nodelabel import NodeLabeler, desired_nodes
+from services.controller.kube.node_label import NodeLabeler, desired_nodes
 from services.controller.kube.resourceclaimtemplate import ensure_template, remove_template
 from services.controller.kube.sweep import list_labelled, sweep_once
 from services.controller.reconciler import DomainReconciler, FenceLost

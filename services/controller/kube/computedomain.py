@@ -13,7 +13,7 @@ from typing import Any
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.runtime.errors import PermanentError
-from services.controller.statusmodel import StatusValue
+from services.controller.status_model import StatusValue
 
 GROUP = "resource.nvidia.com"
 VERSION = "v1beta1"

@@ -11,7 +11,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.controller.cdstatus import REASON_NODE_LOST
+from services.controller.cd_status import REASON_NODE_LOST
 from services.controller.kube.computedomain import object_ref
 
 log = structlog.get_logger(__name__)

@@ -13,7 +13,7 @@ import time
 import structlog
 
 from libs.gen.computedomain.state import v1 as pb
-from libs.state.domainrecord import DomainRecord
+from libs.state.domain_record import DomainRecord
 from libs.state.election import Leadership
 from libs.state.store import Absent, Put, Store, Unchanged
 

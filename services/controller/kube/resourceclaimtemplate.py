@@ -8,7 +8,7 @@ driver it finds ours), one request `channel` for exactly one
 device of the default channel DeviceClass, and opaque config for our driver
 carrying `ComputeDomainChannelConfig` (CD uid, allocation mode). Written in the resource.k8s.io
 version the API server prefers (v1; v1beta2 or v1beta1 on Kubernetes 1.33/1.32), whose request
-shape differs (see libs.kube.resourceapi).
+shape differs (see libs.kube.resource_api).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, V1DeleteOptions, V1Preconditions
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from libs.contract.channelconfig import channel_config
+from libs.contract.channel_config import channel_config
 from libs.contract.names import CHANNEL_DEVICE_CLASS, CHANNEL_REQUEST, DRIVER_NAME
-from libs.kube.resourceapi import api_version, device_request, resource_path, typed_api
+from libs.kube.resource_api import api_version, device_request, resource_path, typed_api
 from services.controller.kube.computedomain import FINALIZER, LABEL_KEY
 
 log = structlog.get_logger(__name__)

@@ -16,9 +16,9 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from libs.kube.resourceapi import typed_api
+from libs.kube.resource_api import typed_api
 from services.controller.kube.computedomain import LABEL_KEY
-from services.controller.kube.nodelabel import unlabel_node
+from services.controller.kube.node_label import unlabel_node
 from services.controller.kube.resourceclaimtemplate import remove_template
 
 log = structlog.get_logger(__name__)

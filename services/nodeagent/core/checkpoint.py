@@ -14,7 +14,7 @@ boot are discarded: after a reboot the CDI files (tmpfs), the IMEX daemons and k
 are gone, and kubelet prepares again.
 
 NVIDIA's compute-domain plugin keeps its checkpoint at the same path. Found there on our first
-start, it is migrated (``services/nodeagent/core/nvidiacheckpoint.py`` reads it): its bytes are kept
+start, it is migrated (``services/nodeagent/core/nvidia_checkpoint.py`` reads it): its bytes are kept
 as ``checkpoint.json.nvidia-<stamp>``, its claims become entries with ``migratedFrom`` set, and our
 file replaces it. One we cannot read is moved aside unchanged as ``checkpoint.json.nvidia-
 refused-<stamp>``, and nothing is migrated.
@@ -26,7 +26,7 @@ simulation) seen at prepare time: a later prepare of the same claim at another v
 claim reused by a new pod) is then not refused.
 
 Every change goes through one call that applies it and saves: :meth:`Checkpoint.update` (a
-blocking save), or ``CheckpointWriter.update`` (services/nodeagent/shell/checkpointwriter.py: saves
+blocking save), or ``CheckpointWriter.update`` (services/nodeagent/shell/checkpoint_writer.py: saves
 coalesced with concurrent changes, off the event loop). A change whose save fails is undone in
 memory, so memory never holds a change that the file lacks because its write failed: the
 caller's retry finds the state as it was and repeats the whole step (a failed completion must
@@ -55,8 +55,8 @@ import structlog
 from libs.contract.names import DRIVER_NAME
 from libs.fsio.atomic import fsync_dir, write_atomic
 from libs.runtime.errors import PermanentError
-from services.nodeagent.core.jsonmembers import JsonMembers
-from services.nodeagent.core.nvidiacheckpoint import (
+from services.nodeagent.core.json_members import JsonMembers
+from services.nodeagent.core.nvidia_checkpoint import (
     NvidiaCheckpointError,
     looks_like_nvidia_checkpoint,
     map_claims,

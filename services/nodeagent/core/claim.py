@@ -1,5 +1,5 @@
 """A claim as kubelet names it and as its source resolves it (what was allocated and configured), and
-the port of that source (its adapters: wire/claimsource.py)."""
+the port of that source (its adapters: wire/claim_source.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Prepare and unprepare of channel claims on this node, and the start-up reconcile: the shell.
 
-What each must do is decided by pure plans in ``services/nodeagent/core/`` (``prepareplan``,
-``unprepareplan``, ``reconcileplan``) over what this shell observed: the claim, the checkpoint,
+What each must do is decided by pure plans in ``services/nodeagent/core/`` (``prepare_plan``,
+``unprepare_plan``, ``reconcile_plan``) over what this shell observed: the claim, the checkpoint,
 the domain's record and this node's. The shell reads, calls the plan, and applies its steps: the
 awaits, the locks and the error mapping live here, the decisions there.
 
@@ -37,7 +37,7 @@ from typing import Any, Protocol, TypeVar
 import aetcd.exceptions
 import structlog
 
-from libs.cdi.specdir import ClaimSpecDir
+from libs.cdi.spec_dir import ClaimSpecDir
 from libs.contract.names import DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
 from libs.hardware.errors import HardwareError
@@ -47,9 +47,9 @@ from libs.state.membership import NodeBusy, join_domain, leave_domain
 from libs.state.store import TRANSIENT_ERRORS, Read, Store, StoreFailure
 from services.nodeagent.core.checkpoint import Checkpoint, ClaimEntry, StalePrepareError
 from services.nodeagent.core.claim import ClaimRef, ClaimSource
-from services.nodeagent.core.domainheader import DomainHeader, decode_domain_header
+from services.nodeagent.core.domain_header import DomainHeader, decode_domain_header
 from services.nodeagent.core.errors import ClaimError, ClaimGone, PermanentClaimError, RetryableClaimError
-from services.nodeagent.core.prepareplan import (
+from services.nodeagent.core.prepare_plan import (
     PreparedDevice,
     PreparePlan,
     StartStep,
@@ -62,7 +62,7 @@ from services.nodeagent.core.prepareplan import (
     plan_prepare,
     plan_start,
 )
-from services.nodeagent.core.reconcileplan import (
+from services.nodeagent.core.reconcile_plan import (
     DropRecord,
     RebuildEntry,
     domain_to_leave,
@@ -73,11 +73,11 @@ from services.nodeagent.core.reconcileplan import (
     restored_record,
     stale_specs,
 )
-from services.nodeagent.core.unprepareplan import UnprepareStep, forget, leaves_domain, plan_unprepare
-from services.nodeagent.shell.checkpointwriter import CheckpointWriter
-from services.nodeagent.shell.keyedlocks import KeyedLocks
+from services.nodeagent.core.unprepare_plan import UnprepareStep, forget, leaves_domain, plan_unprepare
+from services.nodeagent.shell.checkpoint_writer import CheckpointWriter
+from services.nodeagent.shell.keyed_locks import KeyedLocks
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.shell.storebatch import StoreBatch
+from services.nodeagent.shell.store_batch import StoreBatch
 
 log = structlog.get_logger(__name__)
 
@@ -293,7 +293,7 @@ class DeviceState:
             await self.store.put(key, started)
 
     def held_domain(self) -> str | None:
-        """The domain of this node's completed claims, if any (see ``core/prepareplan.py``)."""
+        """The domain of this node's completed claims, if any (see ``core/prepare_plan.py``)."""
         return held_domain(self.checkpoint.entries.values())
 
     async def _get_domain(self, domain_uid: str) -> DomainHeader | None:
@@ -364,7 +364,7 @@ class DeviceState:
     def _update_checkpoint(self, mutate: Callable[[Checkpoint], T]) -> Coroutine[Any, Any, T]:
         """Change the checkpoint now (``mutate``) and return what to await for its save: it gives
         ``mutate``'s result once the change is in the file, or raises :class:`RetryableClaimError`
-        with the change undone (concurrent changes share writes; see ``checkpointwriter``)."""
+        with the change undone (concurrent changes share writes; see ``checkpoint_writer``)."""
         return _checkpoint_written(self.checkpoint_writer.update(mutate))
 
     def _saved(self) -> None:

@@ -20,14 +20,14 @@ from grpclib.server import Server
 from libs.contract.names import DRIVER_NAME
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from libs.gen.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
-from libs.runtime.grpclimits import ServerLimits
-from libs.runtime.textlimits import clip, too_long
+from libs.runtime.grpc_limits import ServerLimits
+from libs.runtime.text_limits import clip, too_long
 from services.nodeagent.core.claim import ClaimRef
 from services.nodeagent.core.errors import ClaimError, PermanentClaimError
-from services.nodeagent.core.prepareplan import PreparedDevice
-from services.nodeagent.shell.keyedlocks import KeyedLocks
+from services.nodeagent.core.prepare_plan import PreparedDevice
+from services.nodeagent.shell.keyed_locks import KeyedLocks
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
+from services.nodeagent.wire.unix_socket import start_unix_server, stop_unix_server
 
 log = structlog.get_logger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from libs.cdi.specdir import ClaimSpecDir
+from libs.cdi.spec_dir import ClaimSpecDir
 from libs.hardware.errors import HardwareError
 from libs.hardware.interface import NodeHardware
 from libs.runtime.backoff import Backoff
@@ -30,12 +30,12 @@ from libs.state.watch import PrefixWatcher, watch_prefix
 from services.nodeagent.core.checkpoint import Checkpoint, checkpoint_path
 from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
-from services.nodeagent.shell.daemonview import DaemonView
+from services.nodeagent.shell.daemon_view import DaemonView
 from services.nodeagent.shell.metrics import AgentMetrics
-from services.nodeagent.shell.nodeview import NodeView
-from services.nodeagent.shell.recordkeeper import RecordKeeper
+from services.nodeagent.shell.node_view import NodeView
+from services.nodeagent.shell.record_keeper import RecordKeeper
 from services.nodeagent.shell.state import STORE_FAILURES, DeviceState
-from services.nodeagent.shell.storebatch import StoreBatch
+from services.nodeagent.shell.store_batch import StoreBatch
 from services.nodeagent.wire.driver import ClaimDispatcher, DraServer, dra_socket_path
 from services.nodeagent.wire.registration import (
     RegistrationServer,

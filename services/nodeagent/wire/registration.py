@@ -15,7 +15,7 @@ from grpclib.server import Server
 from libs.contract.names import DRIVER_NAME
 from libs.gen import pluginregistration as reg
 from libs.runtime.health import Health
-from services.nodeagent.wire.unixsocket import start_unix_server, stop_unix_server
+from services.nodeagent.wire.unix_socket import start_unix_server, stop_unix_server
 
 log = structlog.get_logger(__name__)
 

@@ -32,7 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from libs.contract.names import CHANNEL_DEVICE, DRIVER_NAME
 from libs.gen.computedomain.state import v1 as pb
-from libs.kube.resourceapi import (
+from libs.kube.resource_api import (
     ResourceApiUnavailable,
     ServedVersion,
     api_version,
@@ -41,7 +41,7 @@ from libs.kube.resourceapi import (
     typed_api,
 )
 from libs.runtime.backoff import Backoff
-from libs.state.noderecord import clique_settled
+from libs.state.node_record import clique_settled
 
 log = structlog.get_logger(__name__)
 

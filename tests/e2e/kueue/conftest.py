@@ -16,7 +16,7 @@ import pytest
 from tests.e2e.harness import E2EEnvironment
 from tests.e2e.kueue.manager import KueueManager, kueue_build
 from tests.e2e.kueue.queued_job import cluster_queue_objects
-from tools.cachedtool import BuildError
+from tools.cached_tool import BuildError
 
 # What NVIDIA's GPU Feature Discovery puts on a GPU node, and queues.yaml's flavor selects; the
 # simulated nodes do not carry it, so the fixture sets it for the module.

@@ -32,10 +32,10 @@ import yaml
 
 from tests.e2e.harness import log_tail, terminate
 from tests.polling import wait_until
-from tools.cachedtool import cached_tool
+from tools.cached_tool import cached_tool
 from tools.controlplane.cluster import ControlPlane, die_with_parent
 from tools.controlplane.pki import CertKeyPair, issue_from_ca, new_ca
-from tools.netports import free_ports
+from tools.net_ports import free_ports
 
 BUILD_SCRIPT = "integrations/kueue/build.sh"
 NAMESPACE = "kueue-system"

@@ -33,7 +33,7 @@ from libs.hardware.imex_channels import (
 )
 from libs.hardware.interface import HardwareSnapshot, HealthEvent, ImexBackendName
 from libs.hardware.model import FabricState, GpuHealth, GpuInfo
-from libs.hardware.offloop import OffLoopCalls
+from libs.hardware.off_loop import OffLoopCalls
 from tools.sim.hardware.cluster import ClusterDescription, SimulatedNode
 from tools.sim.hardware.fault_file import FaultFile, NodeFaults, apply_faults
 

@@ -57,7 +57,7 @@ from libs.imex.config import QUORUM_RECOVERY, parse_imex_config, parse_nodes_con
 from libs.imex.driver import host_names_refusal
 from tools.sim.imex import protocol as proto
 from tools.sim.imex import recovery as persist
-from tools.sim.imex.daemonlog import DaemonLog
+from tools.sim.imex.daemon_log import DaemonLog
 from tools.sim.imex.grace import DisconnectClock
 from tools.sim.imex.imports import ImportTable
 from tools.sim.imex.links import CMD, OPEN, Conn

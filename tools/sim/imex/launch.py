@@ -1,7 +1,7 @@
 """How to start the simulated IMEX daemon as a process (for the node agent's supervisor).
 
 `simulator_daemon_argv` is the command line of an exec'd daemon. `ForkServer` starts the same
-daemon without a fresh interpreter (see ``forkserver.py``): the children have that same command
+daemon without a fresh interpreter (see ``fork_server.py``): the children have that same command
 line, their own session, working directory and log, and the exit status is asked for once the
 process is gone (`ForkedDaemon.wait`).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 RUN_DAEMON_SCRIPT = str(Path(__file__).resolve().with_name("run_daemon.py"))
-FORK_SERVER_SCRIPT = str(Path(__file__).resolve().with_name("forkserver.py"))
+FORK_SERVER_SCRIPT = str(Path(__file__).resolve().with_name("fork_server.py"))
 # Room for the children's command lines (interpreter, script and config paths).
 _TITLE_ROOM = 4096
 _ANSWER_TIMEOUT_S = 10.0
@@ -73,7 +73,7 @@ class ForkServer:
     ) -> ForkedDaemon:
         """Start the daemon of `argv` (a `simulator_daemon_argv`) in its own session, output
         appended to `log_path`, with `hosts` over /etc/hosts in a mount namespace of its own if
-        given (libs/imex/hostsns.py). ForkServerError if it could not be started."""
+        given (libs/imex/hosts_ns.py). ForkServerError if it could not be started."""
         args = list(argv)
         if len(args) < 4 or args[3] != RUN_DAEMON_SCRIPT:
             raise ValueError(f"not a simulated daemon command line: {args}")

@@ -34,13 +34,13 @@ import time
 
 from libs.imex.slots import nodes_map_digest
 from tools.sim.imex import protocol as proto
-from tools.sim.imex.daemonlog import DaemonLog
+from tools.sim.imex.daemon_log import DaemonLog
 from tools.sim.imex.resolver import HostsResolver
 from tools.sim.imex.settings import Settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from tools.sim.imex.meshtls import MeshTls, TlsChannel
+    from tools.sim.imex.mesh_tls import MeshTls, TlsChannel
 
 HEARTBEAT_TIMEOUT_FACTOR = 3.0  # a link silent for this many heartbeat intervals is dead
 LISTEN_BACKLOG = 128
@@ -142,7 +142,7 @@ class PeerMesh:
         self.mesh_tls: MeshTls | None = None
         if settings.mesh_tls is not None:
             # Imported only with TLS on: loading OpenSSL costs every daemon's start-up otherwise.
-            from tools.sim.imex.meshtls import MeshTls
+            from tools.sim.imex.mesh_tls import MeshTls
 
             self.mesh_tls = MeshTls(settings.mesh_tls, settings.security_target_override)
         self.map_digest = nodes_map_digest(names)
@@ -385,7 +385,7 @@ class PeerMesh:
 
     def _decrypt(self, conn: Conn, data: bytes) -> bytes:
         """Plaintext of ``data`` (b"" while the handshake runs); a TLS failure ends the connection."""
-        from tools.sim.imex.meshtls import TlsError  # loaded already: conn.tls is one of its
+        from tools.sim.imex.mesh_tls import TlsError  # loaded already: conn.tls is one of its
 
         tls = conn.tls
         assert tls is not None
@@ -495,7 +495,7 @@ class PeerMesh:
             return
         link = self.links[conn.node_id]
         conn.phase = _TLS
-        from tools.sim.imex.meshtls import TlsError
+        from tools.sim.imex.mesh_tls import TlsError
 
         conn.tls = self.mesh_tls.dial(link.name)
         try:

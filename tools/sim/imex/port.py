@@ -1,4 +1,4 @@
-"""The simulator behind the IMEX daemon port (libs/imex/daemonport.py).
+"""The simulator behind the IMEX daemon port (libs/imex/daemon_port.py).
 
 * `ForkedLauncher`: the simulated daemon, started from this process's fork server (no
   interpreter start-up per daemon, which nvidia-imex does not pay either), in a mount namespace
@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from libs.imex import hostsns
-from libs.imex.daemonport import CtlOutput, ImexDaemon
+from libs.imex import hosts_ns
+from libs.imex.daemon_port import CtlOutput, ImexDaemon
 from tools.sim.imex import ctl as simctl
 from tools.sim.imex.launch import ForkedDaemon, fork_server, simulator_daemon_argv
 
@@ -40,7 +40,7 @@ class SimulatorCtl:
         try:
             async with asyncio.timeout(timeout_s):
                 done = await simctl.run(
-                    [*args, "--timeout", f"{timeout_s:g}"], root=hostsns.namespace_root(pid)
+                    [*args, "--timeout", f"{timeout_s:g}"], root=hosts_ns.namespace_root(pid)
                 )
         except TimeoutError:
             return f"the simulator's ctl {' '.join(args[:2])} gave no answer within {timeout_s:g} s"

@@ -33,21 +33,21 @@ STATUS also carries ``cred_error=<why>`` while the last TLS credential reload fa
 
 from __future__ import annotations
 
-from libs.imex import daemonstate
+from libs.imex import daemon_state
 
 # The daemon states and link statuses are the port's, the words nvidia-imex-ctl prints: the
 # simulator reports the same ones (WAITING_FOR_RECOVERY: see recovery.py).
-STATE_INITIALIZING = daemonstate.STATE_INITIALIZING
-STATE_READY = daemonstate.STATE_READY
-STATE_SHUTTING_DOWN = daemonstate.STATE_SHUTTING_DOWN
-STATE_UNAVAILABLE = daemonstate.STATE_UNAVAILABLE
-STATE_WAITING_FOR_PEERS = daemonstate.STATE_WAITING_FOR_PEERS
-STATE_WAITING_FOR_RECOVERY = daemonstate.STATE_WAITING_FOR_RECOVERY
-CONN_CONNECTED = daemonstate.CONN_CONNECTED
-CONN_DISCONNECTED = daemonstate.CONN_DISCONNECTED
-CONN_INVALID = daemonstate.CONN_INVALID
-CONN_NEVER_CONNECTED = daemonstate.CONN_NEVER_CONNECTED
-CONN_NODE_MAP_MISMATCH = daemonstate.CONN_NODE_MAP_MISMATCH
+STATE_INITIALIZING = daemon_state.STATE_INITIALIZING
+STATE_READY = daemon_state.STATE_READY
+STATE_SHUTTING_DOWN = daemon_state.STATE_SHUTTING_DOWN
+STATE_UNAVAILABLE = daemon_state.STATE_UNAVAILABLE
+STATE_WAITING_FOR_PEERS = daemon_state.STATE_WAITING_FOR_PEERS
+STATE_WAITING_FOR_RECOVERY = daemon_state.STATE_WAITING_FOR_RECOVERY
+CONN_CONNECTED = daemon_state.CONN_CONNECTED
+CONN_DISCONNECTED = daemon_state.CONN_DISCONNECTED
+CONN_INVALID = daemon_state.CONN_INVALID
+CONN_NEVER_CONNECTED = daemon_state.CONN_NEVER_CONNECTED
+CONN_NODE_MAP_MISMATCH = daemon_state.CONN_NODE_MAP_MISMATCH
 
 CONN_LEGEND = {
     CONN_CONNECTED: "C",

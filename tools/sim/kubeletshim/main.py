@@ -18,7 +18,7 @@ import structlog
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from libs.kube.resourceapi import ResourceApiUnavailable
+from libs.kube.resource_api import ResourceApiUnavailable
 from libs.runtime.backoff import Backoff
 from libs.runtime.logging import configure_logging
 from libs.runtime.settings import load_settings_or_exit

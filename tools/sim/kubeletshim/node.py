@@ -24,10 +24,10 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from libs.kube.resourceapi import typed_api
+from libs.kube.resource_api import typed_api
 from libs.runtime.backoff import Backoff
 from tools.sim.kubeletshim import plugin
-from tools.sim.kubeletshim.apijson import TRANSPORT_ERRORS, read_json, watch_events
+from tools.sim.kubeletshim.api_json import TRANSPORT_ERRORS, read_json, watch_events
 from tools.sim.kubeletshim.nodes import ShimNode
 from tools.sim.kubeletshim.objects import (
     FAILED_PREPARE_REASON,

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from libs.kube.resourceapi import ServedVersion
+from libs.kube.resource_api import ServedVersion
 
 DEFAULT_GIT_VERSION = "v1.37.2"
 SHIM_SUFFIX = "-kubeletshim"

@@ -17,7 +17,7 @@ What differs from the two processes, and why:
 * both programs of every hosted node share one event loop, and the ``Store`` is handed in, so
   many nodes share a few etcd client connections (one gRPC channel and one watch stream per
   store instead of two per node), and so is the store watch function of both programs
-  (`tools.sim.scalesim.watchhub`: one watch per prefix for all hosted nodes);
+  (`tools.sim.scalesim.watch_hub`: one watch per prefix for all hosted nodes);
 * the two programs of a node share one simulated hardware handle (the processes open the same
   node's files twice; the plugin only reads the channel major and creates channel files) and one
   ``Health`` object (their task names differ), which the host reports;
@@ -56,7 +56,7 @@ from services.nodeagent.core.claim import ClaimSource
 from services.nodeagent.settings import AgentSettings
 from services.nodeagent.shell.metrics import AgentMetrics
 from services.nodeagent.shell.state import DeviceState
-from services.nodeagent.wire.claimsource import KubeClaimSource, StoreClaimSource
+from services.nodeagent.wire.claim_source import KubeClaimSource, StoreClaimSource
 from services.nodeagent.wire.driver import dra_socket_path
 from services.nodeagent.wire.plugin import Plugin, compose_plugin
 from services.nodeagent.wire.registration import registration_socket_path

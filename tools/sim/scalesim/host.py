@@ -26,12 +26,12 @@ from kubernetes_asyncio.config import load_kube_config
 from libs.kube.client import without_env_lookups
 from libs.state.config import EtcdConfig
 from libs.state.store import Store
-from services.nodeagent.wire.unixsocket import MAX_SOCKET_PATH
-from tools.cdsim import procscan
+from services.nodeagent.wire.unix_socket import MAX_SOCKET_PATH
+from tools.cdsim import proc_scan
 from tools.sim.hardware.cluster import ClusterDescription
 from tools.sim.scalesim.agent import AgentLayout, AgentOptions, KubeMode, SimAgent
-from tools.sim.scalesim.pollfeed import PrefixPoller
-from tools.sim.scalesim.watchhub import WatchHub
+from tools.sim.scalesim.poll_feed import PrefixPoller
+from tools.sim.scalesim.watch_hub import WatchHub
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +188,7 @@ class ScaleHost:
         self.agents: dict[str, SimAgent] = {}
         self.start_s = 0.0
         # The shared directory feeds (a domain's members) are read every `directory_poll_s` on a
-        # client of their own (tools/sim/scalesim/watchhub.py says why).
+        # client of their own (tools/sim/scalesim/watch_hub.py says why).
         self.feed_store = Store(etcd) if share_watches else None
         self.hub = (
             WatchHub(directory_watch=PrefixPoller(directory_poll_s), directory_store=self.feed_store)
@@ -282,7 +282,7 @@ class ScaleHost:
         and had to be killed (a supervisor stopped while it was itself stopping a daemon can
         lose track of it; the host then plays the machine going down)."""
         await asyncio.gather(*(a.stop() for a in self.agents.values()))
-        leftovers = procscan.kill_all(procscan.imex_daemons_under(self.state_dir))
+        leftovers = proc_scan.kill_all(proc_scan.imex_daemons_under(self.state_dir))
         if leftovers:
             log.warning(
                 "IMEX daemons outlived their agents; killed", count=len(leftovers), pids=leftovers[:10]
