@@ -7,7 +7,7 @@ import dataclasses
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import encode
 from libs.state.store import Store
-from services.nodeagent.core.domain_header import DomainHeader, decode_domain_header, get_domain_header
+from services.nodeagent.core.domain_header import DomainHeader, decode_domain_header
 
 
 def full_domain() -> pb.ComputeDomain:
@@ -56,9 +56,13 @@ def test_header_refuses_other_kinds_and_garbage() -> None:
     assert decode_domain_header(bytes(newer), "k") is None
 
 
-async def test_get_domain_header_from_the_store(store: Store) -> None:
+async def test_a_stored_domain_decodes_to_its_header(store: Store) -> None:
+    """The raw bytes of a domain record as the store holds them (DeviceState reads them so)."""
     domain = full_domain()
-    assert await get_domain_header(store, domain.uid) is None
-    await store.put(store.keys.domain(domain.uid), domain)
-    header = await get_domain_header(store, domain.uid)
+    key = store.keys.domain(domain.uid)
+    assert await store.client.get(key.encode()) is None
+    await store.put(key, domain)
+    found = await store.client.get(key.encode())
+    assert found is not None
+    header = decode_domain_header(found.value, key)
     assert header is not None and header.namespace == "team-a" and header.deleting

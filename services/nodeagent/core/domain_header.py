@@ -16,7 +16,6 @@ import structlog
 
 from libs.gen.computedomain.state import v1 as pb
 from libs.state.codec import SCHEMA_VERSION, kind_of
-from libs.state.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -48,12 +47,3 @@ def decode_domain_header(data: bytes, key: str) -> DomainHeader | None:
     except Exception as exc:  # betterproto raises several types on bad input
         log.error("skipping undecodable value", key=key, reason=f"{type(exc).__name__}: {exc}")
         return None
-
-
-async def get_domain_header(store: Store, domain_uid: str) -> DomainHeader | None:
-    """The domain's header from the store; None if it does not exist (or cannot be read)."""
-    key = store.keys.domain(domain_uid)
-    result = await store.client.get(key.encode())
-    if result is None:
-        return None
-    return decode_domain_header(result.value, key)
